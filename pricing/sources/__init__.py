@@ -1,0 +1,1 @@
+"""Price sources: one file per implementation of :class:`pricing.sources.base.PriceSource`."""

@@ -1,0 +1,144 @@
+"""Configuration: pydantic settings read from one TOML file.
+
+Design: every section is a small pydantic model with ``extra="forbid"``, so a misspelt key is
+an error, not a silent default. :func:`load_settings` turns pydantic's errors into one
+:class:`~provisioner.errors.ConfigError` whose message names each bad field by its TOML path
+(``objective.budget_per_hour``) and says what would be valid. An empty file (or no file) gives
+the embedded local default: no cloud account needed.
+
+Rule for callers: read settings only through :func:`load_settings`; never construct a
+``Settings`` from unvalidated dicts elsewhere.
+
+Ownership of sections (keep each edit inside its own class): ``job``/``objective``/``fleet``/
+``source``/``optimizer`` belong to the optimiser; ``cloud``/``aws``/``gcp``/``local``/``daemon``
+to the drivers and the daemon.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from provisioner.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSettings(_Section):
+    """What is trained."""
+
+    id: str = Field("spotring-demo", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+                    description="job id; tags every instance (lowercase letters, digits, '-')")
+    job_file: str = Field("examples/digits.py", description="the trainer job (module or path)")
+
+
+class ObjectiveSettings(_Section):
+    """What the optimiser aims for."""
+
+    kind: Literal["max-throughput", "min-cost", "deadline"] = "max-throughput"
+
+
+class FleetSettings(_Section):
+    """Bounds on the fleet."""
+
+    min_size: int = Field(0, ge=0)
+    max_size: int = Field(8, ge=1)
+
+
+class SourceSettings(_Section):
+    """Where prices come from."""
+
+    kind: Literal["aws", "gcp", "trace"] = "trace"
+    trace: str | None = None
+    regions: list[str] = Field(default_factory=list)
+    gpus: list[str] = Field(default_factory=list)
+
+
+class OptimizerSettings(_Section):
+    """Solver knobs."""
+
+    time_limit_s: float = Field(1.0, gt=0, le=60)
+
+
+class CloudSettings(_Section):
+    """Which driver launches instances."""
+
+    driver: Literal["local", "aws", "gcp"] = "local"
+
+
+class AwsSettings(_Section):
+    region: str = "us-east-1"
+
+
+class GcpSettings(_Section):
+    project: str | None = None
+
+
+class LocalSettings(_Section):
+    """The embedded cloud: workers are processes on this machine."""
+
+
+class DaemonSettings(_Section):
+    """Schedules and state of ``provision run``."""
+
+    state_path: str = "spotring-state.sqlite"
+
+
+class Settings(_Section):
+    job: JobSettings = JobSettings()
+    objective: ObjectiveSettings = ObjectiveSettings()
+    fleet: FleetSettings = FleetSettings()
+    source: SourceSettings = SourceSettings()
+    optimizer: OptimizerSettings = OptimizerSettings()
+    cloud: CloudSettings = CloudSettings()
+    aws: AwsSettings = AwsSettings()
+    gcp: GcpSettings = GcpSettings()
+    local: LocalSettings = LocalSettings()
+    daemon: DaemonSettings = DaemonSettings()
+
+
+def _describe(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    kind = error["type"]
+    msg = error["msg"]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown setting (check the spelling; see examples/config.toml)"
+    if kind == "literal_error":
+        return f"{path}: {msg} (got {error.get('input')!r})"
+    return f"{path}: {msg} (got {error.get('input')!r})"
+
+
+def parse_settings(data: dict[str, Any], *, origin: str = "<config>") -> Settings:
+    """Validate a dict (as read from TOML). Raises ConfigError naming every bad field."""
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        raise ConfigError(f"{origin}: invalid configuration: {problems}") from None
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Read and validate a TOML config file; ``None`` gives the embedded local defaults.
+
+    Raises ConfigError when the file is missing, is not valid TOML, or fails validation.
+    """
+    if path is None:
+        return Settings()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found (pass --config with an existing file, "
+                          f"e.g. examples/config.toml)") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_settings(data, origin=str(p))

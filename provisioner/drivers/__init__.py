@@ -1,0 +1,1 @@
+"""Cloud drivers: one file per cloud implementing :class:`provisioner.drivers.base.CloudDriver`."""
