@@ -72,7 +72,21 @@ class CloudSettings(_Section):
 
 
 class AwsSettings(_Section):
-    region: str = "us-east-1"
+    """The AWS driver: where to launch, from which launch template, where notices arrive."""
+
+    region: str = Field("us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$",
+                        description="AWS region of the fleet, e.g. us-east-1")
+    endpoint_url: str | None = Field(None, description="EC2/SQS endpoint override (a moto server)")
+    launch_template: str | None = Field(None, min_length=3, max_length=128,
+                                        description="launch template name of the workers")
+    launch_template_id: str | None = Field(None, pattern=r"^lt-[0-9a-f]+$",
+                                           description="launch template id (instead of a name)")
+    launch_template_version: str = Field("$Default", description="$Default, $Latest or a number")
+    launch_mode: Literal["fleet", "run-instances"] = Field(
+        "fleet", description="create_fleet Type=instant, or run_instances with spot options")
+    queue_url: str | None = Field(None, description="SQS queue fed by EventBridge EC2 events")
+    subnets: dict[str, str] = Field(default_factory=dict,
+                                    description="zone -> subnet id; default: the default VPC's")
 
 
 class GcpSettings(_Section):
