@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from provisioner.errors import ConfigError
 
@@ -30,31 +30,98 @@ class _Section(BaseModel):
 
 
 class JobSettings(_Section):
-    """What is trained."""
+    """What is trained, and the figures the optimiser needs about it."""
 
     id: str = Field("spotring-demo", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                     description="job id; tags every instance (lowercase letters, digits, '-')")
     job_file: str = Field("examples/digits.py", description="the trainer job (module or path)")
+    model_mb: float = Field(100.0, gt=0, le=1_000_000,
+                            description="gradient size all-reduced each step, in MB")
+    global_batch: int = Field(256, ge=1, le=10_000_000,
+                              description="samples per step over the whole ring (constant)")
+    samples_per_s_per_unit: float = Field(
+        400.0, gt=0, description="samples/s of one GPU of relative throughput 1.0 "
+        "(pricing.catalog.relative_throughput); scales every prior")
+    throughput_priors: dict[str, float] = Field(
+        default_factory=dict, description="instance type -> samples/s, overriding the catalog prior")
 
 
 class ObjectiveSettings(_Section):
-    """What the optimiser aims for."""
+    """What the optimiser aims for.
+
+    ``max-throughput`` is bounded by ``budget_per_hour`` when set (else by ``fleet.max_size``);
+    ``min-cost`` needs ``target_samples_per_s``; ``deadline`` needs ``work_samples`` and
+    ``deadline_hours``.
+    """
 
     kind: Literal["max-throughput", "min-cost", "deadline"] = "max-throughput"
+    budget_per_hour: float | None = Field(None, gt=0, description="USD per hour cap on the fleet")
+    target_samples_per_s: float | None = Field(None, gt=0,
+                                               description="useful throughput wanted (min-cost)")
+    work_samples: float | None = Field(None, gt=0, description="samples to process (deadline)")
+    deadline_hours: float | None = Field(None, gt=0,
+                                         description="hours from job start to the deadline")
+    safety_hours: float = Field(2.0, ge=0, le=1000,
+                                description="deadline: when the slack (time left minus the time "
+                                "on-demand would need) falls below this, on-demand capacity "
+                                "is phased in (Uniform Progress' safety net)")
+
+    @model_validator(mode="after")
+    def _needs(self) -> "ObjectiveSettings":
+        need = {"max-throughput": (), "min-cost": ("target_samples_per_s",),
+                "deadline": ("work_samples", "deadline_hours")}[self.kind]
+        missing = [n for n in need if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"kind = {self.kind!r} needs " + " and ".join(
+                f"objective.{n}" for n in missing) + " (a positive number)")
+        return self
 
 
 class FleetSettings(_Section):
-    """Bounds on the fleet."""
+    """Bounds on the fleet, and the costs of changing it."""
 
-    min_size: int = Field(0, ge=0)
-    max_size: int = Field(8, ge=1)
+    min_size: int = Field(0, ge=0, description="fewest instances")
+    max_size: int = Field(8, ge=1, le=10_000, description="most instances")
+    markets: list[Literal["spot", "on-demand"]] = Field(
+        default_factory=lambda: ["spot", "on-demand"], min_length=1,
+        description="markets the optimiser may buy in")
+    max_zone_share: float = Field(0.5, gt=0, le=1,
+                                  description="most spot instances in one zone, as a share of "
+                                  "the fleet (plus zone_allowance)")
+    zone_allowance: int = Field(1, ge=0, description="spot instances any zone may hold whatever "
+                                "the share (so a fleet of one is possible)")
+    region_quota_gpus: dict[str, int] = Field(default_factory=dict,
+                                              description="region -> most GPUs held there")
+    family_quota_gpus: dict[str, int] = Field(default_factory=dict,
+                                              description="instance family (p3, a2) -> most GPUs")
+    max_regions: int = Field(1, ge=1, le=100, description="regions one ring may span")
+    boot_s: float = Field(180.0, ge=0, le=7200, description="launch to ready to join, seconds")
+    reform_s: float = Field(5.0, ge=0, le=3600, description="ring re-form time, seconds")
+    step_s: float = Field(1.0, ge=0, le=3600, description="one training step, seconds (work "
+                          "lost by the ring on a revocation without notice)")
+    churn_horizon_hours: float = Field(1.0, gt=0, le=1000,
+                                       description="a change must pay back its reconfiguration "
+                                       "cost within this horizon")
+    intra_zone_gbps: float = Field(10.0, gt=0, description="link bandwidth inside a zone")
+    inter_zone_gbps: float = Field(5.0, gt=0, description="link bandwidth across zones")
+    inter_region_gbps: float = Field(1.0, gt=0, description="link bandwidth across regions")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "FleetSettings":
+        if self.min_size > self.max_size:
+            raise ValueError(f"fleet.min_size ({self.min_size}) must be <= fleet.max_size "
+                             f"({self.max_size})")
+        return self
 
 
 class SourceSettings(_Section):
     """Where prices come from."""
 
     kind: Literal["aws", "gcp", "trace"] = "trace"
-    trace: str | None = None
+    trace: str | None = Field(None, description="trace file (kind = 'trace')")
+    traces: list[str] = Field(default_factory=list,
+                              description="more trace files combined with `trace` (e.g. prices "
+                              "from one, availability from another)")
     regions: list[str] = Field(default_factory=list)
     gpus: list[str] = Field(default_factory=list)
 
@@ -62,7 +129,12 @@ class SourceSettings(_Section):
 class OptimizerSettings(_Section):
     """Solver knobs."""
 
-    time_limit_s: float = Field(1.0, gt=0, le=60)
+    time_limit_s: float = Field(1.0, gt=0, le=60, description="time limit of one MILP solve")
+    default_spot_hazard_per_hour: float = Field(
+        0.1, ge=0, le=100, description="revocations/hour assumed for a spot offering with no "
+        "risk estimate")
+    max_quote_age_hours: float = Field(24.0 * 14, gt=0, description="quotes older than this are "
+                                       "ignored (GCP prices change weekly at most)")
 
 
 class CloudSettings(_Section):
