@@ -1,0 +1,101 @@
+"""Every interval and TTL of the provisioner, each with the reason for its value.
+
+Design: one module holds the numbers (Karpenter ``pkg/cache/cache.go``), so a reader who
+wonders "why every 2 s?" finds the answer next to the number, and the daemon, the reconciler
+and the drivers never hard-code a duration. :class:`Intervals` is a frozen dataclass the
+daemon receives (from ``[daemon]`` settings), so tests shorten every period in one place.
+:class:`TtlCache` is the small expiring set shared by the launcher and the chooser for
+offerings out of capacity and zones that just revoked, with the clock injected.
+
+Rule for callers: times here are *simulated* seconds (the daemon's clock), not wall seconds;
+the scheduler divides by the clock's speed to get real periods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Generic, Hashable, TypeVar
+
+#: Prices: AWS spot prices change at most every few minutes and GCP's about monthly; a minute
+#: keeps the plan within one change of the market without throttling the pricing APIs.
+PRICE_POLL_S = 60.0
+#: Notices: AWS gives a 2-minute warning and GCP 30 s; polling every 2 s leaves more than 90%
+#: of the shortest (GCP) window to drain the worker and launch its replacement.
+NOTICE_POLL_S = 2.0
+#: Plan and reconcile: a fleet change costs a ring re-form (tens of ms) and a worker boot
+#: (a minute on a cloud); planning every 30 s reacts to a price move well before that pays.
+PLAN_S = 30.0
+#: Metrics: samples/s and spend for the dashboard and Prometheus; 5 s is a readable refresh.
+METRICS_S = 5.0
+#: A zone that just revoked is avoided for 10 minutes: revocations in one spot pool come in
+#: bursts (Can't-Be-Late traces show runs of zero availability lasting minutes to hours).
+ZONE_AVOID_TTL_S = 600.0
+#: An offering that answered "no capacity" is skipped for 3 minutes (Karpenter's
+#: unavailable-offerings cache uses 3 minutes for InsufficientInstanceCapacity).
+CAPACITY_TTL_S = 180.0
+#: AWS's interruption warning is 2 minutes; the local driver gives the same window by default.
+LOCAL_NOTICE_WINDOW_S = 120.0
+#: A draining worker leaves at its next step boundary (well under a second for the example);
+#: after 60 s the daemon terminates it anyway so a hung worker never holds a paid instance.
+DRAIN_TIMEOUT_S = 60.0
+#: A launch intent older than this with no instance found is abandoned: cloud launch calls
+#: answer within seconds, so 5 minutes means the call never reached the cloud.
+LAUNCH_INTENT_STALE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """The daemon's periods and TTLs in simulated seconds (defaults: the constants above)."""
+
+    price_poll_s: float = PRICE_POLL_S
+    notice_poll_s: float = NOTICE_POLL_S
+    plan_s: float = PLAN_S
+    metrics_s: float = METRICS_S
+    zone_avoid_ttl_s: float = ZONE_AVOID_TTL_S
+    capacity_ttl_s: float = CAPACITY_TTL_S
+    notice_window_s: float = LOCAL_NOTICE_WINDOW_S
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
+    launch_intent_stale_s: float = LAUNCH_INTENT_STALE_S
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"Intervals.{f.name}={value!r}: must be a number >= 0")
+
+    def real(self, simulated_s: float, speed: float) -> float:
+        """The wall-clock period for a simulated period at ``speed`` (at least 50 ms)."""
+        return max(0.05, simulated_s / max(speed, 1e-9))
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class TtlCache(Generic[K]):
+    """A set whose members expire ``ttl_s`` after they were last added.
+
+    ``clock`` returns seconds (any epoch, e.g. the daemon clock's ``timestamp``). Not
+    thread-safe by itself; the daemon touches it from scheduler jobs that never overlap on it.
+    """
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.ttl_s = float(ttl_s)
+        self._clock = clock
+        self._until: dict[K, float] = {}
+
+    def add(self, key: K, ttl_s: float | None = None) -> None:
+        """Add ``key`` (or extend it) for ``ttl_s`` (default: the cache's TTL)."""
+        self._until[key] = self._clock() + (self.ttl_s if ttl_s is None else ttl_s)
+
+    def __contains__(self, key: object) -> bool:
+        until = self._until.get(key)  # type: ignore[arg-type]
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._until[key]  # type: ignore[arg-type]
+            return False
+        return True
+
+    def members(self) -> frozenset[K]:
+        """The keys that have not expired."""
+        return frozenset(k for k in list(self._until) if k in self)
