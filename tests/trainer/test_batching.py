@@ -1,0 +1,265 @@
+"""Unit tests of trainer.batching: the fit, the solver, the online controller, bad input.
+
+The simulated rings draw step times from true lines ``a_i + c_i * b`` with multiplicative
+Gaussian noise from a seeded ``random.Random``, feed them to ``observe`` and ask
+``plan_batches`` for the next sizes, as every ring member does.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.batching import (
+    BatchPlan,
+    LinearFit,
+    SpeedModel,
+    StepTiming,
+    equal_sizes,
+    fit,
+    gradient_weight,
+    makespan,
+    observe,
+    optimal_sizes,
+    plan_batches,
+    scale_relative_priors,
+    solve_continuous,
+)
+
+
+def simulate(true: dict[str, tuple[float, float]], global_batch: int, steps: int, noise: float,
+             seed: int = 0, damping: float = 0.5) -> list[BatchPlan]:
+    """Run the controller against true lines; return the plan after every step."""
+    rng = random.Random(seed)
+    model = SpeedModel()
+    plan = plan_batches(model, list(true), global_batch)
+    plans = [plan]
+    for _ in range(steps):
+        timings = [
+            StepTiming(m, b, (true[m][0] + true[m][1] * b) * max(0.05, 1 + rng.gauss(0, noise)))
+            for m, b in plan.sizes.items()
+        ]
+        model = observe(model, timings)
+        plan = plan_batches(model, list(true), global_batch, previous=plan.sizes, damping=damping)
+        plans.append(plan)
+    return plans
+
+
+def rel_error(sizes, opt) -> float:
+    return sum(abs(sizes[m] - opt[m]) / opt[m] for m in opt) / len(opt)
+
+
+# -- the fit -------------------------------------------------------------------------------
+
+
+def test_fit_recovers_line_from_two_batch_sizes():
+    timings = [StepTiming("w", b, 0.02 + 0.003 * b) for b in (10, 20, 10, 30, 25)]
+    line = fit(observe(SpeedModel(), timings), "w")
+    assert line is not None
+    assert line.fixed_s == pytest.approx(0.02, rel=1e-6)
+    assert line.per_sample_s == pytest.approx(0.003, rel=1e-6)
+
+
+def test_fit_with_one_batch_size_goes_through_origin():
+    model = observe(SpeedModel(), [StepTiming("w", 16, 0.32), StepTiming("w", 16, 0.32)])
+    line = fit(model, "w")
+    assert line == LinearFit(0.0, 0.02, 2)
+
+
+def test_observe_is_pure_windowed_and_ignores_bad_timings():
+    m0 = SpeedModel(window=3)
+    m1 = observe(m0, [StepTiming("w", b, 0.1 * b) for b in (1, 2, 3, 4)])
+    assert m0.history == ()
+    assert [b for b, _ in m1.observations("w")] == [2, 3, 4]
+    m2 = observe(m1, [StepTiming("w", 0, 1.0), StepTiming("w", 5, float("nan")),
+                      StepTiming("w", 5, -1.0), StepTiming("w", 5, math.inf)])
+    assert m2 == m1
+
+
+def test_speed_model_pickles_and_member_order_does_not_matter():
+    ts = [StepTiming("b", 4, 0.4), StepTiming("a", 8, 0.4)]
+    m1 = observe(SpeedModel(), ts)
+    m2 = observe(SpeedModel(), list(reversed(ts)))
+    assert m1 == m2
+    assert pickle.loads(pickle.dumps(m1)) == m1
+    assert m1.members == ("a", "b")
+
+
+# -- the solver ----------------------------------------------------------------------------
+
+
+def test_continuous_solution_equalises_finish_times():
+    lines = {"a": LinearFit(0.01, 0.001, 1), "b": LinearFit(0.02, 0.002, 1)}
+    sizes = solve_continuous(lines, 100)
+    assert sum(sizes.values()) == pytest.approx(100)
+    assert lines["a"].time(sizes["a"]) == pytest.approx(lines["b"].time(sizes["b"]))
+
+
+def test_continuous_solution_pins_slow_member_at_one():
+    lines = {"fast": LinearFit(0.0, 0.001, 1), "slow": LinearFit(1.0, 1.0, 1)}
+    sizes = solve_continuous(lines, 10)
+    assert sizes == {"fast": 9.0, "slow": 1.0}
+
+
+def test_optimal_sizes_is_the_integer_minimax():
+    lines = {"a": LinearFit(0.0, 1.0, 1), "b": LinearFit(0.0, 2.0, 1), "c": LinearFit(0.5, 3.0, 1)}
+    best = optimal_sizes(lines, 11)
+    # brute force over all splits
+    brute = min(
+        ((x, y, 11 - x - y) for x in range(1, 10) for y in range(1, 11 - x) if 11 - x - y >= 1),
+        key=lambda s: max(lines["a"].time(s[0]), lines["b"].time(s[1]), lines["c"].time(s[2])),
+    )
+    assert makespan(lines, best) == pytest.approx(
+        makespan(lines, dict(zip("abc", brute))))
+
+
+lines_st = st.dictionaries(
+    st.sampled_from([f"w{i}" for i in range(8)]),
+    st.tuples(st.floats(0.0, 0.05), st.floats(1e-4, 1e-2)),
+    min_size=1, max_size=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(true=lines_st, global_batch=st.integers(1, 2000))
+def test_plan_sum_invariant_and_minimum_one(true, global_batch):
+    model = observe(SpeedModel(), [StepTiming(m, 10, a + c * 10) for m, (a, c) in true.items()])
+    plan = plan_batches(model, list(true), global_batch)
+    assert sum(plan.sizes.values()) == global_batch
+    assert all(b >= 1 for b in plan.sizes.values())
+    assert set(plan.sizes) | set(plan.drop) == set(true)
+    assert not set(plan.sizes) & set(plan.drop)
+    assert len(plan.notes) >= len(plan.drop)
+
+
+@settings(max_examples=100, deadline=None)
+@given(true=lines_st, global_batch=st.integers(8, 2000), seed=st.integers(0, 10))
+def test_plan_is_monotone_in_speed(true, global_batch, seed):
+    model = observe(SpeedModel(), [StepTiming(m, 10, c * 10) for m, (_, c) in true.items()])
+    plan = plan_batches(model, list(true), global_batch)
+    kept = sorted(plan.sizes, key=lambda m: (true[m][1], m))
+    for faster, slower in zip(kept, kept[1:]):
+        if true[faster][1] < true[slower][1]:
+            assert plan.sizes[faster] >= plan.sizes[slower]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    speeds=st.lists(st.floats(1.0, 5.0), min_size=2, max_size=6),
+    fixed=st.floats(0.0, 0.02),
+    seed=st.integers(0, 1000),
+)
+def test_converges_within_20_steps_without_oscillation(speeds, fixed, seed):
+    true = {f"w{i}": (fixed, 0.001 * s) for i, s in enumerate(speeds)}
+    global_batch = 128 * len(speeds)
+    opt = optimal_sizes({m: LinearFit(a, c, 0) for m, (a, c) in true.items()}, global_batch)
+    plans = simulate(true, global_batch, steps=30, noise=0.01, seed=seed)
+    errors = [rel_error(p.sizes, opt) for p in plans]
+    assert errors[20] <= 0.02, errors
+    # no oscillation: after convergence the sizes move by at most a few samples in total
+    for p, q in zip(plans[20:], plans[21:]):
+        assert sum(abs(p.sizes[m] - q.sizes[m]) for m in opt) <= 2 * len(opt)
+
+
+def test_convergence_with_noise_is_within_two_percent():
+    true = {"w0": (0.01, 0.001), "w1": (0.01, 0.0015), "w2": (0.01, 0.002), "w3": (0.01, 0.004)}
+    opt = optimal_sizes({m: LinearFit(a, c, 0) for m, (a, c) in true.items()}, 512)
+    for seed in range(5):
+        plans = simulate(true, 512, steps=20, noise=0.02, seed=seed)
+        assert rel_error(plans[-1].sizes, opt) <= 0.02
+        # damped: the distance to the optimum shrinks and does not swing back past the start
+        errors = [rel_error(p.sizes, opt) for p in plans]
+        assert max(errors[5:]) < errors[0]
+
+
+def test_stays_put_inside_the_deadband():
+    true = {"a": (0.0, 0.001), "b": (0.0, 0.002)}
+    model = observe(SpeedModel(), [StepTiming(m, 10, c * 10) for m, (_, c) in true.items()])
+    plan = plan_batches(model, ["a", "b"], 3000, previous={"a": 1999, "b": 1001})
+    assert dict(plan.sizes) == {"a": 1999, "b": 1001}  # 0.1 % slower than 2000/1000: kept
+    plan = plan_batches(model, ["a", "b"], 300, previous={"a": 199, "b": 101})
+    assert dict(plan.sizes) == {"a": 200, "b": 100}  # 1 % slower: moved
+
+
+def test_generation_change_takes_the_target_at_once_using_priors():
+    model = observe(SpeedModel(), [StepTiming("a", 50, 0.05), StepTiming("b", 50, 0.1)])
+    plan = plan_batches(model, ["a", "b", "new"], 400, priors={"new": 2000.0},
+                        previous={"a": 267, "b": 133})
+    # a: 1000/s, b: 500/s, new: 2000/s -> 4/7, 2/7 ... of 400
+    assert dict(plan.sizes) == {"a": 114, "b": 57, "new": 229}
+    assert any("prior" in n for n in plan.notes)
+
+
+def test_member_without_data_or_prior_gets_median_speed():
+    model = observe(SpeedModel(), [StepTiming("a", 10, 0.01), StepTiming("b", 10, 0.03),
+                                    StepTiming("c", 10, 0.02)])
+    plan = plan_batches(model, ["a", "b", "c", "d"], 100)
+    assert plan.sizes["d"] == plan.sizes["c"]
+    assert any("median" in n for n in plan.notes)
+
+
+def test_nothing_known_gives_equal_sizes():
+    plan = plan_batches(SpeedModel(), ["b", "a", "c"], 10)
+    assert dict(plan.sizes) == {"a": 4, "b": 3, "c": 3}
+    assert plan.predicted_step_s is None
+    assert plan.sizes == equal_sizes(["a", "b", "c"], 10)
+
+
+def test_relative_priors_are_scaled_by_measured_members():
+    model = observe(SpeedModel(), [StepTiming("v100", 100, 0.1)])  # 1000 samples/s
+    priors = scale_relative_priors(model, {"v100": 1.0, "a100": 2.5, "k80": 0.2})
+    assert priors == {"a100": pytest.approx(2500.0), "k80": pytest.approx(200.0)}
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_batch_smaller_than_members_drops_the_slowest_with_a_reason():
+    model = observe(SpeedModel(), [StepTiming(m, 1, t) for m, t in
+                                   (("a", 0.1), ("b", 0.2), ("c", 0.3))])
+    plan = plan_batches(model, ["a", "b", "c"], 2)
+    assert dict(plan.sizes) == {"a": 1, "b": 1}
+    assert plan.drop == ("c",)
+    assert "smaller than" in plan.notes[0]
+
+
+def test_hopeless_straggler_is_dropped_and_mild_one_pinned_at_one():
+    model = observe(SpeedModel(), [StepTiming("fast", 10, 0.01), StepTiming("slow", 1, 5.0)])
+    plan = plan_batches(model, ["fast", "slow"], 10)
+    assert plan.drop == ("slow",) and dict(plan.sizes) == {"fast": 10}
+    assert "slower" in plan.notes[0]
+    model = observe(SpeedModel(), [StepTiming("fast", 10, 0.01), StepTiming("slow", 1, 0.012)])
+    plan = plan_batches(model, ["fast", "slow"], 10)
+    assert plan.drop == () and plan.sizes["slow"] == 1
+    assert any("minimum of 1" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(global_batch=0), "global_batch"),
+        (dict(global_batch=-3), "global_batch"),
+        (dict(members=[]), "members"),
+        (dict(members=["a", "a"]), "members"),
+        (dict(priors={"a": 0.0}), "priors"),
+        (dict(priors={"a": float("nan")}), "priors"),
+        (dict(damping=0.0), "damping"),
+        (dict(straggler_limit=1.0), "straggler_limit"),
+    ],
+)
+def test_nonsense_raises_value_error_naming_the_argument(kwargs, word):
+    args = dict(members=["a", "b"], global_batch=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=word):
+        plan_batches(SpeedModel(), args.pop("members"), args.pop("global_batch"), **args)
+
+
+def test_gradient_weights_sum_to_one():
+    sizes = {"a": 3, "b": 5, "c": 8}
+    assert sum(gradient_weight(sizes, m) for m in sizes) == pytest.approx(1.0)
+    assert gradient_weight(sizes, "c") == 0.5
