@@ -45,6 +45,7 @@ __all__ = [
     "StepTiming",
     "equal_sizes",
     "fit",
+    "gpu_priors",
     "gradient_weight",
     "makespan",
     "observe",
@@ -301,6 +302,25 @@ def scale_relative_priors(
     scale = _median(ratios) if ratios else 1.0
     wanted = sorted(members) if members else sorted(relative)
     return {m: relative[m] * scale for m in wanted if m in relative and fit(model, m) is None}
+
+
+def gpu_priors(model: SpeedModel, gpu_of: Mapping[str, str]) -> dict[str, float]:
+    """Samples/s priors for members known only by GPU model (``member -> "V100"``, ...).
+
+    Uses the published relative throughput table of :func:`pricing.catalog.relative_throughput`
+    (V100 = 1.0; the sources are noted there), scaled by :func:`scale_relative_priors` against
+    members that already have a fit. A GPU with no figure gives no prior (the member then
+    gets the median speed in :func:`plan_batches`, which notes it).
+    """
+    from pricing.catalog import relative_throughput  # a pure table; imported on use only
+
+    relative: dict[str, float] = {}
+    for m in sorted(gpu_of):
+        try:
+            relative[m] = relative_throughput(gpu_of[m])
+        except KeyError:
+            continue
+    return scale_relative_priors(model, relative)
 
 
 def _median(xs: Sequence[float]) -> float:

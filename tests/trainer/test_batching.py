@@ -22,6 +22,7 @@ from trainer.batching import (
     StepTiming,
     equal_sizes,
     fit,
+    gpu_priors,
     gradient_weight,
     makespan,
     observe,
@@ -214,6 +215,16 @@ def test_relative_priors_are_scaled_by_measured_members():
     model = observe(SpeedModel(), [StepTiming("v100", 100, 0.1)])  # 1000 samples/s
     priors = scale_relative_priors(model, {"v100": 1.0, "a100": 2.5, "k80": 0.2})
     assert priors == {"a100": pytest.approx(2500.0), "k80": pytest.approx(200.0)}
+
+
+def test_gpu_priors_come_from_the_catalog_table():
+    from pricing.catalog import relative_throughput
+
+    model = observe(SpeedModel(), [StepTiming("old", 100, 0.1)])  # a V100 at 1000 samples/s
+    priors = gpu_priors(model, {"old": "V100", "new": "A100", "odd": "no-such-gpu"})
+    ratio = relative_throughput("A100") / relative_throughput("V100")
+    assert priors == {"new": pytest.approx(1000.0 * ratio)}
+    assert ratio > 1.0
 
 
 # -- bad input -----------------------------------------------------------------------------
