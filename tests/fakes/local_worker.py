@@ -1,0 +1,28 @@
+"""A stand-in worker process for driver and daemon tests (not the trainer).
+
+Usage: python local_worker.py OUTDIR NAME [--ignore-term]. Writes OUTDIR/NAME.started with
+its pid and environment slowdown; on SIGTERM writes OUTDIR/NAME.noticed and exits 0 (a drain)
+unless --ignore-term, in which case it keeps running until killed.
+"""
+
+import os
+import signal
+import sys
+import time
+
+out, name = sys.argv[1], sys.argv[2]
+ignore = "--ignore-term" in sys.argv
+
+
+def on_term(signum, frame):
+    with open(os.path.join(out, f"{name}.noticed"), "w") as fh:
+        fh.write(str(os.getpid()))
+    if not ignore:
+        sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+with open(os.path.join(out, f"{name}.started"), "w") as fh:
+    fh.write(f"{os.getpid()} {os.environ.get('SPOTRING_SLOWDOWN')}")
+while True:
+    time.sleep(0.05)
