@@ -1,0 +1,699 @@
+"""The fleet optimiser: offerings, prices, risk and throughput in; a target fleet out.
+
+Design: a pure function over frozen data (SkyPilot's ``optimizer.py`` writes its ILP out the
+same way, but here nothing is printed or mutated). :func:`build_problem` turns settings,
+quotes and risk estimates into a :class:`Problem`; :func:`solve` returns a :class:`Plan` that
+explains itself. One solve is one ``scipy.optimize.milp`` call (HiGHS) with a time limit;
+if it yields no integer solution in time, the LP relaxation is rounded and repaired, so a
+decision always comes back. An impossible configuration raises
+:class:`~provisioner.errors.InfeasibleError` naming the constraint that cannot be met.
+
+The MILP. For each offering o (cloud, region, zone, type, market) that survives pruning:
+
+    x_o in Z, 0 <= x_o <= ub_o        instances to hold (ub_o: availability, max_size; an
+                                      avoided zone may keep what it has but not grow)
+    c_o   price, USD/h                s_o   samples/s of one instance (ThroughputModel)
+    h_o   revocation hazard, 1/h      g_o   GPUs of one instance
+    L_o   hours of work lost per revocation
+          = (boot_s + (step_s + reform_s) * n_ref) / 3600
+          (the replacement boots while the ring runs on; the whole ring, about n_ref
+          workers, loses the unfinished step and the re-form)
+    u_o   = s_o * max(0, 1 - h_o * L_o)                useful samples/s of one instance
+
+Ring scaling: one step all-reduces the gradient (M bits) over the ring: t_comm(N) =
+2(N-1)/N * M / bw, bw the slowest link (inside a zone, across zones or across regions).
+The global batch B is constant and split so all workers finish together, so with S =
+sum u_o x_o the ring delivers  R = B / (B/S + t_comm) = S / (1 + S * t_comm / B).
+R is increasing in S, so "R >= T" is the *linear* constraint S >= T / (1 - T t_comm / B)
+(impossible when T t_comm >= B: the ring's communication caps it). t_comm depends on N;
+we solve with N = max_size (an upper bound on 2(N-1)/N), then once more with the N found;
+the second answer is kept only if it is still valid. The link is guessed from the zone
+cap and max_regions and checked on the answer.
+
+Objectives (all minimise):
+    min-cost, deadline:  sum (c_o + churn$_o) x_o + churn terms        s.t. S >= T'
+    max-throughput:      sum (-u_o + churnS_o) x_o + eps * c_o x_o     (budget if set)
+    deadline: T = work left / time left (Uniform Progress: the rate that finishes exactly
+    on time, recomputed at every decision); as the slack (time left minus the time the
+    largest on-demand fleet would need) falls below safety_hours, an on-demand floor
+    sum_{on-demand} u_o x_o >= T * (1 - slack / safety_hours) phases on-demand in.
+
+Constraints:
+    budget               sum c_o x_o <= budget_per_hour
+    size                 min_size <= sum x_o <= max_size
+    quotas               sum_{o in region r} g_o x_o <= Q_r;  same per instance family
+    zone share           sum_{spot o in zone z} x_o <= share * sum x_o + allowance
+    regions              sum_{o in r} x_o <= max_size * y_r,  sum y_r <= max_regions (y binary,
+                         only when the offerings span more regions than allowed)
+    churn                for offerings held now (x0_o > 0): a_o >= x_o - x0_o, d_o >= x0_o - x_o;
+                         each added instance costs its boot time, each change one re-form of
+                         the ring; the cost is spread over churn_horizon_hours, so a change is
+                         made only when it pays back within that horizon.
+
+Pruning: inside a group that every constraint treats alike (region, zone, family, market,
+GPUs), an offering is dropped when another costs no more, yields no less useful
+throughput, is no riskier and is no scarcer; offerings with no useful throughput or
+priced above the whole budget are dropped too. Held offerings are never pruned.
+
+Rule for callers: never build a Problem from unchecked quotes: pass them through
+``pricing.sanity.check`` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Collection, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from pricing.model import Offering, PriceQuote, RiskEstimate, utc
+from provisioner.errors import InfeasibleError
+from provisioner.throughput import ThroughputModel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from provisioner.config import Settings
+
+__all__ = ["Candidate", "Problem", "Plan", "ThroughputModel", "solve", "build_problem",
+           "family_of", "ring_efficiency"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("max-throughput", "min-cost", "deadline")
+
+
+def family_of(instance_type: str) -> str:
+    """Instance family: ``p3`` for ``p3.2xlarge``, ``a2`` for ``a2-highgpu-1g``."""
+    return instance_type.replace("-", ".").split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One offering as the solver sees it (see the module docstring for the symbols)."""
+
+    offering: Offering
+    price_per_hour: float
+    samples_per_s: float
+    hazard_per_hour: float = 0.0
+    loss_hours: float = 0.0
+    gpus: int = 1
+    max_count: int | None = None
+    current: int = 0
+
+    @property
+    def useful(self) -> float:
+        """Useful samples/s of one instance: raw minus the expected loss to revocations."""
+        return self.samples_per_s * max(0.0, 1.0 - self.hazard_per_hour * self.loss_hours)
+
+    @property
+    def zone_key(self) -> str:
+        o = self.offering
+        return f"{o.region}/{o.zone}" if o.zone != "*" else o.region
+
+    @property
+    def family(self) -> str:
+        return family_of(self.offering.instance_type)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything one solve needs. Build it with :func:`build_problem` or by hand (tests)."""
+
+    candidates: tuple[Candidate, ...]
+    objective: str = "max-throughput"
+    target_samples_per_s: float | None = None
+    budget_per_hour: float | None = None
+    ondemand_floor_samples_per_s: float = 0.0
+    min_size: int = 0
+    max_size: int = 8
+    max_zone_share: float = 1.0
+    zone_allowance: int = 1
+    region_quota_gpus: Mapping[str, int] = field(default_factory=dict)
+    family_quota_gpus: Mapping[str, int] = field(default_factory=dict)
+    max_regions: int = 1000
+    model_mb: float = 0.0
+    global_batch: int = 256
+    intra_zone_gbps: float = 10.0
+    inter_zone_gbps: float = 5.0
+    inter_region_gbps: float = 1.0
+    boot_s: float = 0.0
+    reform_s: float = 0.0
+    churn_horizon_hours: float = 1.0
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.objective not in KINDS:
+            raise ValueError(f"Problem.objective={self.objective!r}: one of {', '.join(KINDS)}")
+        if self.objective != "max-throughput" and not self.target_samples_per_s:
+            raise ValueError(f"Problem.target_samples_per_s is needed for {self.objective!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The target fleet and why. ``counts`` omits zeros; figures are for the whole fleet."""
+
+    counts: Mapping[Offering, int]
+    cost_per_hour: float
+    throughput: float  # useful samples/s after the ring's scaling efficiency
+    hazard_per_hour: float  # expected revocations per hour across the fleet
+    binding: tuple[str, ...]
+    status: str  # "optimal" | "time-limit" | "fallback-lp" | "empty"
+    objective: str = "max-throughput"
+    raw_throughput: float = 0.0
+    ring_efficiency: float = 1.0
+    link: str = "intra-zone"
+    solve_ms: float = 0.0
+    considered: int = 0
+    pruned: int = 0
+    chosen: tuple[Candidate, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts.values())
+
+    def explain(self) -> str:
+        """A few lines: what is chosen, what it costs and yields, and what bound it."""
+        lines = [f"objective {self.objective}: status {self.status}, {self.size} instances, "
+                 f"${self.cost_per_hour:.3f}/h, {self.throughput:.1f} useful samples/s "
+                 f"(ring efficiency {self.ring_efficiency:.3f} over the {self.link} link), "
+                 f"{self.hazard_per_hour:.3f} expected revocations/h"]
+        for c in self.chosen:
+            n = self.counts.get(c.offering, 0)
+            lines.append(f"  {n:>3} x {c.offering.key}  ${c.price_per_hour:.3f}/h each, "
+                         f"{c.samples_per_s:.1f} samples/s ({c.useful:.1f} useful), "
+                         f"hazard {c.hazard_per_hour:.3f}/h" + (f", held now {c.current}"
+                                                                if c.current else ""))
+        lines.append("bound by: " + (", ".join(self.binding) if self.binding else "nothing"))
+        lines.append(f"considered {self.considered} offerings, pruned {self.pruned} dominated; "
+                     f"solved in {self.solve_ms:.1f} ms")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def ring_efficiency(n: int, raw_samples_per_s: float, model_mb: float, global_batch: int,
+                    gbps: float) -> float:
+    """R / S for a ring of ``n`` workers delivering ``raw_samples_per_s`` in compute."""
+    if n <= 1 or raw_samples_per_s <= 0 or model_mb <= 0:
+        return 1.0
+    t_comm = 2.0 * (n - 1) / n * model_mb * 8e6 / (gbps * 1e9)
+    return 1.0 / (1.0 + raw_samples_per_s * t_comm / global_batch)
+
+
+# ----------------------------------------------------------------------------- pruning
+
+def _prune(p: Problem) -> tuple[list[Candidate], int]:
+    keep: list[Candidate] = []
+    dropped = 0
+    groups: dict[tuple, list[Candidate]] = defaultdict(list)
+    for c in p.candidates:
+        ub = _ub(p, c)
+        if c.current == 0 and (c.useful <= 0 or ub <= 0 or (
+                p.budget_per_hour is not None and c.price_per_hour > p.budget_per_hour)):
+            dropped += 1
+            continue
+        o = c.offering
+        groups[(o.region, c.zone_key, c.family, o.market, c.gpus)].append(c)
+    for members in groups.values():
+        members.sort(key=lambda c: (c.price_per_hour, -c.useful, c.hazard_per_hour))
+        frontier: list[Candidate] = []
+        for c in members:
+            if c.current == 0 and any(
+                    f.price_per_hour <= c.price_per_hour and f.useful >= c.useful
+                    and f.hazard_per_hour <= c.hazard_per_hour and _ub(p, f) >= _ub(p, c)
+                    for f in frontier):
+                dropped += 1
+                continue
+            frontier.append(c)
+        keep.extend(frontier)
+    keep.sort(key=lambda c: c.offering)
+    return keep, dropped
+
+
+def _ub(p: Problem, c: Candidate) -> int:
+    ub = p.max_size if c.max_count is None else min(p.max_size, c.max_count)
+    return max(ub, 0)
+
+
+# ----------------------------------------------------------------------------- the MILP
+
+@dataclass
+class _Model:
+    cands: list[Candidate]
+    c: np.ndarray
+    integrality: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    rows: list[tuple[str, dict[int, float], float, float]]  # name, coefs, lo, hi
+    n: int
+
+
+def _t_comm(n: int, p: Problem, gbps: float) -> float:
+    if n <= 1 or p.model_mb <= 0:
+        return 0.0
+    return 2.0 * (n - 1) / n * p.model_mb * 8e6 / (gbps * 1e9)
+
+
+def _raw_target(target: float, t_comm: float, p: Problem, name: str) -> float:
+    k = t_comm / p.global_batch
+    if target * k >= 1.0:
+        raise InfeasibleError(
+            f"{name}: {target:.1f} samples/s is beyond what the ring can carry "
+            f"(all-reduce of {p.model_mb} MB caps it below {1 / k:.1f} samples/s; raise "
+            f"job.global_batch or lower the target)")
+    return target / (1.0 - target * k)
+
+
+def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
+           drop: frozenset[str] = frozenset()) -> _Model:
+    n = len(cands)
+    held = [i for i, c in enumerate(cands) if c.current > 0]
+    m = len(held)
+    regions = sorted({c.offering.region for c in cands})
+    use_y = len(regions) > p.max_regions and "max_regions" not in drop
+    nv = n + 2 * m + (len(regions) if use_y else 0)
+    cost = np.zeros(nv)
+    integ = np.zeros(nv)
+    integ[:n] = 1
+    lb = np.zeros(nv)
+    ub = np.full(nv, np.inf)
+    for i, c in enumerate(cands):
+        ub[i] = _ub(p, c) if "availability" not in drop else p.max_size
+    horizon = p.churn_horizon_hours
+    cur_cost = sum(c.current * c.price_per_hour for c in cands)
+    cur_rate = sum(c.current * c.useful for c in cands)
+    mean_c = float(np.mean([c.price_per_hour for c in cands])) or 1.0
+    mean_u = float(np.mean([c.useful for c in cands])) or 1.0
+    boot_h, reform_h = p.boot_s / 3600, p.reform_s / 3600
+    minimise_cost = p.objective != "max-throughput"
+    for i, c in enumerate(cands):
+        if minimise_cost:
+            launch = (boot_h * c.price_per_hour + reform_h * cur_cost) / horizon
+            remove = reform_h * cur_cost / horizon
+            base = c.price_per_hour - 1e-4 * (mean_c / mean_u) * c.useful
+        else:
+            launch = (boot_h * c.useful + reform_h * cur_rate) / horizon
+            remove = reform_h * cur_rate / horizon
+            base = -c.useful + 1e-4 * (mean_u / mean_c) * c.price_per_hour
+        cost[i] = base + (0.0 if c.current else launch)
+        if c.current:
+            j = held.index(i)
+            cost[n + j] = launch
+            cost[n + m + j] = remove
+    rows: list[tuple[str, dict[int, float], float, float]] = []
+    every = {i: 1.0 for i in range(n)}
+    rows.append(("fleet size (min_size/max_size)", every, float(p.min_size), float(p.max_size)))
+    if p.budget_per_hour is not None and "budget" not in drop:
+        rows.append(("budget", {i: c.price_per_hour for i, c in enumerate(cands)},
+                     -np.inf, p.budget_per_hour))
+    tc = _t_comm(n_guess, p, gbps)
+    if p.target_samples_per_s and "target" not in drop:
+        raw = _raw_target(p.target_samples_per_s, tc, p, "throughput target")
+        rows.append(("throughput target", {i: c.useful for i, c in enumerate(cands)},
+                     raw, np.inf))
+    if p.ondemand_floor_samples_per_s > 0 and "ondemand-floor" not in drop:
+        od = {i: c.useful for i, c in enumerate(cands) if c.offering.market == "on-demand"}
+        raw = _raw_target(p.ondemand_floor_samples_per_s, tc, p, "on-demand floor")
+        rows.append(("on-demand floor (deadline safety)", od, raw, np.inf))
+    if "quotas" not in drop:
+        for region, q in sorted(p.region_quota_gpus.items()):
+            co = {i: float(c.gpus) for i, c in enumerate(cands) if c.offering.region == region}
+            if co:
+                rows.append((f"region quota {region} ({q} GPUs)", co, -np.inf, float(q)))
+        for fam, q in sorted(p.family_quota_gpus.items()):
+            co = {i: float(c.gpus) for i, c in enumerate(cands) if c.family == fam}
+            if co:
+                rows.append((f"family quota {fam} ({q} GPUs)", co, -np.inf, float(q)))
+    if p.max_zone_share < 1.0 and "zone-share" not in drop:
+        zones: dict[str, list[int]] = defaultdict(list)
+        for i, c in enumerate(cands):
+            if c.offering.market == "spot":
+                zones[c.zone_key].append(i)
+        for z, idx in sorted(zones.items()):
+            co = {i: -p.max_zone_share for i in range(n)}
+            for i in idx:
+                co[i] = 1.0 - p.max_zone_share
+            rows.append((f"zone share {z}", co, -np.inf, float(p.zone_allowance)))
+    for j, i in enumerate(held):
+        x0 = float(cands[i].current)
+        rows.append(("churn+", {n + j: 1.0, i: -1.0}, -x0, np.inf))
+        rows.append(("churn-", {n + m + j: 1.0, i: 1.0}, x0, np.inf))
+    if use_y:
+        base = n + 2 * m
+        for k, r in enumerate(regions):
+            co = {i: 1.0 for i, c in enumerate(cands) if c.offering.region == r}
+            co[base + k] = -float(p.max_size)
+            rows.append((f"region use {r}", co, -np.inf, 0.0))
+            integ[base + k] = 1
+            ub[base + k] = 1
+        rows.append((f"max_regions ({p.max_regions})",
+                     {base + k: 1.0 for k in range(len(regions))}, -np.inf, float(p.max_regions)))
+    return _Model(cands, cost, integ, lb, ub, rows, n)
+
+
+def _run(model: _Model, time_limit_s: float, relax: bool = False):
+    data, ri, ci, lo, hi = [], [], [], [], []
+    for r, (_, co, l, h) in enumerate(model.rows):
+        for j, v in co.items():
+            ri.append(r)
+            ci.append(j)
+            data.append(v)
+        lo.append(l)
+        hi.append(h)
+    nv = len(model.c)
+    a = coo_matrix((data, (ri, ci)), shape=(len(model.rows), nv)).tocsr()
+    cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
+    return milp(model.c, constraints=cons,
+                integrality=np.zeros(nv) if relax else model.integrality,
+                bounds=Bounds(model.lb, model.ub),
+                options={"time_limit": max(time_limit_s, 1e-3), "disp": False,
+                         "mip_rel_gap": 1e-6})
+
+
+def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:
+    for _, co, l, h in model.rows:
+        v = sum(x[j] * w for j, w in co.items())
+        if v < l - tol * max(1.0, abs(l)) or v > h + tol * max(1.0, abs(h)):
+            return False
+    return True
+
+
+def _repair(model: _Model, x_lp: np.ndarray) -> np.ndarray | None:
+    """Round an LP solution down, then add instances greedily until every row holds."""
+    x = np.floor(x_lp + 1e-9)
+    x = np.minimum(np.maximum(x, model.lb), model.ub)
+    n = model.n
+
+    def fix_aux(v: np.ndarray) -> None:
+        for name, co, l, _ in model.rows:
+            if name in ("churn+", "churn-"):
+                aux = next(j for j in co if j >= n)
+                xi = next(j for j in co if j < n)
+                v[aux] = max(0.0, l - co[xi] * v[xi])
+            elif name.startswith("region use"):
+                y = next(j for j in co if j >= n)
+                v[y] = 1.0 if any(v[j] > 0.5 for j in co if j < n) else 0.0
+
+    order = sorted(range(n), key=lambda i: model.c[i] / max(model.cands[i].useful, 1e-9))
+    for _ in range(int(sum(model.ub[:n])) + 1):
+        fix_aux(x)
+        if _row_ok(model, x):
+            return x
+        for i in order:
+            if x[i] + 1 <= model.ub[i]:
+                y = x.copy()
+                y[i] += 1
+                fix_aux(y)
+                if all(v <= h + 1e-6 * max(1.0, abs(h)) for v, h in (
+                        (sum(y[j] * w for j, w in co.items()), h) for _, co, _, h in model.rows)):
+                    x = y
+                    break
+        else:
+            return None
+    return None
+
+
+def _binding(model: _Model, x: np.ndarray) -> list[str]:
+    """Constraints that bind in the integer sense: one instance more (for an upper bound)
+    or one fewer (for a lower bound) would break them."""
+    out = []
+    n = model.n
+    for name, co, l, h in model.rows:
+        if name.startswith(("churn", "region use")):
+            continue
+        v = sum(x[j] * w for j, w in co.items())
+        tol = 1e-6 * max(1.0, abs(v))
+        if math.isfinite(h):
+            steps = [w for j, w in co.items() if j < n and w > 0 and x[j] < model.ub[j] - 0.5]
+            if not steps or v + min(steps) > h + tol:
+                out.append("max_size" if name.startswith("fleet size") else name)
+                continue
+        if math.isfinite(l) and l > 0:
+            steps = [w for j, w in co.items() if j < n and w > 0 and x[j] > 0.5]
+            if steps and v - min(steps) < l - tol:
+                out.append("min_size" if name.startswith("fleet size") else name)
+    for i, c in enumerate(model.cands):
+        if (c.max_count is not None and model.ub[i] == c.max_count > 0
+                and x[i] >= model.ub[i] - 0.5):
+            out.append(f"availability {c.offering.key} ({c.max_count})")
+    return sorted(set(out), key=out.index)
+
+
+def _link(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple[str, float]:
+    if x is None:
+        if p.max_regions > 1 and len({c.offering.region for c in cands}) > 1:
+            return "inter-region", p.inter_region_gbps
+        if p.max_zone_share < 1.0:
+            return "inter-zone", p.inter_zone_gbps
+        return "intra-zone", p.intra_zone_gbps
+    used = [c for c, v in zip(cands, x) if v > 0.5]
+    if len({c.offering.region for c in used}) > 1:
+        return "inter-region", p.inter_region_gbps
+    if len({c.zone_key for c in used}) > 1 or any(c.offering.zone == "*" for c in used):
+        return "inter-zone", p.inter_zone_gbps
+    return "intra-zone", p.intra_zone_gbps
+
+
+def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
+    """Solve ``problem`` within ``time_limit_s`` (per MILP call; at most three calls).
+
+    Returns a :class:`Plan`; its ``status`` is ``"optimal"``, ``"time-limit"`` (best integer
+    fleet found in time), ``"fallback-lp"`` (rounded LP relaxation) or ``"empty"`` (nothing
+    to buy and nothing required). Raises :class:`InfeasibleError` naming the constraint that
+    cannot be met (e.g. the budget is too small for the throughput target).
+    """
+    t0 = time.perf_counter()
+    cands, pruned = _prune(problem)
+    if not cands:
+        if problem.min_size > 0 or problem.target_samples_per_s:
+            raise InfeasibleError(
+                f"no usable offering: {len(problem.candidates)} offered, all without useful "
+                f"throughput, availability or within budget (check source.regions/gpus, "
+                f"fleet.markets and objective.budget_per_hour)")
+        return Plan({}, 0.0, 0.0, 0.0, (), "empty", problem.objective,
+                    considered=len(problem.candidates), pruned=pruned, notes=problem.notes)
+    link, gbps = _link(problem, cands, None)
+    n_guess = problem.max_size
+    best: tuple[_Model, np.ndarray, str] | None = None
+    for attempt in range(2):
+        model = _build(problem, cands, n_guess, gbps)
+        res = _run(model, time_limit_s)
+        if res.x is not None and res.status in (0, 1):
+            x = np.round(res.x)
+            status = "optimal" if res.status == 0 else "time-limit"
+        elif res.status == 2:
+            if best is not None:
+                break
+            raise InfeasibleError(_diagnose(problem, cands, n_guess, gbps, time_limit_s))
+        else:
+            lp = _run(model, time_limit_s, relax=True)
+            x = _repair(model, lp.x) if lp.x is not None else None
+            if x is None:
+                if best is not None:
+                    break
+                raise InfeasibleError(_diagnose(problem, cands, n_guess, gbps, time_limit_s))
+            status = "fallback-lp"
+        n_found = int(round(x[:model.n].sum()))
+        new_link, new_gbps = _link(problem, cands, x[:model.n])
+        if best is not None and (n_found > n_guess or new_gbps < gbps):
+            break  # the re-solve's ring bound no longer holds: keep the first answer
+        best = (model, x, status)
+        ring_matters = problem.model_mb > 0 and (problem.target_samples_per_s or
+                                                 problem.ondemand_floor_samples_per_s > 0)
+        if not ring_matters or (n_found >= n_guess and new_gbps <= gbps):
+            break
+        n_guess, gbps = max(n_found, 1), new_gbps
+    assert best is not None
+    model, x, status = best
+    return _plan(problem, model, x, status, pruned, (time.perf_counter() - t0) * 1000)
+
+
+def _plan(p: Problem, model: _Model, x: np.ndarray, status: str, pruned: int,
+          ms: float) -> Plan:
+    counts = {c.offering: int(v) for c, v in zip(model.cands, x[:model.n]) if v > 0.5}
+    chosen = tuple(c for c in model.cands if c.offering in counts)
+    raw = sum(c.useful * counts[c.offering] for c in chosen)
+    link, gbps = _link(p, model.cands, x[:model.n])
+    eff = ring_efficiency(sum(counts.values()), raw, p.model_mb, p.global_batch, gbps)
+    return Plan(
+        counts=MappingProxyType(counts),
+        cost_per_hour=sum(c.price_per_hour * counts[c.offering] for c in chosen),
+        throughput=raw * eff,
+        hazard_per_hour=sum(c.hazard_per_hour * counts[c.offering] for c in chosen),
+        binding=tuple(_binding(model, x)), status=status, objective=p.objective,
+        raw_throughput=raw, ring_efficiency=eff, link=link, solve_ms=ms,
+        considered=len(p.candidates), pruned=pruned, chosen=chosen, notes=p.notes)
+
+
+_GROUPS = ("budget", "target", "availability", "quotas", "zone-share", "ondemand-floor",
+           "max_regions")
+
+
+def _diagnose(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
+              limit: float) -> str:
+    """Name the constraint whose removal makes the problem feasible, with figures."""
+    def feasible(drop: frozenset[str], **changes) -> np.ndarray | None:
+        q = replace(p, **changes) if changes else p
+        try:
+            res = _run(_build(q, cands, n_guess, gbps, drop), limit)
+        except InfeasibleError:
+            return None
+        return res.x if res.x is not None and res.status in (0, 1) else None
+
+    for g in _GROUPS:
+        x = feasible(frozenset({g}))
+        if x is None:
+            continue
+        if g == "budget":
+            need = sum(c.price_per_hour * v for c, v in zip(cands, np.round(x)))
+            what = ("the throughput target" if p.objective == "min-cost" else
+                    "the deadline's rate" if p.objective == "deadline" else "fleet.min_size")
+            return (f"objective.budget_per_hour = {p.budget_per_hour:.2f} $/h is too small for "
+                    f"{what}: the cheapest fleet that meets it costs {need:.2f} $/h "
+                    f"(raise the budget or lower the target)")
+        names = {"target": f"throughput target {p.target_samples_per_s:.1f} samples/s cannot "
+                           f"be reached within fleet.max_size = {p.max_size} and the quotas",
+                 "availability": "not enough capacity is available in the offerings",
+                 "quotas": "fleet.region_quota_gpus / family_quota_gpus are too small",
+                 "zone-share": f"fleet.max_zone_share = {p.max_zone_share} cannot be met "
+                               f"with the zones available",
+                 "ondemand-floor": "the deadline's on-demand safety floor cannot be bought",
+                 "max_regions": f"fleet.max_regions = {p.max_regions} is too few"}
+        return f"infeasible: {names[g]} (relaxing it makes a fleet possible)"
+    if p.min_size > 0 and feasible(frozenset(), min_size=0) is not None:
+        return (f"infeasible: fleet.min_size = {p.min_size} cannot be met "
+                f"with the offerings and constraints")
+    return ("infeasible: no fleet satisfies the constraints together (budget, size, quotas, "
+            "zone share); relax several of them")
+
+
+# ----------------------------------------------------------------------------- building
+
+def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],
+                  risks: Mapping[Offering, RiskEstimate], *,
+                  current: Mapping[Offering, int] = MappingProxyType({}),
+                  throughput: ThroughputModel | None = None, now: datetime | None = None,
+                  avoid: Collection[str] = (), available: Mapping[Offering, int] =
+                  MappingProxyType({}), work_done: float = 0.0,
+                  elapsed_hours: float = 0.0) -> Problem:
+    """Turn settings, checked quotes and risk estimates into a :class:`Problem`.
+
+    The latest quote per offering at ``now`` (default: the newest quote) no older than
+    ``optimizer.max_quote_age_hours`` is used; a spot quote that carries its on-demand price
+    also yields the on-demand offering. ``avoid`` names zones (``zone`` or ``region/zone``)
+    that just revoked: their spot offerings may keep what they hold but not grow, unless
+    every spot zone is avoided. ``available`` caps counts (availability traces).
+    ``work_done``/``elapsed_hours`` give progress for the deadline objective.
+    Raises InfeasibleError when the deadline has passed.
+    """
+    job, obj, fleet, opt = settings.job, settings.objective, settings.fleet, settings.optimizer
+    model = throughput or ThroughputModel(priors=job.throughput_priors,
+                                          unit=job.samples_per_s_per_unit)
+    if now is None:
+        now = max((q.time for q in quotes), default=None)
+    now = utc(now) if now is not None else None
+    max_age = timedelta(hours=opt.max_quote_age_hours)
+    latest: dict[Offering, PriceQuote] = {}
+    for q in quotes:
+        if now is not None and (q.time > now or now - q.time > max_age):
+            continue
+        if q.offering not in latest or q.time > latest[q.offering].time:
+            latest[q.offering] = q
+    prices: dict[Offering, float] = {o: q.price_per_hour for o, q in latest.items()}
+    for o, q in latest.items():
+        od = o.with_market("on-demand")
+        if o.market == "spot" and q.on_demand_per_hour and od not in prices:
+            prices[od] = q.on_demand_per_hour
+    regions = set(settings.source.regions)
+    gpus = {g.lower() for g in settings.source.gpus}
+    notes: list[str] = []
+    unknown: set[str] = set()
+    n_ref = max(1, sum(current.values()), fleet.min_size)
+    loss_h = (fleet.boot_s + (fleet.step_s + fleet.reform_s) * n_ref) / 3600.0
+    avoid_set = set(avoid)
+    spot_zones = {(o.zone, f"{o.region}/{o.zone}") for o in prices if o.market == "spot"}
+    if spot_zones and all(z in avoid_set or rz in avoid_set for z, rz in spot_zones):
+        notes.append("every spot zone was to be avoided; avoiding none")
+        avoid_set = set()
+    cands = []
+    for o in sorted(prices):
+        if o.market not in fleet.markets or (regions and o.region not in regions):
+            continue
+        spec = _gpu_spec(o.instance_type)
+        if gpus and (spec is None or spec.model.lower() not in gpus):
+            continue
+        try:
+            s = model.samples_per_s(o.instance_type)
+        except KeyError:
+            unknown.add(o.instance_type)
+            continue
+        r = risks.get(o)
+        if r is not None:
+            hz = r.hazard_per_hour
+        else:
+            hz = 0.0 if o.market == "on-demand" else opt.default_spot_hazard_per_hour
+        cap = available.get(o)
+        held = int(current.get(o, 0))
+        if o.market == "spot" and (o.zone in avoid_set or f"{o.region}/{o.zone}" in avoid_set):
+            cap = held if cap is None else min(cap, held)
+        cands.append(Candidate(o, prices[o], s, hz, loss_h, spec.count if spec else 1,
+                               cap, held))
+    if unknown:
+        notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
+                     + ", ".join(sorted(unknown)[:8]))
+    target = obj.target_samples_per_s
+    floor = 0.0
+    if obj.kind == "deadline":
+        left = max(0.0, (obj.work_samples or 0.0) - work_done)
+        hours = (obj.deadline_hours or 0.0) - elapsed_hours
+        if left > 0 and hours <= 0:
+            raise InfeasibleError(f"objective.deadline_hours = {obj.deadline_hours}: the deadline "
+                                  f"has passed with {left:.0f} samples left")
+        target = max(left / (hours * 3600.0), 1e-9) if left > 0 else 1e-9
+        od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
+                      default=0.0) * fleet.max_size
+        floor = deadline_floor(target, left, hours, od_rate, obj.safety_hours)
+    return Problem(
+        candidates=tuple(cands), objective=obj.kind, target_samples_per_s=target,
+        budget_per_hour=obj.budget_per_hour, ondemand_floor_samples_per_s=floor,
+        min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
+        zone_allowance=fleet.zone_allowance, region_quota_gpus=dict(fleet.region_quota_gpus),
+        family_quota_gpus=dict(fleet.family_quota_gpus), max_regions=fleet.max_regions,
+        model_mb=job.model_mb, global_batch=job.global_batch,
+        intra_zone_gbps=fleet.intra_zone_gbps, inter_zone_gbps=fleet.inter_zone_gbps,
+        inter_region_gbps=fleet.inter_region_gbps, boot_s=fleet.boot_s,
+        reform_s=fleet.reform_s, churn_horizon_hours=fleet.churn_horizon_hours,
+        notes=tuple(notes))
+
+
+def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
+                   safety_hours: float) -> float:
+    """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
+
+    slack = hours left - hours the largest on-demand fleet (``od_rate``) would need; the
+    floor is ``rate * (1 - slack / safety_hours)`` clipped to [0, rate] (all on-demand when
+    the slack is gone; none while it exceeds ``safety_hours``).
+    """
+    if work_left <= 0:
+        return 0.0
+    if od_rate <= 0:
+        return 0.0
+    slack = hours_left - work_left / (od_rate * 3600.0)
+    if safety_hours <= 0:
+        return rate if slack <= 0 else 0.0
+    return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
+
+
+def _gpu_spec(instance_type: str):
+    try:
+        from pricing import catalog
+        return catalog.gpu_for(instance_type)
+    except (ImportError, KeyError, ValueError, LookupError):
+        return None
