@@ -166,13 +166,41 @@ class GcpSettings(_Section):
 
 
 class LocalSettings(_Section):
-    """The embedded cloud: workers are processes on this machine."""
+    """The embedded cloud: workers are processes on this machine (see docs/daemon.md)."""
+
+    state_dir: str = Field("spotring-local", description="pid files, notices and worker logs")
+    speed: float = Field(60.0, gt=0, le=1_000_000,
+                         description="simulated seconds per real second (prices, notices, cost)")
+    notice_window_s: float = Field(120.0, ge=0, le=3600, description="simulated seconds from a "
+                                   "revocation notice to the kill (AWS gives 120)")
+    hard_kill_every: int = Field(3, ge=0, description="every Nth trace revocation comes without "
+                                 "notice (0: never)")
+    python: str | None = Field(None, description="interpreter for the workers (default: this one)")
+    worker_args: list[str] = Field(default_factory=list,
+                                   description="extra arguments for `python -m trainer worker`")
 
 
 class DaemonSettings(_Section):
-    """Schedules and state of ``provision run``."""
+    """Schedules and state of ``provision run`` (periods in simulated seconds; defaults and
+    their reasons in provisioner/timing.py)."""
 
     state_path: str = "spotring-state.sqlite"
+    price_poll_s: float = Field(60.0, gt=0, le=86400, description="price poll period")
+    notice_poll_s: float = Field(2.0, gt=0, le=600, description="notice watch period")
+    plan_s: float = Field(30.0, gt=0, le=86400, description="plan-and-reconcile period")
+    metrics_s: float = Field(5.0, gt=0, le=3600, description="metrics period")
+    zone_avoid_ttl_s: float = Field(600.0, ge=0, description="a revoked zone is avoided this long")
+    capacity_ttl_s: float = Field(180.0, ge=0, description="an offering out of capacity is "
+                                  "skipped this long")
+    drain_timeout_s: float = Field(60.0, gt=0, description="a draining worker is terminated "
+                                   "after this long anyway")
+    max_launches_per_round: int = Field(4, ge=1, le=1000, description="churn limit")
+    max_removals_per_round: int = Field(2, ge=1, le=1000, description="churn limit")
+    on_exit: Literal["keep", "terminate"] = Field("keep", description="what happens to the fleet "
+                                                  "when the daemon stops (--on-exit overrides)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
+    coordinator_host: str = Field("127.0.0.1", description="address workers dial")
+    coordinator_port: int = Field(0, ge=0, le=65535, description="0: any free port")
 
 
 class Settings(_Section):
