@@ -1,0 +1,106 @@
+"""Risk: exponential MLE with censoring, checked by hand against the real lifetimes file."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from scipy.stats import chi2
+
+from pricing.model import Availability, Lifetime, Offering
+from pricing.risk import (DEFAULT_HAZARD_PER_HOUR, advisor_hazard, estimate, hazard_from_lifetimes,
+                          load_spot_advisor, observations_from_availability)
+from pricing.sources.trace import load_trace
+
+UTC = timezone.utc
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def lt(off, hours, revoked):
+    return Lifetime(off, T0, hours * 3600, revoked)
+
+
+def test_mle_counts_censored_as_exposure_only():
+    off = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
+    h, n, d, low, high = hazard_from_lifetimes([lt(off, 2, True), lt(off, 3, True), lt(off, 5, False)])
+    assert (n, d) == (3, 2)
+    assert h == pytest.approx(2 / 10)
+    assert low == pytest.approx(chi2.ppf(0.025, 4) / 20) and high == pytest.approx(chi2.ppf(0.975, 6) / 20)
+    assert low < h < high
+    with pytest.raises(ValueError, match="no exposure"):
+        hazard_from_lifetimes([])
+
+
+def test_real_lifetimes_match_hand_computation(shared_data):
+    """Recompute from the raw csv rows with the csv module: events = lifetimes under the
+    24 h preemptible cap; exposure = all lifetime hours."""
+    path = shared_data / "preemption_lifetimes" / "gcp_preemptible_gpu_lifetimes_2019.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    snap = load_trace(path)
+    for gpu in ("K80", "P100", "V100"):
+        mine = [r for r in rows if r["gpu_type"] == gpu]
+        events = sum(float(r["lifetime_hours"]) < 24.0 for r in mine)
+        hours = sum(float(r["lifetime_hours"]) for r in mine)
+        got = hazard_from_lifetimes(x for x in snap.lifetimes if x.offering.instance_type == f"n1+{gpu.lower()}")
+        assert got[:3] == (pytest.approx(events / hours), len(mine), events)
+    # per-zone MLE through estimate(): us-central1-c K80
+    zone_rows = [r for r in rows if r["gpu_type"] == "K80" and r["zone"] == "us-central1-c"]
+    ev = sum(float(r["lifetime_hours"]) < 24.0 for r in zone_rows)
+    hrs = sum(float(r["lifetime_hours"]) for r in zone_rows)
+    off = Offering("gcp", "us-central1", "us-central1-c", "n1+k80")
+    est = estimate([off], snap.lifetimes)[off]
+    assert est.basis == "mle" and est.events == ev and est.samples == len(zone_rows)
+    assert est.hazard_per_hour == pytest.approx(ev / hrs)
+    # the documented GCP default is the pooled MLE over the whole file
+    all_ev = sum(float(r["lifetime_hours"]) < 24.0 for r in rows)
+    all_h = sum(float(r["lifetime_hours"]) for r in rows)
+    assert DEFAULT_HAZARD_PER_HOUR["gcp"] == pytest.approx(all_ev / all_h, abs=5e-5)
+
+
+def test_aws_default_is_the_cant_be_late_preemption_mle(shared_data):
+    root = shared_data / "spot_availability_traces" / "cant_be_late" / "preemption"
+    snap = load_trace([root / "1-node", root / "4-node"])
+    h, *_ = hazard_from_lifetimes(x for x in snap.lifetimes if x.offering.instance_type == "p3.2xlarge")
+    assert DEFAULT_HAZARD_PER_HOUR["aws"] == pytest.approx(h, abs=5e-4)
+
+
+def test_estimate_falls_back_in_order():
+    a = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
+    b = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge")       # pooled by type
+    c = Offering("aws", "us-west-2", "us-west-2a", "p3.16xlarge")      # pooled by GPU (V100)
+    d = Offering("aws", "us-east-1", "us-east-1a", "g5.xlarge")        # advisor
+    e = Offering("aws", "eu-west-1", "eu-west-1a", "g6.xlarge")        # default
+    f = Offering("gcp", "us-central1", "*", "n1+k80")                 # region-level: own zones
+    od = a.with_market("on-demand")
+    obs = [lt(a, 1, True), lt(a, 3, False), lt(Offering("gcp", "us-central1", "us-central1-c", "n1+k80"), 2, True)]
+    out = estimate([a, b, c, d, e, f, od], obs, advisor={("us-east-1", "g5.xlarge"): advisor_hazard(2)})
+    assert out[a].basis == "mle" and out[a].hazard_per_hour == pytest.approx(0.25)
+    assert out[b].basis == "pooled" and out[b].hazard_per_hour == pytest.approx(0.25)
+    assert out[c].basis == "pooled"
+    assert out[d].basis == "spot-advisor" and out[d].hazard_per_hour == pytest.approx(-math.log(0.875) / 720)
+    assert out[e].basis == "default" and out[e].hazard_per_hour == DEFAULT_HAZARD_PER_HOUR["aws"]
+    assert out[f].basis == "mle" and out[f].hazard_per_hour == pytest.approx(0.5)
+    assert out[od].hazard_per_hour == 0.0
+
+
+def test_availability_gives_transitions_over_hours_available():
+    off = Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge")
+    seq = [(0, 1), (2, 0), (3, 1), (4, 0), (10, 0)]  # hours, value: 2 falls in 3 hours up
+    recs = [Availability(off, T0 + timedelta(hours=h), v) for h, v in seq]
+    obs = observations_from_availability(recs)[off]
+    assert obs.events == 2 and obs.hours == pytest.approx(3.0)
+    est = estimate([off], [], availability=recs)[off]
+    assert est.basis == "mle" and est.hazard_per_hour == pytest.approx(2 / 3)
+
+
+def test_spot_advisor_real_file(shared_data):
+    adv = load_spot_advisor(shared_data / "aws_spot_advisor" / "spot_advisor_2025-06-28.csv.gz")
+    with gzip.open(shared_data / "aws_spot_advisor" / "spot_advisor_2025-06-28.csv.gz", "rt") as f:
+        row = next(r for r in csv.DictReader(f)
+                   if r["region"] == "us-east-1" and r["instance_type"] == "p3.2xlarge" and r["os"] == "Linux")
+    assert adv[("us-east-1", "p3.2xlarge")] == pytest.approx(advisor_hazard(int(row["interruption_bucket"])))
+    assert advisor_hazard(0) < advisor_hazard(1) < advisor_hazard(4)
