@@ -162,7 +162,18 @@ class AwsSettings(_Section):
 
 
 class GcpSettings(_Section):
-    project: str | None = None
+    """The GCP driver: project, zones to watch, and what each SPOT VM boots."""
+
+    project: str | None = Field(None, pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$",
+                                description="GCP project id of the fleet")
+    zones: list[str] = Field(default_factory=list,
+                             description="zones watched for preemptions (plus those launched in)")
+    api_endpoint: str | None = Field(None, description="Compute API endpoint override (a fake)")
+    source_image: str = "projects/debian-cloud/global/images/family/debian-12"
+    boot_disk_gb: int = Field(50, ge=10, le=65536)
+    network: str = "global/networks/default"
+    service_account: str | None = None
+    startup_script: str | None = Field(None, description="boots the worker on each VM")
 
 
 class LocalSettings(_Section):

@@ -1,0 +1,291 @@
+"""A small local HTTP fake of the Compute Engine v1 REST API, for the GCP driver's tests.
+
+Design: the real ``google-cloud-compute`` client (``transport="rest"``,
+``ClientOptions(api_endpoint="http://127.0.0.1:PORT")``, ``AnonymousCredentials()``) talks to
+this server, so the driver's requests, the client's JSON mapping, its retries and its error
+mapping are all exercised for real (httpx ``MockTransport`` style: a fake beside the real
+thing). It implements what the driver calls and no more:
+
+- ``POST/GET/DELETE /compute/v1/projects/P/zones/Z/instances[/NAME]`` (insert, list, get,
+  delete), ``GET /compute/v1/projects/P/aggregated/instances``, with ``filter`` equality terms
+  (``labels.k = "v"``, ``status = RUNNING``) joined by AND, and ``maxResults``/``pageToken``;
+- ``GET /compute/v1/projects/P/zones/Z/operations[/OP]`` with the same filters;
+- insert honours ``requestId`` (a retried insert returns the first operation) and answers
+  409 for an existing name; operations complete synchronously (status ``DONE``).
+
+Fault injection: :meth:`GcpFake.fail_next` answers the next matching requests with an HTTP
+error (429, 503, 403 quota...); :meth:`GcpFake.stockout` makes inserts in a zone end in a
+``ZONE_RESOURCE_POOL_EXHAUSTED`` operation; :meth:`GcpFake.preempt` deletes an instance and
+records a ``compute.instances.preempted`` operation, as a SPOT VM with termination action
+DELETE does.
+
+Rule for callers: use it as a context manager (``with GcpFake() as fake``); it serves on an
+ephemeral port from a daemon thread and is thread-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+_TERM = re.compile(r'([A-Za-z][\w.\-]*)\s*(=|!=|eq|ne)\s*"?([^"\s)]+)"?')
+_ZONE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
+                        r"(?:/([^/]+))?$")
+_AGG_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _lookup(resource: dict[str, Any], dotted: str) -> Any:
+    value: Any = resource
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def matches(resource: dict[str, Any], filter_text: str | None) -> bool:
+    """True when ``resource`` satisfies every ``field op value`` term of ``filter_text``."""
+    if not filter_text:
+        return True
+    for field, op, expected in _TERM.findall(filter_text):
+        actual = _lookup(resource, field)
+        equal = actual is not None and str(actual) == expected
+        if (op in ("=", "eq")) != equal:
+            return False
+    return True
+
+
+class GcpFake:
+    """The fake's state and controls; :attr:`endpoint` is the URL to point the client at."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.operations: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.by_request_id: dict[str, dict[str, Any]] = {}
+        self.stockout_zones: set[str] = set()
+        self.failures: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request
+        self._ids = itertools.count(1000)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> "GcpFake":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- controls -----------------------------------------------------------------------------
+
+    def fail_next(self, status: int, *, method: str | None = None, path_contains: str = "",
+                  times: int = 1, reason: str = "", message: str = "injected") -> None:
+        """Answer the next ``times`` requests matching method/path with HTTP ``status``."""
+        with self.lock:
+            self.failures.append(dict(status=status, method=method, path=path_contains,
+                                      times=times, reason=reason, message=message))
+
+    def stockout(self, zone: str, on: bool = True) -> None:
+        """Make inserts in ``zone`` fail with ZONE_RESOURCE_POOL_EXHAUSTED (or stop that)."""
+        with self.lock:
+            (self.stockout_zones.add if on else self.stockout_zones.discard)(zone)
+
+    def preempt(self, project: str, zone: str, name: str) -> None:
+        """Take a SPOT VM back: delete it and record a compute.instances.preempted operation."""
+        with self.lock:
+            inst = self.instances.pop((project, zone, name))
+            self._operation(project, zone, "compute.instances.preempted", inst)
+
+    def alive(self, project: str) -> list[dict[str, Any]]:
+        """Every instance of ``project`` still present."""
+        with self.lock:
+            return [dict(i) for (p, _, _), i in self.instances.items() if p == project]
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _operation(self, project: str, zone: str, kind: str, inst: dict[str, Any],
+                   error: tuple[int, str, str] | None = None) -> dict[str, Any]:
+        op_id = str(next(self._ids))
+        op: dict[str, Any] = {
+            "kind": "compute#operation", "id": op_id, "name": f"operation-{op_id}",
+            "zone": f"{self.endpoint}/compute/v1/projects/{project}/zones/{zone}",
+            "operationType": kind, "targetLink": inst.get("selfLink", ""),
+            "targetId": inst.get("id", ""), "status": "DONE", "progress": 100,
+            "insertTime": _now(), "startTime": _now(), "endTime": _now(),
+            "selfLink": f"{self.endpoint}/compute/v1/projects/{project}/zones/{zone}/operations/"
+                        f"operation-{op_id}",
+        }
+        if error is not None:
+            status, code, message = error
+            op["error"] = {"errors": [{"code": code, "message": message}]}
+            op["httpErrorStatusCode"] = status
+            op["httpErrorMessage"] = message
+        self.operations.setdefault((project, zone), []).append(op)
+        return op
+
+    def _take_failure(self, method: str, path: str) -> dict[str, Any] | None:
+        with self.lock:
+            for f in self.failures:
+                if (f["method"] in (None, method)) and f["path"] in path:
+                    f["times"] -= 1
+                    if f["times"] <= 0:
+                        self.failures.remove(f)
+                    return f
+        return None
+
+
+def _error_body(status: int, message: str, reason: str = "") -> dict[str, Any]:
+    return {"error": {"code": status, "message": message,
+                      "errors": [{"message": message, "domain": "global",
+                                  "reason": reason or "backendError"}]}}
+
+
+def _page(items: list[dict[str, Any]], query: dict[str, list[str]]) -> tuple[list, str | None]:
+    size = int(query.get("maxResults", ["500"])[0])
+    start = int(query.get("pageToken", ["0"])[0] or 0)
+    nxt = str(start + size) if start + size < len(items) else None
+    return items[start:start + size], nxt
+
+
+def _handler(fake: GcpFake) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet
+            return
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _dispatch(self, method: str) -> None:
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            with fake.lock:
+                fake.requests.append((method, url.path))
+            failure = fake._take_failure(method, url.path)
+            if failure is not None:
+                return self._send(failure["status"], _error_body(
+                    failure["status"], failure["message"], failure["reason"]))
+            m = _AGG_PATH.match(url.path)
+            if m and method == "GET":
+                return self._aggregated(m.group(1), query)
+            m = _ZONE_PATH.match(url.path)
+            if not m:
+                return self._send(404, _error_body(404, f"no route {url.path}", "notFound"))
+            project, zone, collection, name = m.groups()
+            if collection == "operations":
+                return self._operations(project, zone, name, query)
+            if method == "POST" and name is None:
+                return self._insert(project, zone, body, query)
+            if method == "GET" and name is None:
+                with fake.lock:
+                    items = [i for (p, z, _), i in fake.instances.items()
+                             if p == project and z == zone and matches(i, query.get(
+                                 "filter", [None])[0])]
+                page, nxt = _page(items, query)
+                out: dict[str, Any] = {"kind": "compute#instanceList", "items": page}
+                if nxt:
+                    out["nextPageToken"] = nxt
+                return self._send(200, out)
+            with fake.lock:
+                inst = fake.instances.get((project, zone, name))
+                if inst is None:
+                    return self._send(404, _error_body(
+                        404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' "
+                             f"was not found", "notFound"))
+                if method == "GET":
+                    return self._send(200, inst)
+                if method == "DELETE":
+                    del fake.instances[(project, zone, name)]
+                    return self._send(200, fake._operation(project, zone, "delete", inst))
+            return self._send(405, _error_body(405, "method not allowed"))
+
+        def _insert(self, project: str, zone: str, body: dict[str, Any],
+                    query: dict[str, list[str]]) -> None:
+            request_id = query.get("requestId", [None])[0]
+            name = body.get("name", "")
+            with fake.lock:
+                if request_id and request_id in fake.by_request_id:
+                    return self._send(200, fake.by_request_id[request_id])
+                if (project, zone, name) in fake.instances:
+                    return self._send(409, _error_body(
+                        409, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' "
+                             f"already exists", "alreadyExists"))
+                inst = dict(body)
+                inst.update(id=str(next(fake._ids)), status="RUNNING", kind="compute#instance",
+                            zone=f"{fake.endpoint}/compute/v1/projects/{project}/zones/{zone}",
+                            selfLink=f"{fake.endpoint}/compute/v1/projects/{project}/zones/"
+                                     f"{zone}/instances/{name}",
+                            creationTimestamp=_now())
+                if zone in fake.stockout_zones:
+                    op = fake._operation(project, zone, "insert", inst, error=(
+                        503, "ZONE_RESOURCE_POOL_EXHAUSTED",
+                        f"The zone '{zone}' does not have enough resources available"))
+                else:
+                    fake.instances[(project, zone, name)] = inst
+                    op = fake._operation(project, zone, "insert", inst)
+                if request_id:
+                    fake.by_request_id[request_id] = op
+            return self._send(200, op)
+
+        def _aggregated(self, project: str, query: dict[str, list[str]]) -> None:
+            flt = query.get("filter", [None])[0]
+            with fake.lock:
+                zones: dict[str, list[dict[str, Any]]] = {}
+                for (p, z, _), inst in fake.instances.items():
+                    if p == project and matches(inst, flt):
+                        zones.setdefault(f"zones/{z}", []).append(inst)
+            self._send(200, {"kind": "compute#instanceAggregatedList",
+                             "items": {k: {"instances": v} for k, v in zones.items()}})
+
+        def _operations(self, project: str, zone: str, name: str | None,
+                        query: dict[str, list[str]]) -> None:
+            with fake.lock:
+                ops = list(fake.operations.get((project, zone), []))
+            if name is not None:
+                found = [o for o in ops if o["name"] == name]
+                if not found:
+                    return self._send(404, _error_body(404, f"operation {name} not found"))
+                return self._send(200, found[0])
+            flt = query.get("filter", [None])[0]
+            page, nxt = _page([o for o in ops if matches(o, flt)], query)
+            out: dict[str, Any] = {"kind": "compute#operationList", "items": page}
+            if nxt:
+                out["nextPageToken"] = nxt
+            return self._send(200, out)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._dispatch("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._dispatch("POST")
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            self._dispatch("DELETE")
+
+    return Handler
