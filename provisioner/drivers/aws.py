@@ -129,7 +129,13 @@ def _edge(what: str, offering_key: str | None = None,
 
 
 def _tags(raw: Sequence[dict[str, str]] | None) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in raw or ()}
+    """EC2 tags as a dict, plus the driver-neutral ``job`` and ``token`` keys the daemon's
+    recovery reads (the same keys every driver reports)."""
+    tags = {t["Key"]: t["Value"] for t in raw or ()}
+    for neutral, ours in (("job", TAG_JOB), ("token", TAG_TOKEN)):
+        if ours in tags:
+            tags[neutral] = tags[ours]
+    return tags
 
 
 class AwsDriver:
@@ -193,7 +199,8 @@ class AwsDriver:
             ids, errors = self._run_instances(request, tags)
         self._remember(ids)
         launched_at = self._now()
-        instances = tuple(Instance(i, off, PENDING, launched_at, tags) for i in ids)
+        neutral = {**tags, "job": request.job_id, "token": request.token}
+        instances = tuple(Instance(i, off, PENDING, launched_at, neutral) for i in ids)
         log.info("aws launch %s x%d token=%s -> %s", off.key, request.count, request.token,
                  ",".join(ids) or "nothing")
         return LaunchResult(instances, tuple(errors))

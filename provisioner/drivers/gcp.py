@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 LABEL_JOB = "spotring-job"
 LABEL_TOKEN = "spotring-token"
 META_OFFERING = "spotring-offering"
+META_TOKEN = "spotring-token"  # the raw token (a label value is lowercased and cut to 63)
 META_ENV_PREFIX = "spotring-env-"
 PREEMPTED_FILTER = 'operationType="compute.instances.preempted"'
 
@@ -203,7 +204,8 @@ class GcpDriver:
             on_host_maintenance="TERMINATE", automatic_restart=False)
         if spot:
             scheduling.instance_termination_action = "DELETE"
-        items = [c.Items(key=META_OFFERING, value=off.key)]
+        items = [c.Items(key=META_OFFERING, value=off.key),
+                 c.Items(key=META_TOKEN, value=request.token)]
         items += [c.Items(key=f"{META_ENV_PREFIX}{k}", value=str(v))
                   for k, v in request.env.items()]
         if self.settings.startup_script:
@@ -267,7 +269,7 @@ class GcpDriver:
                 errors.append(str(exc))
                 break
             launched.append(Instance(f"{off.zone}/{name}", off, PENDING, self._now(),
-                                     {LABEL_JOB: request.job_id, LABEL_TOKEN: request.token}))
+                                     {"job": request.job_id, "token": request.token}))
         with self._lock:
             self._watch.update(i.id for i in launched if i.id not in self._terminated_by_us)
         log.info("gcp launch %s x%d token=%s -> %s", off.key, request.count, request.token,
@@ -299,8 +301,12 @@ class GcpDriver:
         if raw.creation_timestamp:
             with contextlib.suppress(ValueError):
                 created = datetime.fromisoformat(raw.creation_timestamp).astimezone(timezone.utc)
+        tags = dict(raw.labels)
+        tags["job"] = tags.get(LABEL_JOB, "")
+        if META_TOKEN in meta:
+            tags["token"] = meta[META_TOKEN]
         return Instance(f"{zone}/{raw.name}", offering, _STATE_MAP.get(raw.status, PENDING),
-                        created, dict(raw.labels))
+                        created, tags)
 
     def list(self, job_id: str) -> list[Instance]:
         """Every VM labelled ``spotring-job=<job_id>`` that is not terminated or stopped."""

@@ -112,7 +112,7 @@ def test_launch_tags_zone_and_list(aws, mode):
     for inst in listed.values():
         assert inst.offering == OFF_B  # real zone, type and market read back from EC2
         assert inst.tags[TAG_JOB] == "job-a" and inst.tags[TAG_OFFERING] == OFF_B.key
-        assert inst.tags[TAG_TOKEN] == "tok-1"
+        assert inst.tags[TAG_TOKEN] == inst.tags["token"] == "tok-1"
         assert inst.tags["spotring:env:SPOTRING_COORD"] == "10.0.0.1:29500"
     assert driver.list("another-job") == []
 

@@ -94,6 +94,7 @@ def test_launch_spot_vm_with_gpus_labels_and_list(driver, fake):
     listed = driver.list("job-a")
     assert {i.id for i in listed} == {i.id for i in result.instances}
     assert all(i.offering == V100 and i.state == RUNNING for i in listed)
+    assert all(i.tags["token"] == "tok-1" and i.tags["job"] == "job-a" for i in listed)
     assert driver.list("job-b") == []
 
 
