@@ -98,7 +98,7 @@ def check(quotes: Iterable[PriceQuote], *, now: datetime | None = None,
 
     Each rejection names the reason, where the quote came from (its ``source``, e.g.
     ``file.csv.gz:1234``), the offering and the value. The counts per reason are logged at
-    WARNING (one line), every rejection at DEBUG.
+    INFO (one line; callers report them to users), every rejection at DEBUG.
     """
     now = utc(now) if now is not None else None
     accepted: list[PriceQuote] = []
@@ -112,7 +112,7 @@ def check(quotes: Iterable[PriceQuote], *, now: datetime | None = None,
         log.debug("rejected quote %s at %s: %s (price %r, on-demand %r)", q.offering, q.source,
                   reason, q.price_per_hour, q.on_demand_per_hour)
     if rejections:
-        log.warning("rejected %d of %d quotes: %s", len(rejections), len(accepted) + len(rejections),
+        log.info("rejected %d of %d quotes: %s", len(rejections), len(accepted) + len(rejections),
                     ", ".join(f"{k} {v}" for k, v in summarize(rejections).items()))
     return accepted, rejections
 

@@ -19,7 +19,7 @@ import bisect
 import logging
 import time as _time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -118,15 +118,23 @@ class TraceSource:
 
     ``TraceSource(paths, speed=60, clock=fake)`` replays from the trace start (or ``start``)
     at 60x; ``TraceSource(paths)`` answers at the trace end unless ``fetch(now=...)`` says.
+    ``sanitize=True`` passes the whole history through :func:`pricing.sanity.check` once at
+    load (refusals in ``history.rejected``), so views never hold a refused quote.
     """
 
     name = "trace"
 
     def __init__(self, paths: str | Path | Sequence[str | Path], *, speed: float | None = None,
                  clock: Callable[[], float] | None = None, start: datetime | None = None,
-                 snapshot: Snapshot | None = None) -> None:
+                 snapshot: Snapshot | None = None, sanitize: bool = False) -> None:
         self.paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         self.history = snapshot if snapshot is not None else load_trace(self.paths)
+        if sanitize:  # refuse bad rows once, so the view at t is the latest *believable* quote
+            from pricing.sanity import check
+
+            ok, refused = check(self.history.quotes)
+            self.history = replace(self.history, quotes=tuple(ok),
+                                   rejected=self.history.rejected + tuple(refused))
         self._quote_times: dict[Offering, list[datetime]] = defaultdict(list)
         self._quotes: dict[Offering, list[PriceQuote]] = defaultdict(list)
         for q in self.history.quotes:  # already sorted by time

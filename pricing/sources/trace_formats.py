@@ -344,7 +344,7 @@ def parse_user(path: Path, reader: Iterable[list[str]]) -> Snapshot:
             if median > 0 and (b[0] - a[0]).total_seconds() > USER_GAP_FACTOR * median:
                 notes.append(f"{path}:{b[2]}: gap of {b[0] - a[0]} in availability of {off} "
                              f"(median step {median:g} s); the earlier value is held across it")
-        end = rows[-1][0] + timedelta(seconds=median)
+        end = rows[-1][0]  # the last value is known at its instant only: no exposure after it
         recs, lts = availability_to_records(off, [(t, n) for t, n, _ in rows], end, None, path.name)
         availability += recs
         lifetimes += lts

@@ -47,7 +47,7 @@ def test_stale_and_future():
 def test_check_counts_and_logs(caplog):
     quotes = [PriceQuote(SPOT, T, 1.1, 3.67, "f.csv:2"), PriceQuote(SPOT, T, 700.0, 3.67, "f.csv:3"),
               PriceQuote(SPOT, T, math.nan, 3.67, "f.csv:4")]
-    with caplog.at_level(logging.WARNING, logger="pricing.sanity"):
+    with caplog.at_level(logging.INFO, logger="pricing.sanity"):
         ok, rej = check(quotes)
     assert ok == quotes[:1]
     assert [(r.reason, r.location) for r in rej] == [("placeholder", "f.csv:3"), ("not-finite", "f.csv:4")]
