@@ -374,7 +374,7 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False):
                 integrality=np.zeros(nv) if relax else model.integrality,
                 bounds=Bounds(model.lb, model.ub),
                 options={"time_limit": max(time_limit_s, 1e-3), "disp": False,
-                         "mip_rel_gap": 1e-6})
+                         "mip_rel_gap": 1e-4})
 
 
 def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:

@@ -1,0 +1,273 @@
+"""Provisioning policies replayed by the simulator: ours and honest baselines.
+
+Design: a policy is a small object with a ``decide(view) -> Decision`` method; the engine
+(:mod:`provisioner.simulate`) owns time, money, instances and progress, and calls it at
+every decision tick, after every revocation and failed launch, and when the policy asked to
+be woken. Policies see only what a real one would: current prices, what they hold, which
+zones just failed them, the progress made; never future prices or availability (except
+:func:`hindsight`, the offline lower bound, which lives in :mod:`provisioner.simulate`).
+
+- ``spotring``: our optimiser (min-cost for the baseline's nominal rate, or the deadline
+  objective), hot reconfiguration (a revocation costs the ring one step plus re-form time),
+  hazards learned online from the revocations observed so far.
+- ``on-demand``: N on-demand instances of the job's type, cheapest region.
+- ``cheapest-first``: SkyPilot-like managed spot: N spot instances in the cheapest zone; after
+  a preemption or failed launch, back off 60 s and relaunch in the next cheapest zone;
+  restart from the last checkpoint.
+- ``static-spot``: N spot instances in the zone cheapest at the start, forever; waits there.
+- ``uniform-progress``: Can't-Be-Late (Wu et al., NSDI'24): spot while progress is ahead of
+  the uniform line work x elapsed / deadline, on-demand when behind and spot is unavailable,
+  and on-demand for the rest once the slack falls below the restart overhead.
+
+Rule: ``decide`` must not keep references to ``view``; it returns target counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from pricing.model import Lifetime, Offering
+from provisioner.errors import InfeasibleError
+from provisioner.optimizer import Candidate, Problem, deadline_floor, ring_efficiency, solve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a policy may see at one decision."""
+
+    t: float
+    start: float
+    work: float
+    done: float
+    deadline_s: float | None
+    prices: Mapping[Offering, float]  # current price of every offering
+    held: Mapping[Offering, int]  # instances held (booting or ready)
+    failed: Mapping[Offering, float]  # offering -> time of its last revocation/failed launch
+    speed: Mapping[str, float]
+    running: bool
+    hazards: Mapping[Offering, float] = field(default_factory=dict)
+    revoked: bool = False  # this decision follows a revocation or failed launch
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: Mapping[Offering, int]
+    wake_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    """Shared knobs: the job's instance type and size, the restart model, the ring."""
+
+    itype: str
+    size: int
+    boot_s: float = 180.0
+    restart_s: float = 300.0  # restart from a checkpoint (load state, warm up)
+    checkpoint_s: float = 1800.0  # checkpoint interval (restart-based policies)
+    backoff_s: float = 60.0
+    avoid_s: float = 1800.0  # a zone that failed us is avoided this long
+    step_s: float = 1.0
+    reform_s: float = 5.0
+    model_mb: float = 100.0
+    global_batch: int = 256
+    max_zone_share: float = 0.5
+    max_size: int = 16
+    churn_horizon_hours: float = 1.0
+    safety_hours: float = 2.0
+    rate_tolerance: float = 0.1  # spotring (no deadline) aims at the nominal rate less this
+
+
+def _cheapest(prices: Mapping[Offering, float], itype: str, market: str,
+              exclude: set[Offering] = frozenset()) -> list[Offering]:
+    offs = [o for o in prices if o.instance_type == itype and o.market == market
+            and o not in exclude]
+    return sorted(offs, key=lambda o: (prices[o], o))
+
+
+class OnDemand:
+    name, mode = "on-demand", "restart"
+
+    def __init__(self, p: Params) -> None:
+        self.p = p
+
+    def decide(self, v: View) -> Decision:
+        if v.held:
+            return Decision(dict(v.held))
+        best = _cheapest(v.prices, self.p.itype, "on-demand")
+        if not best:
+            raise InfeasibleError(f"on-demand: no on-demand price for {self.p.itype}")
+        return Decision({best[0]: self.p.size})
+
+
+class CheapestFirst:
+    """SkyPilot-like: cheapest zone; on failure back off, then the next cheapest zone."""
+
+    name, mode = "cheapest-first", "restart"
+
+    def __init__(self, p: Params) -> None:
+        self.p = p
+        self.tried: list[Offering] = []
+        self.retry_at: float | None = None
+
+    def decide(self, v: View) -> Decision:
+        if v.revoked:  # preempted or no capacity: tear down, back off, then the next zone
+            self.tried += [o for o, when in v.failed.items() if when >= v.t and o not in self.tried]
+            self.retry_at = v.t + self.p.backoff_s
+            return Decision({}, self.retry_at)
+        if v.held:
+            return Decision(dict(v.held))
+        if self.retry_at is not None and v.t < self.retry_at:
+            return Decision({}, self.retry_at)
+        order = _cheapest(v.prices, self.p.itype, "spot")
+        if not order:
+            return Decision({})
+        fresh = [o for o in order if o not in self.tried]
+        if not fresh:  # every zone tried: start over from the cheapest
+            self.tried = []
+            fresh = order
+        return Decision({fresh[0]: self.p.size})
+
+
+class StaticSpot:
+    """A fixed spot fleet in the zone cheapest at the start; it waits there for capacity."""
+
+    name, mode = "static-spot", "restart"
+
+    def __init__(self, p: Params) -> None:
+        self.p = p
+        self.zone: Offering | None = None
+
+    def decide(self, v: View) -> Decision:
+        if self.zone is None:
+            order = _cheapest(v.prices, self.p.itype, "spot")
+            if not order:
+                return Decision({})
+            self.zone = order[0]
+        if v.revoked:
+            return Decision({}, v.t + self.p.backoff_s)
+        return Decision({self.zone: self.p.size})
+
+
+class UniformProgress:
+    """Can't-Be-Late's Uniform Progress with its safety net (deadline runs)."""
+
+    name, mode = "uniform-progress", "restart"
+
+    def __init__(self, p: Params) -> None:
+        self.p = p
+        self.locked_od = False
+
+    def decide(self, v: View) -> Decision:
+        if v.deadline_s is None:
+            raise InfeasibleError("uniform-progress needs --deadline")
+        od = _cheapest(v.prices, self.p.itype, "on-demand")
+        rate = self.p.size * v.speed[self.p.itype]
+        left_s = v.work - v.done
+        time_left = v.start + v.deadline_s - v.t
+        overhead = self.p.boot_s + self.p.restart_s
+        if od and (self.locked_od or time_left - left_s / rate < 2 * overhead):
+            self.locked_od = True
+            return Decision({od[0]: self.p.size})
+        line = v.work * (v.t - v.start) / v.deadline_s
+        on_spot = {o: n for o, n in v.held.items() if o.market == "spot"}
+        if on_spot and not v.revoked:
+            return Decision(dict(on_spot))
+        recent = {o for o, when in v.failed.items() if v.t - when < self.p.avoid_s}
+        spot = _cheapest(v.prices, self.p.itype, "spot", recent)
+        on_od = {o: n for o, n in v.held.items() if o.market == "on-demand"}
+        if v.done >= line:  # ahead: spot if we can, else wait (idle costs nothing)
+            if spot:
+                return Decision({spot[0]: self.p.size})
+            return Decision(dict(on_od))
+        if on_od:
+            return Decision(dict(on_od))  # behind and already on on-demand: stay
+        if spot and not v.revoked:
+            return Decision({spot[0]: self.p.size})
+        return Decision({od[0]: self.p.size} if od else {})
+
+
+class Spotring:
+    """Our optimiser with hot reconfiguration."""
+
+    name, mode = "spotring", "hot"
+
+    def __init__(self, p: Params, default_hazard: float = 0.1) -> None:
+        self.p = p
+        self.default_hazard = default_hazard
+
+    def decide(self, v: View) -> Decision:
+        p = self.p
+        loss_h = (p.boot_s + (p.step_s + p.reform_s) * max(1, sum(v.held.values()))) / 3600
+        cands = []
+        for o, price in v.prices.items():
+            s = v.speed.get(o.instance_type)
+            if s is None:
+                continue
+            hz = 0.0 if o.market == "on-demand" else v.hazards.get(o, self.default_hazard)
+            held = v.held.get(o, 0)
+            recent = o.market == "spot" and v.t - v.failed.get(o, -1e18) < p.avoid_s
+            cands.append(Candidate(o, price, s, hz, loss_h, 1, held if recent else None, held))
+        nominal = p.size * v.speed[p.itype]
+        nominal *= ring_efficiency(p.size, nominal, p.model_mb, p.global_batch, 10.0)
+        floor = 0.0
+        if v.deadline_s is not None:
+            left = max(v.work - v.done, 0.0)
+            hours = max((v.start + v.deadline_s - v.t) / 3600, 1e-6)
+            target = max(left / (hours * 3600), 1e-9)
+            od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
+                          default=0.0) * p.max_size
+            floor = deadline_floor(target, left, hours, od_rate, p.safety_hours)
+            kind = "deadline"
+        else:
+            target, kind = nominal * (1.0 - p.rate_tolerance), "min-cost"
+        prob = Problem(tuple(cands), objective=kind, target_samples_per_s=target,
+                       ondemand_floor_samples_per_s=floor, max_size=p.max_size,
+                       max_zone_share=p.max_zone_share, zone_allowance=1, max_regions=1,
+                       model_mb=p.model_mb, global_batch=p.global_batch, boot_s=p.boot_s,
+                       reform_s=p.reform_s, churn_horizon_hours=p.churn_horizon_hours)
+        for scale in (1.0, 0.75, 0.5, 0.25, 0.0):
+            try:
+                if scale == 0.0:  # nothing reachable: the most throughput the caps allow
+                    prob = replace(prob, objective="max-throughput", target_samples_per_s=None,
+                                   ondemand_floor_samples_per_s=0.0)
+                else:
+                    prob = replace(prob, target_samples_per_s=target * scale,
+                                   ondemand_floor_samples_per_s=floor * scale)
+                plan = solve(prob, time_limit_s=1.0)
+                break
+            except InfeasibleError:
+                continue
+        return Decision(dict(plan.counts))
+
+
+def online_hazards(lifetimes: tuple[Lifetime, ...], offerings, t: float,
+                   default: float) -> dict[Offering, float]:
+    """Hazards learned from the lifetimes observable by time ``t``: the exponential MLE
+    (revocations / exposure hours, as :mod:`pricing.risk`), running lifetimes censored at
+    ``t``; an offering with no revocation seen yet gets ``default``. Computed inline rather
+    than through ``pricing.risk.estimate`` because the simulator calls it every hour of trace
+    and the confidence intervals it also computes are not needed here."""
+    events: dict[Offering, int] = {}
+    hours: dict[Offering, float] = {}
+    for lt in lifetimes:
+        s = lt.start.timestamp()
+        if s >= t:
+            continue
+        o = lt.offering
+        end = s + lt.seconds
+        hours[o] = hours.get(o, 0.0) + (min(end, t) - s) / 3600.0
+        if end <= t and lt.revoked:
+            events[o] = events.get(o, 0) + 1
+    out = {}
+    for o in offerings:
+        d, h = events.get(o, 0), hours.get(o, 0.0)
+        out[o] = d / h if d > 0 and h > 0 else default
+    return out
+
+
+POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,
+            "static-spot": StaticSpot, "uniform-progress": UniformProgress}
