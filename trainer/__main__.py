@@ -1,0 +1,158 @@
+"""``python -m trainer coordinator|worker``: what the daemon host and each instance run.
+
+Design: argument parsing and exit codes only; the work is in :mod:`trainer.coordinator` and
+:mod:`trainer.loop`. Bad input (missing token file, bad address, a job that fails to build)
+prints one line naming the flag or file and the fix, exit code 2; an unreachable coordinator
+exits 3 after a bounded retry; a refused join exits 4; a job whose every member was lost
+exits 5. SIGTERM on a worker is a notice: it finishes its step and leaves at the boundary.
+
+Rule for callers: the token file holds the job's shared secret; it is read, never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+
+def _token(path: str) -> bytes:
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise SystemExit(f"error: --token-file {path}: {e.strerror}; create it with a secret "
+                         "(e.g. `head -c 32 /dev/urandom | base64 > token`)") from None
+    if not token:
+        raise SystemExit(f"error: --token-file {path} is empty; write the job's secret into it")
+    return token
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. 10.0.0.5:29400")
+    return host, int(port)
+
+
+def _fault(text: str) -> tuple[str, int]:
+    action, sep, step = text.partition("@")
+    if action not in ("kill", "stop", "term") or not sep or not step.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected kill@STEP, stop@STEP or term@STEP")
+    return action, int(step)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer",
+                                description="spotring elastic training ring")
+    p.add_argument("--log-level", default=os.environ.get("SPOTRING_LOG", "INFO"))
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("coordinator", help="serve the membership of one job (Ctrl-C stops)")
+    c.add_argument("--host", default="0.0.0.0")
+    c.add_argument("--port", type=int, default=29400)
+    c.add_argument("--token-file", required=True)
+    c.add_argument("--heartbeat-timeout", type=float, default=5.0,
+                   help="seconds without a heartbeat before a member is dropped (default 5)")
+    c.add_argument("--initial-world", type=int, default=1,
+                   help="workers to wait for before the first generation (default 1)")
+    w = sub.add_parser("worker", help="train in the ring (SIGTERM: leave at the next step)")
+    w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
+    w.add_argument("--token-file", required=True)
+    w.add_argument("--job", required=True, help="module name or .py path defining make_job")
+    w.add_argument("--name", default=None, help="worker name (cloud instance id); "
+                   "default: hostname-pid")
+    w.add_argument("--slowdown", type=float, default=1.0,
+                   help="compute F times slower (sleeps (F-1) x compute time; emulation)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--metrics-file", type=Path, default=None)
+    w.add_argument("--record-samples", type=Path, default=None)
+    w.add_argument("--collective-timeout", type=float, default=10.0,
+                   help="seconds a collective or group forming may block (default 10)")
+    w.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to keep retrying an unreachable coordinator (default 60)")
+    w.add_argument("--notice-url", default=None,
+                   help="cloud metadata URL to poll for revocation notices (AWS or GCP)")
+    w.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
+                   help="torch intra-op threads (default: OMP_NUM_THREADS or 1; one worker "
+                   "per core avoids oversubscription)")
+    w.add_argument("--no-rejoin", action="store_true",
+                   help="exit instead of joining again after being dropped")
+    w.add_argument("--fault", type=_fault, action="append", default=[],
+                   help=argparse.SUPPRESS)  # test aid: kill@STEP | stop@STEP | term@STEP
+    return p
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from trainer.coordinator import Coordinator
+
+    coord = Coordinator(args.host, args.port, _token(args.token_file),
+                        heartbeat_timeout_s=args.heartbeat_timeout,
+                        initial_world=args.initial_world)
+    coord.start()
+    print(f"coordinator listening on {coord.address[0]}:{coord.address[1]}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    coord.stop()
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from trainer.client import CoordinatorUnreachable
+    from trainer.job import JobError
+    from trainer.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
+    from trainer.notice import NoticePoller
+
+    if args.slowdown < 1.0:
+        print(f"error: --slowdown {args.slowdown}: must be >= 1", file=sys.stderr)
+        return 2
+    if args.collective_timeout <= 0:
+        print("error: --collective-timeout must be positive", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    host, port = args.coordinator
+    cfg = WorkerConfig(
+        host=host, port=port, token=_token(args.token_file), job=args.job,
+        name=args.name or f"{socket.gethostname()}-{os.getpid()}", seed=args.seed,
+        slowdown=args.slowdown, metrics_file=args.metrics_file,
+        record_samples=args.record_samples, collective_timeout_s=args.collective_timeout,
+        connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
+        rejoin=not args.no_rejoin)
+    worker = Worker(cfg)
+    if args.notice_url:
+        NoticePoller(args.notice_url, worker.give_notice).start()
+    try:
+        code = worker.run()
+    except JobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = EXIT_JOB
+    except CoordinatorUnreachable as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = EXIT_UNREACHABLE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)  # broken groups may hold threads blocked in gloo; do not join them
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cmd == "coordinator":
+        return _coordinator(args)
+    return _worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

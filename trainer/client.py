@@ -1,0 +1,144 @@
+"""A worker's side of the membership protocol: connect, prove the token, beat, report.
+
+Design: everything a worker says to the coordinator goes through the coordinator's
+``TCPStore`` (see :mod:`trainer.membership` for the keys). Connecting retries with
+exponential backoff for a bounded time, then raises :class:`CoordinatorUnreachable` with
+the address and the fix. The heartbeat runs in its own thread over its own store connection
+(so a long forward/backward never delays it) and also publishes the worker's measured
+samples/s, which :meth:`trainer.coordinator.Coordinator.members` reports.
+
+Rule for callers: connect only after the job is loaded and profiled (hot join: slow start
+first); stop the heartbeat (:meth:`Heartbeat.stop`) before joining again as a new member.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed import TCPStore
+
+from trainer import membership as mb
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorUnreachable(Exception):
+    """The coordinator did not answer within the connect budget (or stopped answering)."""
+
+
+class JoinRefused(Exception):
+    """The coordinator refused this worker (wrong token) or the job is over."""
+
+    def __init__(self, verdict: str) -> None:
+        self.verdict = verdict
+        super().__init__(verdict)
+
+
+def connect(
+    host: str,
+    port: int,
+    *,
+    budget_s: float = 60.0,
+    op_timeout_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TCPStore:
+    """A client connection to the coordinator's store, retried with backoff.
+
+    Tries to connect; on failure waits 0.2 s, 0.4 s, ... (at most 5 s) and tries again until
+    ``budget_s`` has passed. Returns the store (operations time out after ``op_timeout_s``).
+    Raises :class:`CoordinatorUnreachable` naming the address, the attempts and the fix.
+    """
+    start = clock()
+    delay = 0.2
+    attempts = 0
+    last: Exception | None = None
+    while True:
+        attempts += 1
+        left = budget_s - (clock() - start)
+        try:
+            store = TCPStore(host, port, is_master=False, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=max(0.5, min(2.0, left))))
+            store.set_timeout(datetime.timedelta(seconds=op_timeout_s))
+            return store
+        except Exception as e:  # noqa: BLE001 - DistNetworkError, RuntimeError, TimeoutError
+            last = e
+        if clock() - start + delay > budget_s:
+            first = str(last).splitlines()[0] if last else ""
+            raise CoordinatorUnreachable(
+                f"coordinator {host}:{port} unreachable after {attempts} attempts over "
+                f"{clock() - start:.1f}s ({first}); check --coordinator HOST:PORT and that "
+                f"the coordinator is running") from last
+        log.warning("coordinator %s:%s not reachable, retrying in %.1fs", host, port, delay)
+        sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def handshake(store: TCPStore, token: bytes, name: str, prior: float,
+              timeout_s: float = 30.0) -> int:
+    """Take a member id and prove the token (HMAC challenge). Returns the admitted id.
+
+    Raises :class:`JoinRefused` with the coordinator's verdict when refused or when the job
+    is over, :class:`CoordinatorUnreachable` when it does not answer within ``timeout_s``.
+    """
+    member_id = int(store.add(mb.IDS, 1))
+    store.set(mb.k_hello(member_id), json.dumps({"name": name, "prior": prior}))
+    try:
+        store.wait([mb.k_nonce(member_id)], datetime.timedelta(seconds=timeout_s))
+        nonce = store.get(mb.k_nonce(member_id)).decode()
+        store.set(mb.k_proof(member_id), mb.make_proof(token, member_id, name, nonce))
+        store.wait([mb.k_verdict(member_id)], datetime.timedelta(seconds=timeout_s))
+        verdict = store.get(mb.k_verdict(member_id)).decode()
+    except Exception as e:  # noqa: BLE001 - store timeouts surface as RuntimeError subclasses
+        raise CoordinatorUnreachable(
+            f"the coordinator did not answer the join handshake within {timeout_s}s: "
+            f"{str(e).splitlines()[0]}") from e
+    if verdict != "ok":
+        raise JoinRefused(verdict)
+    return member_id
+
+
+class Heartbeat:
+    """Bumps ``hb/<id>`` every ``interval_s`` and publishes ``speed/<id>`` in a thread."""
+
+    def __init__(self, host: str, port: int, member_id: int, interval_s: float = 0.05,
+                 speed: Callable[[], dict[str, Any]] | None = None) -> None:
+        self._store = TCPStore(host, port, is_master=False, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=30))
+        self._id = member_id
+        self._interval = interval_s
+        self._speed = speed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"spotring-hb-{member_id}",
+                                        daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """One heartbeat now (also used to show a dropped member woke up)."""
+        self._store.add(mb.k_heartbeat(self._id), 1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        last_speed = 0.0
+        while not self._stop.is_set():
+            try:
+                self.beat()
+                now = time.monotonic()
+                if self._speed is not None and now - last_speed >= 0.5:
+                    last_speed = now
+                    self._store.set(mb.k_speed(self._id), json.dumps(self._speed()))
+            except Exception:  # noqa: BLE001 - the main loop reports a lost coordinator
+                log.debug("heartbeat failed", exc_info=True)
+            self._stop.wait(self._interval)

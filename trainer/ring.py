@@ -1,0 +1,126 @@
+"""One process group per generation, and collectives that can be abandoned.
+
+Design: each generation ``n`` gets its own process group object, built directly as
+``ProcessGroupGloo(PrefixStore(f"g{n}/", store), rank, world, timeout)`` (NCCL when the model
+is on a GPU), never the global default group: re-initialising the default group after a
+failed collective hangs or fails (torch issues #55967, #119196). A broken group is never
+destroyed while the process runs (its destructor joins worker threads that may still be
+blocked until the collective timeout); it is parked in :data:`_GRAVEYARD` instead.
+
+Waiting is abortable: :func:`wait` waits on the work's future in slices and, between slices,
+asks ``should_abort()`` (the caller checks the coordinator's ``broken/<n>`` counter). A
+member whose neighbour died therefore stops waiting within one slice even when gloo itself
+would block until its timeout. Group construction runs in a helper thread for the same
+reason (a peer of the new generation may die before connecting).
+
+Rule for callers: after :class:`RingBroken`, never use that group again; report the failure
+and form the next generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store
+
+log = logging.getLogger(__name__)
+
+_GRAVEYARD: list[Any] = []
+WAIT_SLICE_S = 0.05
+
+
+class RingBroken(Exception):
+    """A collective or the forming of a group failed or was aborted; the step is discarded."""
+
+
+def bury(obj: Any) -> None:
+    """Keep a broken group alive until process exit (see the module docstring)."""
+    if obj is not None:
+        _GRAVEYARD.append(obj)
+
+
+def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what: str) -> Any:
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            box["error"] = e
+        finally:
+            done.set()
+
+    t = threading.Thread(target=target, name=f"spotring-{what}", daemon=True)
+    t.start()
+    while not done.wait(WAIT_SLICE_S):
+        if should_abort():
+            raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+    if "error" in box:
+        raise RingBroken(f"{what}: {box['error']}") from box["error"]
+    return box["value"]
+
+
+def form_group(
+    store: Store,
+    generation: int,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    should_abort: Callable[[], bool],
+    *,
+    backend: str = "gloo",
+) -> Any:
+    """Build generation ``generation``'s process group (blocks until all ranks connect).
+
+    Returns the group object. Raises :class:`RingBroken` when a peer does not connect within
+    ``timeout_s`` or ``should_abort()`` turns true while waiting.
+    """
+    prefix = PrefixStore(f"g{generation}/", store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+
+    def build() -> Any:
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            return dist.ProcessGroupNCCL(prefix, rank, world, opts)
+        return dist.ProcessGroupGloo(prefix, rank, world, timeout)
+
+    return _run_abortable(build, should_abort, f"form g{generation}")
+
+
+def wait(work: Any, should_abort: Callable[[], bool], what: str) -> None:
+    """Wait for ``work`` (a collective's handle) to finish, abandoning it on abort.
+
+    Raises :class:`RingBroken` when the collective fails (a peer died, the gloo timeout
+    passed) or ``should_abort()`` turns true while waiting.
+    """
+    done = threading.Event()
+    fut = work.get_future()
+    fut.add_done_callback(lambda _f: done.set())
+    while not done.wait(WAIT_SLICE_S):
+        if should_abort():
+            raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
+        raise RingBroken(f"{what}: {e}") from e
+
+
+def allreduce(pg: Any, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
+    """Sum ``tensor`` in place over the group. Raises :class:`RingBroken` on failure."""
+    wait(pg.allreduce([tensor]), should_abort, "allreduce")
+
+
+def broadcast(pg: Any, tensor: torch.Tensor, src: int, should_abort: Callable[[], bool]) -> None:
+    """Broadcast ``tensor`` in place from rank ``src``. Raises :class:`RingBroken`."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src
+    opts.rootTensor = 0
+    wait(pg.broadcast([tensor], opts), should_abort, "broadcast")
