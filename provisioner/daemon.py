@@ -32,11 +32,12 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping, Sequence
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from pricing import sanity
 from pricing.model import Offering, PriceQuote
 from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, REBALANCE, CloudDriver,
                                       LaunchRequest, Notice)
@@ -114,6 +115,7 @@ class Daemon:
         self.notice_to_launch_s: list[float] = []  # real seconds, notice seen -> launch call
         self._pending_notice: float | None = None
         self._hist_i: int | None = None
+        self._rejected = 0
         self.errors: list[str] = []
 
     def _ts(self) -> float:
@@ -217,12 +219,12 @@ class Daemon:
         """Fetch the source's view now; record price changes (for spend and the report)."""
         now = self.now()
         snap = self.source.fetch(now=now)
-        quotes = list(snap.quotes)
-        try:
-            from pricing import sanity
-            quotes = list(sanity.check(quotes, now=now).accepted)  # type: ignore[attr-defined]
-        except (ImportError, AttributeError, TypeError):
-            pass  # sanity checks not available in this build: quotes from traces are used as is
+        max_age = timedelta(hours=self.settings.optimizer.max_quote_age_hours)
+        quotes, rejected = sanity.check(snap.quotes, now=now, max_age=max_age)
+        if rejected and len(rejected) != self._rejected:
+            self._rejected = len(rejected)
+            self.state.record_event(now.timestamp(), "quotes-rejected", detail=", ".join(
+                f"{k} {v}" for k, v in sanity.summarize(rejected).items()))
         with self._lock:
             self.quotes = quotes
             self.available = {a.offering: a.available for a in snap.availability}
