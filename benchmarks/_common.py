@@ -1,0 +1,332 @@
+"""Shared helpers of the trainer benchmarks, and the baseline worker they measure against.
+
+Design. Every trainer benchmark has the same outline: parse flags (small defaults that finish
+in under a minute on 2 CPU cores), start a coordinator and ``python -m trainer worker``
+processes writing ``--metrics-file`` JSON lines, run a baseline in the same run, reduce the
+metrics to figures and print ONE JSON line on stdout (logs go to stderr). This module holds
+the parts they share: logging, process start/stop, metrics reading and rates, and the
+baselines' worker.
+
+Run as a script, this file is the baseline worker (one process per rank, started by the real
+``torchrun``): plain ``torch.nn.parallel.DistributedDataParallel`` over gloo on the same job
+file as the spotring workers, writing the same metrics keys. With ``--ckpt PATH`` it saves a
+checkpoint (model, optimiser, step) after every step and reloads it at start, which makes it
+the checkpoint-restart baseline when torchrun restarts the workers on a membership change.
+
+Rule: figures are ratios against a baseline measured in the same run, never absolute times;
+the machine is shared, so absolute times mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+DEFAULT_JOB = REPO / "examples" / "digits.py"
+
+log = logging.getLogger("benchmarks")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Logs to stderr, so stdout carries only the one JSON line."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the benchmark's single JSON line on stdout."""
+    print(json.dumps(result, sort_keys=True), flush=True)
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback (racy by nature; used right away)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON records of ``path`` (a torn last line from a killed writer is skipped)."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def spawn(args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a child in its own process group, its output into ``log_path``."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
+    )
+    if env:
+        full_env.update(env)
+    out = open(log_path, "ab")
+    log.debug("spawn %s", " ".join(args))
+    return subprocess.Popen(
+        list(args), stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO),
+        start_new_session=True,
+    )
+
+
+def stop(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Send ``sig`` to each child's process group, wait ``grace`` s, then SIGKILL the rest."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``predicate()`` until true; raise ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def steps_by_number(records: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One record per step number: the last completion of each step (a redone step counts once)."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in sorted(records, key=lambda r: r["t"]):
+        out[int(r["step"])] = r
+    return out
+
+
+def samples_between(steps: dict[int, dict[str, Any]], t0: float, t1: float) -> float:
+    """Samples of the steps whose (last) completion time lies in ``[t0, t1)``."""
+    return float(sum(r["samples"] for r in steps.values() if t0 <= r["t"] < t1))
+
+
+def rate_between(steps: dict[int, dict[str, Any]], t0: float, t1: float) -> float:
+    """Samples per second over ``[t0, t1)`` (completed steps only)."""
+    if t1 <= t0:
+        return 0.0
+    return samples_between(steps, t0, t1) / (t1 - t0)
+
+
+def steady_rate(steps: dict[int, dict[str, Any]], skip: int = 0) -> float:
+    """Samples/s from the completion of step ``skip`` to the last step (warm-up excluded)."""
+    recs = sorted(steps.values(), key=lambda r: r["t"])[skip:]
+    if len(recs) < 2:
+        return 0.0
+    done = sum(r["samples"] for r in recs[1:])
+    return done / (recs[-1]["t"] - recs[0]["t"])
+
+
+# -- a spotring ring: in-process coordinator, worker processes ---------------------------
+
+
+class Ring:
+    """A coordinator in this process and ``python -m trainer worker`` children.
+
+    Each worker writes ``<workdir>/<name>.jsonl`` (``--metrics-file``) and logs to
+    ``<workdir>/<name>.log``. ``env`` is added to every worker's environment (e.g. the digits
+    job's ``DIGITS_BATCH`` / ``DIGITS_EPOCHS``). Use as a context manager: leaving it kills
+    every worker still running and stops the coordinator.
+    """
+
+    def __init__(self, workdir: Path, job: Path = DEFAULT_JOB, env: dict[str, str] | None = None,
+                 initial_world: int = 1, heartbeat_timeout_s: float = 5.0) -> None:
+        from trainer.coordinator import Coordinator
+
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.job = Path(job)
+        self.env = dict(env or {})
+        token = os.urandom(16).hex().encode()
+        self.token_file = self.workdir / "token"
+        self.token_file.write_bytes(token)
+        self.coordinator = Coordinator("127.0.0.1", 0, token, initial_world=initial_world,
+                                       heartbeat_timeout_s=heartbeat_timeout_s)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> "Ring":
+        self.coordinator.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop(self.procs.values(), signal.SIGKILL, grace=5.0)
+        self.coordinator.stop()
+
+    def add_worker(self, name: str, slowdown: float = 1.0, extra: Sequence[str] = ()) -> subprocess.Popen:
+        """Start one worker process called ``name``."""
+        host, port = self.coordinator.address
+        args = [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
+                "--coordinator", f"{host}:{port}", "--token-file", str(self.token_file),
+                "--job", str(self.job), "--name", name, "--slowdown", str(slowdown),
+                "--metrics-file", str(self.metrics_path(name)), *extra]
+        proc = spawn(args, self.workdir / f"{name}.log", self.env)
+        self.procs[name] = proc
+        return proc
+
+    def metrics_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.jsonl"
+
+    def metrics(self, name: str) -> list[dict[str, Any]]:
+        """The step records of worker ``name`` so far."""
+        return read_jsonl(self.metrics_path(name))
+
+    def step(self) -> int:
+        """The newest committed step the coordinator has heard of."""
+        return int(self.coordinator.stats().get("step", 0) or 0)
+
+    def wait_step(self, step: int, timeout: float) -> None:
+        """Block until the ring committed ``step``; raise ``TimeoutError`` with the logs' tails."""
+        try:
+            wait_for(lambda: self.step() >= step, timeout, f"ring step {step}")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; worker logs: {self.tails()}") from None
+
+    def tails(self, lines: int = 5) -> str:
+        out = []
+        for name in self.procs:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace").splitlines()
+            out.append(f"[{name}] " + " | ".join(text[-lines:]))
+        return "\n".join(out)
+
+
+def digits_env(global_batch: int, steps: int, samples: int = 1437) -> dict[str, str]:
+    """Environment for examples/digits.py: global batch and enough epochs for ``steps``."""
+    epochs = max(1, -(-steps * global_batch // samples))
+    return {"DIGITS_BATCH": str(global_batch), "DIGITS_EPOCHS": str(epochs)}
+
+
+# -- the baseline worker (plain DDP under torchrun) ----------------------------------------
+
+
+def _baseline_main(argv: Sequence[str] | None = None) -> int:
+    """One baseline rank: train ``--steps`` steps (0: until killed), one metrics line per step.
+
+    ``--mode ddp``: plain ``DistributedDataParallel`` (gradients all-reduced inside
+    ``backward``, bucketed and overlapped). ``--mode equal``: equal local batches, local
+    forward/backward, the same ``--slowdowns`` emulation as ``python -m trainer worker
+    --slowdown`` (sleep ``(F - 1) x compute``), then one flat all-reduce of the gradients: the
+    equal-batch ring that heterogeneity-aware sizing is measured against. The job file is
+    built with ``trainer.job.load_job`` exactly as a spotring worker builds it; each step takes
+    ``global_batch`` random sample ids (seeded by the step number, so a restarted run
+    continues the same stream) split evenly over the ranks.
+    """
+    ap = argparse.ArgumentParser(description="baseline worker (run under torchrun)")
+    ap.add_argument("--job", default=str(DEFAULT_JOB))
+    ap.add_argument("--mode", choices=("ddp", "equal"), default="ddp")
+    ap.add_argument("--slowdowns", default="", help="comma list, one factor per rank (equal)")
+    ap.add_argument("--global-batch", type=int, default=None, help="default: the job's")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: never)")
+    ap.add_argument("--ckpt", default=None, help="save after every step / load at start")
+    ap.add_argument("--metrics-file", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from trainer.job import load_job
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = load_job(args.job, args.seed)
+    model, opt = job.model, job.optimizer
+    net = torch.nn.parallel.DistributedDataParallel(model) if args.mode == "ddp" else model
+    slow = [float(f) for f in args.slowdowns.split(",") if f] or [1.0]
+    factor = slow[rank % len(slow)]
+    global_batch = args.global_batch or job.global_batch
+    step = 0
+    if args.ckpt and os.path.exists(args.ckpt):
+        state = torch.load(args.ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        log.info("rank %d: resumed from %s at step %d", rank, args.ckpt, step)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n = len(job)
+    sizes = [global_batch // world + (1 if r < global_batch % world else 0) for r in range(world)]
+    lo = sum(sizes[:rank])
+    hi = lo + sizes[rank]
+    metrics = open(args.metrics_file, "a") if rank == 0 else None
+    dist.barrier()
+    while not args.steps or step < args.steps:
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        ids = torch.randint(0, n, (global_batch,), generator=gen)[lo:hi]
+        t0 = time.perf_counter()
+        x, y = job.batch(ids)
+        opt.zero_grad(set_to_none=True)
+        loss = job.loss_fn(net(x), y)
+        loss.backward()  # ddp: all-reduces (averages) the gradients inside backward
+        wait_s = 0.0
+        if args.mode == "equal":
+            compute = time.perf_counter() - t0
+            if factor > 1.0:
+                time.sleep((factor - 1.0) * compute)
+            flat = torch.cat([p.grad.reshape(-1) for p in params]).mul_(sizes[rank] / global_batch)
+            t1 = time.perf_counter()
+            dist.all_reduce(flat)
+            wait_s = time.perf_counter() - t1
+            o = 0
+            for p in params:
+                p.grad.copy_(flat[o : o + p.numel()].view_as(p))
+                o += p.numel()
+        opt.step()
+        step += 1
+        if args.ckpt and rank == 0:
+            tmp = args.ckpt + ".tmp"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+            os.replace(tmp, args.ckpt)
+        if metrics:
+            step_s = time.perf_counter() - t0
+            metrics.write(json.dumps({
+                "t": time.time(), "step": step, "generation": 0, "world": world,
+                "batch": sizes[rank], "compute_s": step_s - wait_s, "wait_s": wait_s,
+                "step_s": step_s, "samples": global_batch, "loss": loss.item(),
+            }) + "\n")
+            metrics.flush()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def torchrun(nproc: int, worker_args: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """Start the real ``torchrun --standalone`` with ``nproc`` baseline ranks of this file."""
+    return spawn([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}",
+                  str(Path(__file__).resolve()), *worker_args], log_path)
+
+
+if __name__ == "__main__":
+    setup_logging()
+    sys.exit(_baseline_main())
