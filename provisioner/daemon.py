@@ -116,6 +116,7 @@ class Daemon:
         self._pending_notice: float | None = None
         self._hist_i: int | None = None
         self._rejected = 0
+        self._ring_seen = 0
         self.errors: list[str] = []
 
     def _ts(self) -> float:
@@ -316,6 +317,8 @@ class Daemon:
             return
         from provisioner.optimizer import build_problem, solve
 
+        if self.coordinator is not None and self.coordinator.stats().get("finished"):
+            return  # the job is over: nothing to launch or replace
         with self._lock:
             now = self.now()
             t = now.timestamp()
@@ -439,6 +442,17 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
         self._observe_throughput(st.workers)
+        self._copy_ring_events(t)
+
+    def _copy_ring_events(self, t: float) -> None:
+        """Membership events of the ring (joins, drains, losses) into the state's time line."""
+        if self.coordinator is None or not hasattr(self.coordinator, "events"):
+            return
+        events = self.coordinator.events()
+        for e in events[self._ring_seen:]:
+            self.state.record_event(t, f"ring-{e.get('kind')}", e.get("name") or None,
+                                    detail=str(e.get("detail", "")))
+        self._ring_seen = len(events)
 
     def _observe_throughput(self, workers: Mapping[str, float]) -> None:
         by_type: dict[str, list[float]] = defaultdict(list)

@@ -64,8 +64,9 @@ class Intervals:
                 raise ValueError(f"Intervals.{f.name}={value!r}: must be a number >= 0")
 
     def real(self, simulated_s: float, speed: float) -> float:
-        """The wall-clock period for a simulated period at ``speed`` (at least 50 ms)."""
-        return max(0.05, simulated_s / max(speed, 1e-9))
+        """The wall-clock period for a simulated period at ``speed`` (at least 100 ms, so a
+        fast replay never spins the CPU the workers train on)."""
+        return max(0.1, simulated_s / max(speed, 1e-9))
 
 
 K = TypeVar("K", bound=Hashable)

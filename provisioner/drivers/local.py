@@ -20,8 +20,9 @@ same verbs and the same crash-safety as a real cloud, so the daemon cannot tell 
   SIGKILLed when the notice window ends; every ``hard_kill_every``-th revocation comes
   without notice (an immediate SIGKILL), as a missed notice or a crash would. A launch into
   an offering the feed says is full raises :class:`~provisioner.errors.CapacityError`.
-  ``revoke`` (``provision revoke ID``) does the same for one instance on demand; it works
-  from another process because notices are files in ``state_dir/notices``.
+  ``revoke`` does the same for one instance on demand; ``provision revoke ID`` (another
+  process) calls ``request_revoke``, which leaves a request file in ``state_dir/notices``
+  that the daemon's driver carries out on its own (simulated) clock.
 
 Rule for callers: pass an injected ``clock`` (the daemon's simulated time); all windows are
 in that clock's seconds. One driver object per process; several may share a ``state_dir``.
@@ -278,6 +279,7 @@ class LocalDriver:
         again; handling one twice is harmless).
         """
         now = self._clock()
+        self._take_requests()
         self._revoke_from_feed(now)
         self._enforce_deadlines()
         out: list[Notice] = []
@@ -319,6 +321,27 @@ class LocalDriver:
         self._signal(rec, signal.SIGKILL if hard else signal.SIGTERM)
         log.info("local %s %s (%s)", "kill" if hard else "notice", instance_id, source)
         return True
+
+    def request_revoke(self, instance_id: str, *, hard: bool = False,
+                       window_s: float | None = None) -> bool:
+        """Ask the daemon's driver (another process, on its own clock) to revoke an instance.
+
+        Writes a request file the next :meth:`notices` call carries out. Returns False when
+        the instance is unknown or already gone.
+        """
+        rec = self._read(self.dir / "instances" / f"{instance_id}.json")
+        if rec is None or not self._alive(rec):
+            return False
+        self._write(self.dir / "notices" / f"{instance_id}.request",
+                    {"hard": hard, "window_s": window_s})
+        return True
+
+    def _take_requests(self) -> None:
+        for p in sorted((self.dir / "notices").glob("*.request")):
+            req = self._read(p) or {}
+            p.unlink(missing_ok=True)
+            self.revoke(p.stem, hard=bool(req.get("hard")), window_s=req.get("window_s"),
+                        source="provision revoke" + (" --kill" if req.get("hard") else ""))
 
     def _revoke_from_feed(self, now: datetime) -> None:
         if self._availability is None:

@@ -69,7 +69,7 @@ def test_ttl_cache_expires_with_injected_clock():
     assert c.members() == {"z"}
     now[0] = 10.0
     assert "z" not in c and c.members() == frozenset()
-    assert Intervals(plan_s=30).real(30, speed=60) == 0.5
+    assert Intervals(plan_s=30).real(30, speed=60) == 0.5 and Intervals().real(1, 1000) == 0.1
 
 
 offs = st.sampled_from([A, A2, B])

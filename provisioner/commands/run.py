@@ -1,0 +1,381 @@
+"""``provision run``: the daemon, on the embedded local cloud (default) or on AWS/GCP.
+
+Design: this module parses flags, checks every input *before* anything starts (a missing
+trace, a trace with no usable offering, a port in use: one line, exit 2, nothing left
+running), builds the parts and hands them to :class:`provisioner.daemon.Daemon`. The main
+job (no ``--config``) wires the whole loop on this machine:
+
+- the market: ``--trace PATH`` (any format :func:`pricing.sources.trace.load_trace` reads;
+  availability-only traces get generated prices, :func:`provisioner.pricegen.fill_prices`),
+  else the seeded generator of :mod:`provisioner.pricegen`; replayed at ``--speed``;
+- the ring: a :class:`trainer.coordinator.Coordinator` inside this process; instances are
+  ``python -m trainer worker`` processes started by the local driver, training
+  ``job.job_file`` (``examples/digits.py``);
+- the end: ``--until-epochs`` (passed to the example as ``DIGITS_EPOCHS``), ``--duration``
+  (simulated), the job finishing, or Ctrl-C/SIGTERM (drain, stop, terminate the fleet);
+- the report: ``--report DIR`` (default ``WORKDIR/report``), see :mod:`provisioner.runreport`.
+
+Rule for callers: run from the repository root (or give ``job.job_file`` as an absolute
+path); ``--workdir`` is reset at the start of a local run (leftover workers terminated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from provisioner.config import Settings, load_settings, parse_settings
+from provisioner.errors import ConfigError, UserError
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the provisioning daemon (default: the local main job)",
+                       description="Run the daemon. With no --config: the embedded local cloud "
+                       "trains examples/digits.py on worker processes while prices and "
+                       "revocations come from a trace or the built-in generator.")
+    p.add_argument("--config", help="TOML settings (default: the embedded local cloud)")
+    p.add_argument("--trace", action="append", metavar="PATH",
+                   help="price/availability trace file or folder (repeatable); default: the "
+                   "built-in generator")
+    p.add_argument("--speed", type=float, help="simulated seconds per real second "
+                   "(default local.speed, 60)")
+    p.add_argument("--until-epochs", type=int, metavar="N", help="stop after N epochs")
+    p.add_argument("--duration", metavar="T", help="stop after T simulated time (e.g. 90m, 2h)")
+    p.add_argument("--report", metavar="DIR", help="report directory (default WORKDIR/report)")
+    p.add_argument("--workdir", default="spotring-run", help="state, worker logs, report "
+                   "(local run; default ./spotring-run)")
+    p.add_argument("--on-exit", choices=("keep", "terminate"),
+                   help="what happens to the fleet at exit (local default: terminate)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--seed", type=int, default=7, help="seed of the built-in generator")
+    p.add_argument("--max-size", type=int, help="most workers (local default 3)")
+    p.add_argument("--no-dashboard", action="store_true", help="log lines instead of the "
+                   "live dashboard")
+    p.add_argument("--record-samples", action="store_true",
+                   help="workers record the sample ids of every step (exactly-once check)")
+    p.set_defaults(handler=run)
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds. Raises UserError otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise UserError(f"--duration {text!r}: expected a positive time such as 90s, 15m, 2h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.speed is not None and not args.speed > 0:
+        raise UserError(f"--speed {args.speed}: must be > 0")
+    if args.until_epochs is not None and args.until_epochs < 1:
+        raise UserError(f"--until-epochs {args.until_epochs}: must be >= 1")
+    if args.config is None:
+        fleet: dict[str, Any] = {"max_size": args.max_size or 3, "markets": ["spot"]}
+        settings = parse_settings({"fleet": fleet}, origin="<built-in local defaults>")
+    else:
+        settings = load_settings(args.config)
+    if settings.cloud.driver == "local":
+        return LocalRun(settings, args).run()
+    return run_cloud(settings, args)
+
+
+# -- the local main job ----------------------------------------------------------------------
+class LocalRun:
+    """The main job on this machine (see the module docstring)."""
+
+    def __init__(self, settings: Settings, args: argparse.Namespace) -> None:
+        self.settings = settings
+        self.args = args
+        self.speed = args.speed or settings.local.speed
+        self.duration = parse_duration(args.duration) if args.duration else None
+        self.workdir = Path(args.workdir).resolve()
+        self.report_dir = Path(args.report).resolve() if args.report else self.workdir / "report"
+        self.on_exit = args.on_exit or "terminate"
+        self.stop = threading.Event()
+        self.interrupted = False
+
+    def market(self) -> tuple[Any, list[str]]:
+        """The snapshot to replay and notes; raises on a bad trace (nothing started yet)."""
+        from pricing.sources.trace import load_trace
+        from provisioner import pricegen
+
+        if self.args.trace:
+            for p in self.args.trace:
+                if not Path(p).exists():
+                    raise UserError(f"--trace {p}: no such file or folder (see "
+                                    f"../shared/data/README.md for real traces)")
+            snap = pricegen.fill_prices(load_trace(self.args.trace),
+                                        pricegen.GeneratorParams(seed=self.args.seed))
+            origin = ", ".join(self.args.trace)
+        else:
+            snap = pricegen.generate(pricegen.GeneratorParams(seed=self.args.seed))
+            origin = "the built-in generator"
+        return snap, [origin, *snap.notes[-3:]]
+
+    def usable(self, snap: Any) -> tuple[Any, datetime]:
+        """Keep quotes of offerings this run can use; the replay starts at the first one."""
+        from dataclasses import replace
+
+        from pricing import sanity
+        from provisioner.drivers.local import slowdown_for
+        from provisioner.errors import DriverError
+        from provisioner.throughput import ThroughputModel
+
+        job = self.settings.job
+        model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
+        quotes, _rejected = sanity.check(snap.quotes)
+        ok = []
+        why: set[str] = set()
+        for q in quotes:
+            if q.offering.market not in self.settings.fleet.markets and not (
+                    q.on_demand_per_hour and "on-demand" in self.settings.fleet.markets):
+                why.add(f"market {q.offering.market} not in fleet.markets")
+                continue
+            try:
+                model.samples_per_s(q.offering.instance_type)
+                slowdown_for(q.offering.instance_type)
+            except (KeyError, DriverError):
+                why.add(f"{q.offering.instance_type}: no GPU throughput prior")
+                continue
+            ok.append(q)
+        if not ok:
+            src = ", ".join(self.args.trace or ["generator"])
+            raise UserError(f"--trace {src}: no usable offerings ("
+                            + ("; ".join(sorted(why)[:3]) or "no prices")
+                            + "); give a trace with GPU spot prices or availability of "
+                            "p3/p2 types, or no --trace for the built-in generator")
+        start = min(q.time for q in ok)
+        return replace(snap, quotes=tuple(ok)), start
+
+    def run(self) -> int:
+        from pricing.sources.trace import ReplayClock, TraceSource
+        from provisioner.metrics import Metrics
+        from provisioner.pricegen import AvailabilityIndex
+
+        snap, notes = self.market()
+        snap, start = self.usable(snap)
+        job_file = Path(self.settings.job.job_file)
+        if not job_file.is_absolute() and not job_file.exists() and "/" in str(job_file):
+            raise ConfigError(f"job.job_file = {str(job_file)!r}: not found from {os.getcwd()}; "
+                              "run from the repository root or give an absolute path")
+        job_spec = str(job_file.resolve()) if job_file.exists() else str(job_file)
+        self._reset_workdir()
+        metrics = Metrics()
+        coordinator = None
+        daemon = None
+        ring: dict[str, Any] = {}
+        ok = False
+        try:
+            if self.args.metrics_port is not None:
+                metrics.serve(self.args.metrics_port)
+            coordinator, token_file = self._coordinator()
+            source = TraceSource([], snapshot=snap)
+            clock = ReplayClock.starting_now(start, self.speed)
+            daemon = self._daemon(source, clock.trace_time, coordinator, token_file, job_spec,
+                                  AvailabilityIndex(snap.availability), metrics)
+            self._signals()
+            daemon.start()
+            t0 = daemon.now().timestamp()
+            self._watch(daemon, t0)
+            ok = True
+        finally:
+            if daemon is not None:  # on an error nothing is left running, whatever --on-exit
+                daemon.stop(self.on_exit if ok else "terminate")
+            if coordinator is not None:
+                ring = coordinator.stats()
+                coordinator.stop()
+            metrics.close()
+        return self._finish(daemon, ring, notes)
+
+    def _reset_workdir(self) -> None:
+        from provisioner.drivers.local import LocalDriver
+
+        cloud = self.workdir / "cloud"
+        if cloud.exists():  # a crashed earlier run: its workers must not outlive it
+            old = LocalDriver(cloud, lambda s: [], terminate_grace_s=1.0)
+            old.terminate([i.id for i in old.list(self.settings.job.id)])
+        for name in ("cloud", "workers", "samples"):
+            shutil.rmtree(self.workdir / name, ignore_errors=True)
+        for p in self.workdir.glob("state.sqlite*"):
+            p.unlink()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "workers").mkdir()
+        (self.workdir / "samples").mkdir()
+
+    def _coordinator(self) -> tuple[Any, Path]:
+        from trainer.coordinator import Coordinator
+
+        token_file = self.workdir / "token"
+        token_file.write_text(secrets.token_hex(16))
+        token_file.chmod(0o600)
+        d = self.settings.daemon
+        coord = Coordinator(d.coordinator_host, d.coordinator_port,
+                            token_file.read_bytes().strip(), heartbeat_timeout_s=5.0)
+        try:
+            coord.start()
+        except (RuntimeError, OSError) as exc:
+            raise UserError(f"daemon.coordinator_port {d.coordinator_port}: cannot listen on "
+                            f"{d.coordinator_host} ({str(exc).splitlines()[0][:120]}); "
+                            "pick a free port or 0") from None
+        return coord, token_file
+
+    def _daemon(self, source: Any, now: Any, coordinator: Any, token_file: Path, job: str,
+                availability: Any, metrics: Any) -> Any:
+        from provisioner.daemon import Daemon
+        from provisioner.drivers.local import LocalDriver
+        from provisioner.state import State
+
+        host, port = coordinator.address
+        py = self.settings.local.python or sys.executable
+        record = self.args.record_samples
+        extra = list(self.settings.local.worker_args)
+        wd = self.workdir
+
+        def command(spec: Any) -> list[str]:
+            argv = [py, "-m", "trainer", "worker", "--coordinator", f"{host}:{port}",
+                    "--token-file", str(token_file), "--job", job, "--name", spec.instance_id,
+                    "--slowdown", f"{spec.slowdown:.4f}", "--threads", "1", "--no-rejoin",
+                    "--metrics-file", str(wd / "workers" / f"{spec.instance_id}.jsonl")]
+            if record:
+                argv += ["--record-samples", str(wd / "samples" / f"{spec.instance_id}.jsonl")]
+            return argv + extra
+
+        loc = self.settings.local
+        driver = LocalDriver(wd / "cloud", command, clock=now, availability=availability,
+                             notice_window_s=loc.notice_window_s,
+                             hard_kill_every=loc.hard_kill_every)
+        env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
+        if self.args.until_epochs:
+            env["DIGITS_EPOCHS"] = str(self.args.until_epochs)
+        return Daemon(self.settings, driver, source, State(wd / "state.sqlite"), now=now,
+                      speed=self.speed, coordinator=coordinator, metrics=metrics,
+                      launch_env=env)
+
+    def _signals(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.interrupted = True
+            self.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
+
+    def _done(self, daemon: Any, t0: float) -> str | None:
+        if self.stop.is_set():
+            return "interrupted"
+        stats = daemon.coordinator.stats()
+        if stats.get("finished"):
+            return "the job finished" + (" (every member lost)" if stats.get("lost") else "")
+        if self.args.until_epochs and int(stats.get("epoch") or 0) >= self.args.until_epochs:
+            return f"{self.args.until_epochs} epochs done"
+        if self.duration is not None and daemon.now().timestamp() - t0 >= self.duration:
+            return f"--duration {self.args.duration} reached"
+        return None
+
+    def _watch(self, daemon: Any, t0: float) -> None:
+        from provisioner.dashboard import render
+
+        live = None
+        if not self.args.no_dashboard and sys.stdout.isatty():
+            from rich.live import Live
+
+            live = Live(render(daemon.status(), t0), refresh_per_second=4, transient=False)
+            live.start()
+        last_line = 0.0
+        try:
+            while True:
+                why = self._done(daemon, t0)
+                if why:
+                    self.reason = why
+                    return
+                if live is not None:
+                    live.update(render(daemon.status(), t0))
+                elif time.monotonic() - last_line > 5.0:
+                    last_line = time.monotonic()
+                    st = daemon.status(events=0)
+                    print(f"[{(st.now.timestamp() - t0) / 3600:6.2f} h] fleet "
+                          f"{sum(st.fleet.values())} (+{st.draining} draining), "
+                          f"${st.cost_per_hour:.3f}/h, spend ${st.spend:.4f}, epoch "
+                          f"{st.progress.get('epoch', 0)}, accuracy "
+                          f"{st.progress.get('accuracy', '-')}", flush=True)
+                self.stop.wait(0.25)
+        finally:
+            if live is not None:
+                live.stop()
+
+    def _finish(self, daemon: Any, ring: dict[str, Any], notes: list[str]) -> int:
+        from provisioner.runreport import write_report
+
+        end_t = daemon.now().timestamp()
+        reason = getattr(self, "reason", "stopped")
+        path = write_report(daemon.state, self.report_dir, end_t, ring,
+                            title="spotring: local main job",
+                            notes=[f"market: {n}" for n in notes] + [f"stopped: {reason}",
+                                                                     f"speed: {self.speed:g}x"])
+        import json
+
+        fig = json.loads((self.report_dir / "report.json").read_text())
+        print(f"stopped: {reason}. spend ${fig['spend_usd']:.4f} for {fig['samples']:,} "
+              f"samples (${fig['cost_per_1m_samples_usd'] or 0:.4f} per 1M), accuracy "
+              f"{fig['accuracy']}, steps lost {fig['steps_lost']}, {fig['notices']} notices, "
+              f"{fig['kills']} kills, {fig['joins']} joins")
+        print(f"report: {path}")
+        daemon.state.set_meta("finished", True)
+        return 0
+
+
+# -- a cloud daemon ----------------------------------------------------------------------------
+def run_cloud(settings: Settings, args: argparse.Namespace) -> int:
+    """``provision run --config FILE`` with ``[cloud] driver = "aws"|"gcp"`` (real time)."""
+    from pricing.sources import make_source
+    from provisioner.daemon import Daemon
+    from provisioner.metrics import Metrics
+    from provisioner.state import State
+
+    if settings.cloud.driver == "aws":
+        from provisioner.drivers.aws import from_settings
+
+        driver = from_settings(settings.aws)
+        endpoint = settings.aws.endpoint_url
+    else:
+        from provisioner.drivers.gcp import from_settings as gcp_from_settings
+
+        driver = gcp_from_settings(settings.gcp)
+        endpoint = None
+    src = settings.source
+    source = make_source(src.kind, trace=args.trace or ([src.trace, *src.traces] if src.trace
+                                                        else None),
+                         regions=src.regions or None, endpoint_url=endpoint)
+    metrics = Metrics()
+    port = args.metrics_port if args.metrics_port is not None else settings.daemon.metrics_port
+    if port is not None:
+        metrics.serve(port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    daemon = Daemon(settings, driver, source, State(settings.daemon.state_path),
+                    now=lambda: datetime.now(timezone.utc), metrics=metrics)
+    duration = parse_duration(args.duration) if args.duration else None
+    t0 = time.monotonic()
+    try:
+        daemon.start()
+        while not stop.wait(1.0):
+            if duration is not None and time.monotonic() - t0 >= duration:
+                break
+    finally:
+        daemon.stop(args.on_exit or settings.daemon.on_exit)
+        metrics.close()
+    print(f"stopped; state in {settings.daemon.state_path} (see `provision status`)")
+    return 0

@@ -1,0 +1,89 @@
+"""``provision status``: the fleet, the cost so far and the recent events, from the state file.
+
+Design: read-only over :class:`provisioner.state.State` (SQLite in WAL mode, so it reads
+while a daemon writes); no cloud call. "Now" is the newest time the daemon recorded (the
+daemon's clock may be simulated), so the cost is the spend up to that moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import UserError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("status", help="fleet, cost so far and recent events of a run",
+                       description="Show the fleet, the cost so far and recent events from "
+                       "the daemon's state file.")
+    p.add_argument("--config", help="settings (its daemon.state_path is read)")
+    p.add_argument("--state", help="state file (default: WORKDIR/state.sqlite)")
+    p.add_argument("--workdir", default="spotring-run", help="the local run's work directory")
+    p.add_argument("--events", type=int, default=12, help="recent events shown")
+    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    p.set_defaults(handler=run)
+
+
+def _state_path(args: argparse.Namespace) -> Path:
+    if args.state:
+        return Path(args.state)
+    if args.config:
+        from provisioner.config import load_settings
+
+        return Path(load_settings(args.config).daemon.state_path)
+    return Path(args.workdir) / "state.sqlite"
+
+
+def run(args: argparse.Namespace) -> int:
+    from provisioner.state import State
+
+    path = _state_path(args)
+    if not path.is_file():
+        raise UserError(f"{path}: no state file (start `provision run` first, or pass "
+                        f"--state/--workdir/--config)")
+    state = State(path)
+    try:
+        times = [t for t, _, _ in state.metric_series("spend")]
+        events = state.events(limit=args.events)
+        now = max(times + [e.t for e in events] + [state.get_meta("started_at", 0.0)])
+        t0 = float(state.get_meta("started_at", now))
+        live = state.live_instances()
+        doc = {
+            "state": str(path),
+            "job": state.get_meta("job", {}),
+            "hours": round((now - t0) / 3600.0, 4),
+            "spend_usd": round(state.spend(now), 6),
+            "finished": bool(state.get_meta("finished", False)),
+            "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
+                       "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
+            "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
+                        "instance": e.instance_id, "detail": e.detail} for e in events],
+        }
+    finally:
+        state.close()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"[b]{doc['job'].get('id', '?')}[/b] on {doc['job'].get('driver', '?')}: "
+              f"{doc['hours']:.2f} h, spend ${doc['spend_usd']:.4f}"
+              + (" (finished)" if doc["finished"] else ""))
+    fleet = Table(title=f"fleet ({len(doc['fleet'])})")
+    for col in ("id", "offering", "state", "hours"):
+        fleet.add_column(col)
+    for r in doc["fleet"]:
+        fleet.add_row(r["id"], r["offering"], r["state"], f"{r['hours']:.2f}")
+    con.print(fleet)
+    ev = Table(title="recent events")
+    for col in ("hours", "event", "instance", "detail"):
+        ev.add_column(col)
+    for e in doc["events"]:
+        ev.add_row(f"{e['hours']:.3f}", e["kind"], e["instance"] or "", (e["detail"] or "")[:90])
+    con.print(ev)
+    return 0
