@@ -170,25 +170,32 @@ def fit(model: SpeedModel, member: str) -> LinearFit | None:
     if not obs:
         return None
     n = len(obs)
-    ws = [model.forget ** (n - 1 - k) for k in range(n)]
-    sw = sum(ws)
-    sb = sum(w * b for w, (b, _) in zip(ws, obs))
-    st = sum(w * t for w, (_, t) in zip(ws, obs))
+    # One pass over the window (oldest first), weights forget**age; raw weighted moments.
+    sw = sb = st = sbb = sbt = 0.0
+    w = model.forget ** (n - 1)
+    inv = 1.0 / model.forget
+    bmin = bmax = obs[0][0]
+    tmin = obs[0][1]
+    for b, t in obs:
+        sw += w
+        sb += w * b
+        st += w * t
+        sbb += w * b * b
+        sbt += w * b * t
+        bmin, bmax, tmin = min(bmin, b), max(bmax, b), min(tmin, t)
+        w *= inv
     if sb <= 0 or st <= 0:
         return None
     proportional = LinearFit(0.0, st / sb, n)
-    bmin = min(b for b, _ in obs)
-    bmax = max(b for b, _ in obs)
-    if (bmax - bmin) < _MIN_SPREAD * (sb / sw):
-        return proportional
     mb, mt = sb / sw, st / sw
-    sbb = sum(w * (b - mb) ** 2 for w, (b, _) in zip(ws, obs))
-    sbt = sum(w * (b - mb) * (t - mt) for w, (b, t) in zip(ws, obs))
-    if sbb <= 0:
+    if (bmax - bmin) < _MIN_SPREAD * mb:
         return proportional
-    slope = sbt / sbb
+    var = sbb / sw - mb * mb
+    cov = sbt / sw - mb * mt
+    if var <= 1e-12 * mb * mb:
+        return proportional
+    slope = cov / var
     fixed = mt - slope * mb
-    tmin = min(t for _, t in obs)
     if slope <= 0 or not math.isfinite(slope):
         return proportional
     fixed = min(max(fixed, 0.0), 0.9 * tmin)
