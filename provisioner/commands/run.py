@@ -61,6 +61,9 @@ def register(sub: Any) -> None:
                    help="what happens to the fleet at exit (local default: terminate)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--seed", type=int, default=7, help="seed of the built-in generator")
+    p.add_argument("--outages-per-hour", type=float, metavar="R",
+                   help="built-in generator: capacity outages per offering per simulated hour "
+                   "(default 0.3; 0 = revocations only from `provision revoke`)")
     p.add_argument("--max-size", type=int, help="most workers (local default 3)")
     p.add_argument("--no-dashboard", action="store_true", help="log lines instead of the "
                    "live dashboard")
@@ -109,6 +112,8 @@ class LocalRun:
 
     def market(self) -> tuple[Any, list[str]]:
         """The snapshot to replay and notes; raises on a bad trace (nothing started yet)."""
+        from dataclasses import replace
+
         from pricing.sources.trace import load_trace
         from provisioner import pricegen
 
@@ -121,7 +126,13 @@ class LocalRun:
                                         pricegen.GeneratorParams(seed=self.args.seed))
             origin = ", ".join(self.args.trace)
         else:
-            snap = pricegen.generate(pricegen.GeneratorParams(seed=self.args.seed))
+            params = pricegen.GeneratorParams(seed=self.args.seed)
+            if self.args.outages_per_hour is not None:
+                if self.args.outages_per_hour < 0:
+                    raise UserError(f"--outages-per-hour {self.args.outages_per_hour}: must "
+                                    "be >= 0")
+                params = replace(params, outages_per_hour=self.args.outages_per_hour)
+            snap = pricegen.generate(params)
             origin = "the built-in generator"
         return snap, [origin, *snap.notes[-3:]]
 

@@ -1,0 +1,124 @@
+"""The main job end to end: `provision run` on the local cloud trains digits through joins,
+a drain on notice and a hard kill; the report's figures are checked against the raw records.
+
+Real parts: the daemon process with its embedded coordinator, `python -m trainer worker`
+processes forming gloo rings, the local driver's signals, `provision revoke` from another
+process. Only the market is generated (seeded, no random outages, so the two revocations
+are the ones this test asks for).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from pricing.sources.trace import TraceSource
+from provisioner import pricegen
+from provisioner.state import State
+
+REPO = Path(__file__).resolve().parent.parent
+EPOCHS = 24
+TRAIN_SIZE = 1437  # digits: 1797 images, 80% train (examples/digits.py)
+
+
+def provision(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "provisioner.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+def wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"provision run exited early: {proc.stdout.read()}")
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def events(path: Path, kind: str) -> list:
+    if not path.exists():
+        return []
+    s = State(path)
+    try:
+        return s.events(kinds=[kind])
+    finally:
+        s.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
+    wd = tmp_path / "run"
+    db = wd / "state.sqlite"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner.cli", "run", "--workdir", str(wd), "--speed", "60",
+         "--until-epochs", str(EPOCHS), "--no-dashboard", "--record-samples",
+         "--outages-per-hour", "0", "--max-size", "3", "--duration", "6h"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # two workers in the ring, then a notice: the worker drains at a step boundary
+        wait_for(lambda: len(events(db, "ring-join")) >= 2, 120, proc)
+        joined = [e.instance_id for e in events(db, "ring-join")]
+        r = provision("revoke", joined[0], "--workdir", str(wd))
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: any(e.instance_id == joined[0] for e in events(db, "notice")), 30, proc)
+        # then a kill without notice of another member
+        r = provision("revoke", joined[1], "--kill", "--workdir", str(wd))
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: any(e.instance_id == joined[1] for e in events(db, "killed")), 30, proc)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "report:" in out
+    fig = json.loads((wd / "report" / "report.json").read_text())
+    for png in ("price", "fleet", "throughput", "cost", "events"):
+        assert (wd / "report" / f"{png}.png").stat().st_size > 1000
+    assert fig["joins"] >= 2 and fig["notices"] >= 1 and fig["kills"] >= 1, fig
+    assert fig["accuracy"] >= 0.95, fig
+    assert fig["steps_lost"] <= 1 * fig["kills"], fig
+
+    state = State(db)
+    # the noticed worker left the ring by draining; the daemon replaced both
+    drains = [e for e in state.events(kinds=["ring-drain"]) if e.instance_id == joined[0]]
+    assert drains, state.events()
+    assert fig["launches"] >= 5  # 3 at the start + 2 replacements
+    assert state.live_instances() == []  # --on-exit terminate: nothing left running
+
+    # every sample exactly once per epoch, across joins, the drain and the kill
+    seen: dict[int, list[int]] = {}
+    for f in (wd / "samples").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            seen.setdefault(rec["epoch"], []).extend(rec["ids"])
+    assert sorted(seen) == list(range(EPOCHS))
+    for epoch, ids in seen.items():
+        assert len(ids) == TRAIN_SIZE and set(ids) == set(range(TRAIN_SIZE)), epoch
+    assert fig["samples"] == EPOCHS * TRAIN_SIZE
+
+    # reported spend == Σ instance-seconds × the market price in force, within 1%
+    market = TraceSource([], snapshot=pricegen.generate(
+        pricegen.GeneratorParams(seed=7, outages_per_hour=0.0)))
+    t0 = pricegen.DEFAULT_START
+    expected = 0.0
+    for r in state.instances():
+        assert r.ended_at is not None
+        k = r.launched_at
+        while k < r.ended_at:
+            dt = min(5.0, r.ended_at - k)
+            now = t0 + timedelta(seconds=k - t0.timestamp())
+            price = {q.offering: q.price_per_hour for q in market.fetch(now=now).quotes}
+            expected += price[r.offering] * dt / 3600.0
+            k += dt
+    assert expected > 0
+    assert fig["spend_usd"] == pytest.approx(expected, rel=0.01)
