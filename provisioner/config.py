@@ -179,7 +179,8 @@ class GcpSettings(_Section):
 class LocalSettings(_Section):
     """The embedded cloud: workers are processes on this machine (see docs/daemon.md)."""
 
-    state_dir: str = Field("spotring-local", description="pid files, notices and worker logs")
+    state_dir: str = Field("spotring-run", description="work directory of a local run: state, "
+                           "pid files, notices, worker logs, report (--workdir overrides)")
     speed: float = Field(60.0, gt=0, le=1_000_000,
                          description="simulated seconds per real second (prices, notices, cost)")
     notice_window_s: float = Field(120.0, ge=0, le=3600, description="simulated seconds from a "

@@ -55,8 +55,8 @@ def register(sub: Any) -> None:
     p.add_argument("--until-epochs", type=int, metavar="N", help="stop after N epochs")
     p.add_argument("--duration", metavar="T", help="stop after T simulated time (e.g. 90m, 2h)")
     p.add_argument("--report", metavar="DIR", help="report directory (default WORKDIR/report)")
-    p.add_argument("--workdir", default="spotring-run", help="state, worker logs, report "
-                   "(local run; default ./spotring-run)")
+    p.add_argument("--workdir", help="state, worker logs, report (local run; default "
+                   "local.state_dir, ./spotring-run)")
     p.add_argument("--on-exit", choices=("keep", "terminate"),
                    help="what happens to the fleet at exit (local default: terminate)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
@@ -104,7 +104,7 @@ class LocalRun:
         self.args = args
         self.speed = args.speed or settings.local.speed
         self.duration = parse_duration(args.duration) if args.duration else None
-        self.workdir = Path(args.workdir).resolve()
+        self.workdir = Path(args.workdir or settings.local.state_dir).resolve()
         self.report_dir = Path(args.report).resolve() if args.report else self.workdir / "report"
         self.on_exit = args.on_exit or "terminate"
         self.stop = threading.Event()
