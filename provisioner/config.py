@@ -35,9 +35,9 @@ class JobSettings(_Section):
     id: str = Field("spotring-demo", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                     description="job id; tags every instance (lowercase letters, digits, '-')")
     job_file: str = Field("examples/digits.py", description="the trainer job (module or path)")
-    model_mb: float = Field(100.0, gt=0, le=1_000_000,
+    model_mb: float = Field(50.0, gt=0, le=1_000_000,
                             description="gradient size all-reduced each step, in MB")
-    global_batch: int = Field(256, ge=1, le=10_000_000,
+    global_batch: int = Field(1024, ge=1, le=10_000_000,
                               description="samples per step over the whole ring (constant)")
     samples_per_s_per_unit: float = Field(
         400.0, gt=0, description="samples/s of one GPU of relative throughput 1.0 "

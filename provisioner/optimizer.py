@@ -26,9 +26,10 @@ The global batch B is constant and split so all workers finish together, so with
 sum u_o x_o the ring delivers  R = B / (B/S + t_comm) = S / (1 + S * t_comm / B).
 R is increasing in S, so "R >= T" is the *linear* constraint S >= T / (1 - T t_comm / B)
 (impossible when T t_comm >= B: the ring's communication caps it). t_comm depends on N;
-we solve with N = max_size (an upper bound on 2(N-1)/N), then once more with the N found;
-the second answer is kept only if it is still valid. The link is guessed from the zone
-cap and max_regions and checked on the answer.
+we solve with the fewest instances that could reach T as the guess for N and re-solve
+with a larger guess until the fleet found is no bigger than the guess (then the term used
+bounds the real one); the last resort, N = max_size, is always valid. The link is guessed
+from the zone cap and max_regions and checked on the answer the same way.
 
 Objectives (all minimise):
     min-cost, deadline:  sum (c_o + churn$_o) x_o + churn terms        s.t. S >= T'
@@ -255,6 +256,18 @@ class _Model:
     n: int
 
 
+def _current(cands: Sequence[Candidate]) -> tuple[float, float]:
+    """Cost per hour and useful samples/s of the fleet held now."""
+    return (sum(c.current * c.price_per_hour for c in cands),
+            sum(c.current * c.useful for c in cands))
+
+
+def _removal(p: Problem, current: tuple[float, float]) -> float:
+    """Objective cost of removing one held instance (one ring re-form, over the horizon)."""
+    scale = current[0] if p.objective != "max-throughput" else current[1]
+    return p.reform_s / 3600 * scale / p.churn_horizon_hours
+
+
 def _t_comm(n: int, p: Problem, gbps: float) -> float:
     if n <= 1 or p.model_mb <= 0:
         return 0.0
@@ -272,7 +285,8 @@ def _raw_target(target: float, t_comm: float, p: Problem, name: str) -> float:
 
 
 def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
-           drop: frozenset[str] = frozenset()) -> _Model:
+           drop: frozenset[str] = frozenset(),
+           current: tuple[float, float] | None = None) -> _Model:
     n = len(cands)
     held = [i for i, c in enumerate(cands) if c.current > 0]
     m = len(held)
@@ -287,8 +301,7 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     for i, c in enumerate(cands):
         ub[i] = _ub(p, c) if "availability" not in drop else p.max_size
     horizon = p.churn_horizon_hours
-    cur_cost = sum(c.current * c.price_per_hour for c in cands)
-    cur_rate = sum(c.current * c.useful for c in cands)
+    cur_cost, cur_rate = current or _current(cands)
     mean_c = float(np.mean([c.price_per_hour for c in cands])) or 1.0
     mean_u = float(np.mean([c.useful for c in cands])) or 1.0
     boot_h, reform_h = p.boot_s / 3600, p.reform_s / 3600
@@ -480,39 +493,138 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
         return Plan({}, 0.0, 0.0, 0.0, (), "empty", problem.objective,
                     considered=len(problem.candidates), pruned=pruned, notes=problem.notes)
     link, gbps = _link(problem, cands, None)
-    n_guess = problem.max_size
-    best: tuple[_Model, np.ndarray, str] | None = None
-    for attempt in range(2):
-        model = _build(problem, cands, n_guess, gbps)
-        res = _run(model, time_limit_s)
-        if res.x is not None and res.status in (0, 1):
-            x = np.round(res.x)
-            status = "optimal" if res.status == 0 else "time-limit"
-        elif res.status == 2:
-            if best is not None:
-                break
-            raise InfeasibleError(_diagnose(problem, cands, n_guess, gbps, time_limit_s))
-        else:
-            lp = _run(model, time_limit_s, relax=True)
-            x = _repair(model, lp.x) if lp.x is not None else None
-            if x is None:
-                if best is not None:
-                    break
-                raise InfeasibleError(_diagnose(problem, cands, n_guess, gbps, time_limit_s))
-            status = "fallback-lp"
-        n_found = int(round(x[:model.n].sum()))
-        new_link, new_gbps = _link(problem, cands, x[:model.n])
-        if best is not None and (n_found > n_guess or new_gbps < gbps):
-            break  # the re-solve's ring bound no longer holds: keep the first answer
-        best = (model, x, status)
-        ring_matters = problem.model_mb > 0 and (problem.target_samples_per_s or
+    ring_matters = problem.model_mb > 0 and bool(problem.target_samples_per_s or
                                                  problem.ondemand_floor_samples_per_s > 0)
-        if not ring_matters or (n_found >= n_guess and new_gbps <= gbps):
+    n_guess = problem.max_size
+    if ring_matters:  # optimistic first guess: the fewest of the fastest instances
+        fastest = max(c.useful for c in cands)
+        n_guess = min(problem.max_size, max(1, problem.min_size,
+                                            math.ceil((problem.target_samples_per_s or 0.0) / fastest)))
+    best: tuple[_Model, np.ndarray, str] | None = None
+    for attempt in range(4):
+        if attempt == 3:
+            n_guess = problem.max_size  # always a valid bound on 2(N-1)/N
+        found = _solve_model(problem, cands, n_guess, gbps, time_limit_s)
+        if found is None:
+            if n_guess < problem.max_size and ring_matters:
+                n_guess = problem.max_size
+                continue
+            raise InfeasibleError(_diagnose(problem, cands, problem.max_size, gbps, time_limit_s))
+        model, x, status = found
+        n_found = int(round(x[:model.n].sum()))
+        _, new_gbps = _link(problem, cands, x[:model.n])
+        if not ring_matters or (n_found <= n_guess and new_gbps >= gbps):
+            best = (model, x, status)  # the ring term used bounds the one of this fleet
             break
-        n_guess, gbps = max(n_found, 1), new_gbps
+        n_guess = max(n_guess + 1, n_found)
+        gbps = min(gbps, new_gbps)
     assert best is not None
     model, x, status = best
     return _plan(problem, model, x, status, pruned, (time.perf_counter() - t0) * 1000)
+
+
+def _solve_one(model: _Model, limit: float) -> tuple[_Model, np.ndarray, str] | None:
+    """One MILP; on a time-out without a solution, the repaired LP relaxation."""
+    res = _run(model, limit)
+    if res.x is not None and res.status in (0, 1):
+        return model, np.round(res.x), "optimal" if res.status == 0 else "time-limit"
+    if res.status == 2:
+        return None
+    lp = _run(model, limit, relax=True)
+    x = _repair(model, lp.x) if lp.x is not None else None
+    return None if x is None else (model, x, "fallback-lp")
+
+
+def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
+                 limit: float) -> tuple[_Model, np.ndarray, str] | None:
+    """Solve the MILP; a ring confined to one region is solved region by region.
+
+    With ``max_regions == 1`` the problem splits into one small MILP per region (held
+    instances elsewhere are then removed, a constant churn cost). Regions are visited in
+    the order of a cheap bound (fractional knapsack of the target or the budget), and the
+    search stops when the next bound cannot beat the best fleet found: exact, and far
+    faster than region binaries with big-M links.
+    """
+    regions: dict[str, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        regions[c.offering.region].append(c)
+    if p.max_regions != 1 or len(regions) == 1:
+        return _solve_one(_build(p, cands, n_guess, gbps), limit)
+    cur = _current(cands)
+    remove = _removal(p, cur)
+    deadline = time.perf_counter() + limit
+    raw = None
+    if p.target_samples_per_s and p.objective != "max-throughput":
+        try:
+            raw = _raw_target(p.target_samples_per_s, _t_comm(n_guess, p, gbps), p, "target")
+        except InfeasibleError:
+            return None
+
+    models = {r: _build(p, m, n_guess, gbps, current=cur) for r, m in regions.items()}
+    outside = {r: sum(c.current for c in cands if c.current and c.offering.region != r) * remove
+               for r in regions}
+    bounds = _block_lp_bounds(models, limit)
+    order = sorted((b + outside[r], r) for r, b in bounds.items() if b is not None)
+    best: tuple[float, tuple[_Model, np.ndarray, str]] | None = None
+    timed_out = False
+    for bound, region in order:
+        if best is not None and bound >= best[0] - 1e-6 * max(1.0, abs(best[0])):
+            break
+        left = deadline - time.perf_counter()
+        if left <= 0 and best is not None:
+            timed_out = True
+            break
+        found = _solve_one(models[region], max(left, 0.05))
+        if found is None:
+            continue
+        model, x, status = found
+        value = float(model.c @ x) + outside[region]
+        if best is None or value < best[0] - 1e-9 * max(1.0, abs(value)):
+            best = (value, found)
+    if best is None:
+        return None
+    model, x, status = best[1]
+    return model, x, ("time-limit" if timed_out and status == "optimal" else status)
+
+
+def _block_lp_bounds(models: Mapping[str, _Model], limit: float) -> dict[str, float | None]:
+    """LP relaxation bound of every region's MILP in ONE LP call.
+
+    The regions' models are independent blocks, so minimising their sum minimises each;
+    a penalised slack on every lower-bounded row keeps an infeasible block from making the
+    whole LP infeasible (a block that needs its slack gets bound None: infeasible).
+    """
+    cs, lbs, ubs, rows, slack_of = [], [], [], [], {}
+    off = 0
+    big = 1e6 * (1.0 + max((float(np.abs(m.c).max()) for m in models.values()), default=1.0))
+    keys = list(models)
+    spans = {}
+    for r in keys:
+        m = models[r]
+        nv = len(m.c)
+        spans[r] = (off, off + nv)
+        cs.append(m.c)
+        lbs.append(m.lb)
+        ubs.append(m.ub)
+        for name, co, lo, hi in m.rows:
+            shifted = {j + off: w for j, w in co.items()}
+            rows.append((name, shifted, lo, hi, r if lo > 0 else None))
+        off += nv
+    slack_cols = []
+    for k, (_, co, lo, hi, r) in enumerate(rows):
+        if r is not None:
+            co[off] = max(lo, 1.0)
+            slack_cols.append((off, r))
+            off += 1
+    c = np.concatenate(cs + [np.full(len(slack_cols), big)])
+    lb = np.concatenate(lbs + [np.zeros(len(slack_cols))])
+    ub = np.concatenate(ubs + [np.full(len(slack_cols), 1.0)])
+    block = _Model([], c, np.zeros(len(c)), lb, ub, [r[:4] for r in rows], 0)
+    res = _run(block, limit, relax=True)
+    if res.x is None:
+        return {r: 0.0 for r in keys}  # no bound: solve every region
+    needs = {r for j, r in slack_cols if res.x[j] > 1e-7}
+    return {r: (None if r in needs else float(c[a:b] @ res.x[a:b])) for r, (a, b) in spans.items()}
 
 
 def _plan(p: Problem, model: _Model, x: np.ndarray, status: str, pruned: int,
@@ -558,8 +670,8 @@ def _diagnose(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
             return (f"objective.budget_per_hour = {p.budget_per_hour:.2f} $/h is too small for "
                     f"{what}: the cheapest fleet that meets it costs {need:.2f} $/h "
                     f"(raise the budget or lower the target)")
-        names = {"target": f"throughput target {p.target_samples_per_s:.1f} samples/s cannot "
-                           f"be reached within fleet.max_size = {p.max_size} and the quotas",
+        names = {"target": f"throughput target {p.target_samples_per_s or 0:.1f} samples/s "
+                           f"cannot be reached within fleet.max_size = {p.max_size} and the quotas",
                  "availability": "not enough capacity is available in the offerings",
                  "quotas": "fleet.region_quota_gpus / family_quota_gpus are too small",
                  "zone-share": f"fleet.max_zone_share = {p.max_zone_share} cannot be met "

@@ -146,10 +146,13 @@ def test_ring_scaling_needs_more_workers_than_raw_throughput_suggests():
 
 
 def test_ring_cap_makes_an_impossible_target_infeasible():
-    # k = t_comm/B; with 8 workers t_comm = 1.75 * 0.8/10 = 0.14 s, B = 64 -> cap 457/s.
+    # One worker alone does 1000/s with no all-reduce; 1500/s needs >= 2 workers, and then
+    # t_comm >= 2*1/2 * 0.8 Gb / 10 Gb/s = 0.08 s, B = 64 -> the ring carries < 64/0.08 = 800/s.
+    assert solve(Problem((Candidate(A, 1.0, 1000),), objective="min-cost",
+                         target_samples_per_s=1000, model_mb=100, global_batch=64)).size == 1
     with pytest.raises(InfeasibleError, match="ring"):
         solve(Problem((Candidate(A, 1.0, 1000),), objective="min-cost",
-                      target_samples_per_s=1000, model_mb=100, global_batch=64))
+                      target_samples_per_s=1500, model_mb=100, global_batch=64))
 
 
 def test_budget_too_small_names_the_budget_and_the_price_needed():

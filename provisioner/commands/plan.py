@@ -1,0 +1,97 @@
+"""``provision plan``: the fleet the optimiser would run now, and why.
+
+Design: wiring only, in the one order the daemon also uses: source -> sanity -> risk ->
+:func:`provisioner.optimizer.build_problem` -> :func:`provisioner.optimizer.solve`. Output is
+``Plan.explain()`` for people or one JSON object (``--json``) for programs.
+
+Rule: an infeasible configuration is a user error (exit 2) whose message names the
+constraint; nothing is launched by this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import timedelta
+from typing import Any
+
+from provisioner.errors import UserError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="the fleet the optimiser would run now, and why",
+        description="Read prices (a cloud or a trace), estimate revocation risk and solve the "
+        "fleet MILP for the objective in the config; print the fleet and the constraints "
+        "that bound it.")
+    p.add_argument("--config", metavar="FILE", help="TOML settings (see examples/config.toml)")
+    p.add_argument("--source", choices=("aws", "gcp", "trace"),
+                   help="where prices come from (default: source.kind in the config)")
+    p.add_argument("--trace", action="extend", nargs="+", default=[], metavar="PATH",
+                   help="trace file(s) or folder(s) (default: source.trace/traces in the config, "
+                   "else $SPOTRING_DATA)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--endpoint-url", help=argparse.SUPPRESS)
+    p.set_defaults(handler=run)
+
+
+def plan_json(plan) -> dict:
+    """The plan as plain JSON-able data."""
+    return {
+        "status": plan.status, "objective": plan.objective,
+        "cost_per_hour": round(plan.cost_per_hour, 6), "throughput": round(plan.throughput, 3),
+        "raw_throughput": round(plan.raw_throughput, 3),
+        "ring_efficiency": round(plan.ring_efficiency, 6), "link": plan.link,
+        "hazard_per_hour": round(plan.hazard_per_hour, 6), "binding": list(plan.binding),
+        "fleet": [{"offering": c.offering.key, "count": plan.counts[c.offering],
+                   "price_per_hour": c.price_per_hour, "samples_per_s": c.samples_per_s,
+                   "useful_samples_per_s": round(c.useful, 3),
+                   "hazard_per_hour": c.hazard_per_hour} for c in plan.chosen],
+        "considered": plan.considered, "pruned": plan.pruned,
+        "solve_ms": round(plan.solve_ms, 2), "notes": list(plan.notes),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from pricing.errors import PricingError
+    from pricing.risk import estimate
+    from pricing.sanity import check
+    from pricing.sources import make_source
+    from provisioner.config import load_settings
+    from provisioner.optimizer import build_problem, solve
+
+    settings = load_settings(args.config)
+    kind = args.source or settings.source.kind
+    traces = list(args.trace) or [t for t in [settings.source.trace, *settings.source.traces] if t]
+    if kind != "trace" and args.trace:
+        raise UserError("--trace is only used with --source trace")
+    try:
+        source = make_source(kind, trace=traces or None, regions=settings.source.regions or None,
+                             endpoint_url=args.endpoint_url)
+    except PricingError as exc:
+        if type(exc) is PricingError:
+            raise UserError(str(exc)) from None
+        raise
+    snap = source.fetch(regions=settings.source.regions or None,
+                        gpus=settings.source.gpus or None)
+    now = max((q.time for q in snap.quotes), default=None)
+    if now is None:
+        raise UserError("the source returned no prices (check source.regions/gpus and the trace)")
+    if kind == "trace" and hasattr(source, "now"):
+        now = source.now()
+    ok, refused = check(snap.quotes, now=now,
+                        max_age=timedelta(hours=settings.optimizer.max_quote_age_hours))
+    risks = estimate({q.offering for q in ok} | {q.offering.with_market("on-demand")
+                                                 for q in ok if q.on_demand_per_hour},
+                     snap.lifetimes)
+    problem = build_problem(settings, ok, risks, now=now)
+    plan = solve(problem, time_limit_s=settings.optimizer.time_limit_s)
+    if args.json:
+        out = plan_json(plan)
+        out["refused_quotes"] = len(refused) + len(snap.rejected)
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"plan at {now:%Y-%m-%d %H:%M} UTC from {kind} ({len(ok)} quotes, "
+              f"{len(refused) + len(snap.rejected)} refused)")
+        print(plan.explain())
+    return 0
