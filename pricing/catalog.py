@@ -12,6 +12,7 @@ Rule for callers: pass GPU names through :func:`canonical_gpu` before comparing 
 
 from __future__ import annotations
 
+import functools
 import re
 
 from pricing.model import GpuSpec
@@ -36,6 +37,7 @@ _ALIASES: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_gpu(name: str) -> str:
     """Normalise a GPU name: ``"nvidia-tesla-v100"``, ``"v100"``, ``"Tesla V100"`` -> ``"V100"``.
 
@@ -102,6 +104,7 @@ def _gcp_bundled(t: str) -> tuple[str, int] | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def gpu_for(instance_type: str) -> GpuSpec | None:
     """The GPUs of an AWS or GCP instance type, or ``None`` (no GPU, or not known).
 
