@@ -1,0 +1,182 @@
+# Least privilege. The daemon's API policy (daemon_api) lists exactly the EC2, SQS and pricing
+# actions that pricing/sources/aws.py and provisioner/drivers/aws.py call (tests/terraform
+# compares both ways). Mutating EC2 actions only touch resources tagged spotring:job=<job_id>,
+# launches only use this job's launch template, subnets, security group and worker AMI, and
+# iam:PassRole only passes the worker role to EC2. The bootstrap policy (user data, not the
+# Python code) reads the ring token; workers can read nothing else.
+
+data "aws_iam_policy_document" "ec2_assume" {
+  statement {
+    effect  = "Allow"
+    actions = ["sts:AssumeRole"]
+
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+# --- the daemon ------------------------------------------------------------------------------
+
+data "aws_iam_policy_document" "daemon_api" {
+  statement {
+    sid    = "ReadPricesAndInstances"
+    effect = "Allow"
+    actions = [
+      "ec2:DescribeInstanceTypeOfferings",
+      "ec2:DescribeInstanceTypes",
+      "ec2:DescribeInstances",
+      "ec2:DescribeSpotPriceHistory",
+      "ec2:GetSpotPlacementScores",
+      "pricing:GetProducts",
+    ]
+    # These actions support no resource-level permissions.
+    resources = ["*"]
+  }
+
+  statement {
+    sid     = "LaunchOnlyJobTaggedInstances"
+    effect  = "Allow"
+    actions = ["ec2:RunInstances"]
+    resources = [
+      "${local.ec2_arn}:instance/*",
+      "${local.ec2_arn}:volume/*",
+      "${local.ec2_arn}:network-interface/*",
+      "${local.ec2_arn}:spot-instances-request/*",
+    ]
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.job_tag}"
+      values   = [var.job_id]
+    }
+  }
+
+  statement {
+    sid     = "LaunchOnlyFromThisJobsTemplate"
+    effect  = "Allow"
+    actions = ["ec2:RunInstances"]
+    resources = concat(
+      [
+        aws_launch_template.worker.arn,
+        aws_security_group.ring.arn,
+        "arn:${local.partition}:ec2:${var.region}::image/${var.worker_ami_id}",
+      ],
+      [for s in var.subnet_ids : "${local.ec2_arn}:subnet/${s}"],
+    )
+  }
+
+  statement {
+    sid       = "TagOnlyAtLaunch"
+    effect    = "Allow"
+    actions   = ["ec2:CreateTags"]
+    resources = ["${local.ec2_arn}:*/*"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:CreateAction"
+      values   = ["RunInstances"]
+    }
+
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/${local.job_tag}"
+      values   = [var.job_id]
+    }
+  }
+
+  statement {
+    sid       = "TerminateOnlyJobInstances"
+    effect    = "Allow"
+    actions   = ["ec2:TerminateInstances"]
+    resources = ["${local.ec2_arn}:instance/*"]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ec2:ResourceTag/${local.job_tag}"
+      values   = [var.job_id]
+    }
+  }
+
+  statement {
+    sid       = "PassOnlyTheWorkerRole"
+    effect    = "Allow"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.worker.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ec2.amazonaws.com"]
+    }
+  }
+
+  statement {
+    sid       = "ReadSpotNotices"
+    effect    = "Allow"
+    actions   = ["sqs:DeleteMessage", "sqs:ReceiveMessage"]
+    resources = [aws_sqs_queue.notices.arn]
+  }
+}
+
+data "aws_iam_policy_document" "read_ring_token" {
+  statement {
+    sid       = "ReadRingToken"
+    effect    = "Allow"
+    actions   = ["ssm:GetParameter"]
+    resources = [aws_ssm_parameter.ring_token.arn]
+  }
+}
+
+resource "aws_iam_role" "daemon" {
+  name               = "${local.name}-daemon"
+  description        = "spotring ${var.job_id} daemon: prices, worker launches, spot notices"
+  assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
+}
+
+resource "aws_iam_role_policy" "daemon_api" {
+  name   = "spotring-api"
+  role   = aws_iam_role.daemon.id
+  policy = data.aws_iam_policy_document.daemon_api.json
+}
+
+resource "aws_iam_role_policy" "daemon_bootstrap" {
+  name   = "spotring-bootstrap"
+  role   = aws_iam_role.daemon.id
+  policy = data.aws_iam_policy_document.read_ring_token.json
+}
+
+resource "aws_iam_instance_profile" "daemon" {
+  name = "${local.name}-daemon"
+  role = aws_iam_role.daemon.name
+}
+
+# --- the workers -----------------------------------------------------------------------------
+
+resource "aws_iam_role" "worker" {
+  name               = "${local.name}-worker"
+  description        = "spotring ${var.job_id} GPU worker: reads the ring token, nothing else"
+  assume_role_policy = data.aws_iam_policy_document.ec2_assume.json
+}
+
+resource "aws_iam_role_policy" "worker_bootstrap" {
+  name   = "spotring-bootstrap"
+  role   = aws_iam_role.worker.id
+  policy = data.aws_iam_policy_document.read_ring_token.json
+}
+
+resource "aws_iam_instance_profile" "worker" {
+  name = "${local.name}-worker"
+  role = aws_iam_role.worker.name
+}
+
+# --- the ring token --------------------------------------------------------------------------
+
+resource "aws_ssm_parameter" "ring_token" {
+  name             = "/spotring/${var.job_id}/ring-token"
+  description      = "spotring ${var.job_id}: shared secret of the training ring"
+  type             = "SecureString"
+  value_wo         = var.ring_token
+  value_wo_version = var.ring_token_version
+}
