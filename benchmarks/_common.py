@@ -184,10 +184,12 @@ class Ring:
         stop(self.procs.values(), signal.SIGKILL, grace=5.0)
         self.coordinator.stop()
 
-    def add_worker(self, name: str, slowdown: float = 1.0, extra: Sequence[str] = ()) -> subprocess.Popen:
-        """Start one worker process called ``name``."""
+    def add_worker(self, name: str, slowdown: float = 1.0, extra: Sequence[str] = (),
+                   nice: int = 0) -> subprocess.Popen:
+        """Start one worker process called ``name`` (``nice`` > 0 lowers its CPU priority)."""
         host, port = self.coordinator.address
-        args = [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
+        args = ["nice", "-n", str(nice)] if nice else []
+        args += [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
                 "--coordinator", f"{host}:{port}", "--token-file", str(self.token_file),
                 "--job", str(self.job), "--name", name, "--slowdown", str(slowdown),
                 "--metrics-file", str(self.metrics_path(name)), *extra]

@@ -1,0 +1,174 @@
+"""Benchmark: workers joining a running ring, against a checkpoint-restart baseline (issue 3).
+
+Design. Two phases in one run, same job (examples/digits.py), global batch, slowdown and
+window (from the moment the joiners are started until ``--after`` seconds after the last
+one joined, at least ``--window`` seconds):
+
+* spotring: a ring of ``--workers`` runs until steady; then ``--joiners`` new
+  ``python -m trainer worker`` processes start. They boot, build the job and profile
+  *before* asking to join, so the ring keeps training; it switches generation at a step
+  boundary. Joiners boot under ``nice 10`` (``--joiner-nice``): on a real fleet a joiner boots on its own
+  machine, here it shares the CPUs with the ring, and the niceness keeps its boot from
+  passing for a cost of the ring.
+* baseline: the real ``torchrun --standalone`` with the same ranks running the equal-batch
+  worker of benchmarks/_common.py, saving a checkpoint after *every* step (the baseline's
+  best case). At the join, after the time a new torchrun agent needs to boot
+  (``python -c "import torch.distributed.run"``, measured in this run), every worker is
+  stopped and torchrun restarts with ``workers + joiners`` ranks that reload the checkpoint:
+  what torchrun elastic does on any membership change.
+
+Figures (one JSON line on stdout): ``kept`` = spotring samples/s over the window / its steady
+samples/s just before (goal >= 0.99); ``max_pause_s`` = the longest gap between two step
+completions in the window; ``switch_ms`` = the extra time of the step at the generation
+change over the median step; ``restart_ratio`` = samples spotring completed in the window /
+samples the checkpoint-restart baseline completed in the same window length (a step redone
+after the restart counts once).
+
+Why not ``torchrun --nnodes 1:2`` with a second agent joining: tried here (torch 2.13), the
+re-rendezvous after "Detected 1 new nodes" deadlocks with the shared agent TCP store, and
+with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` the first all-reduce hangs; a stop and start of
+torchrun restarts every worker and reloads the checkpoint just the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from _common import (
+    DEFAULT_JOB, PYTHON, Ring, digits_env, emit, read_jsonl, samples_between, setup_logging,
+    steps_by_number, stop, torchrun, wait_for,
+)
+
+log = logging.getLogger("benchmarks.join")
+
+
+def agent_boot_s() -> float:
+    """Seconds a fresh Python needs to import torchrun's launcher (a joining agent's boot)."""
+    t0 = time.monotonic()
+    subprocess.run([PYTHON, "-c", "import torch.distributed.run"], check=True)
+    return time.monotonic() - t0
+
+
+def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
+    names = [f"w{k}" for k in range(args.workers)]
+    joiners = [f"j{k}" for k in range(args.joiners)]
+    env = digits_env(args.global_batch, 100_000)
+    with Ring(workdir, args.job, env, initial_world=args.workers) as ring:
+        for n in names:
+            ring.add_worker(n, args.slowdown)
+        ring.wait_step(args.warm_steps, args.timeout)
+        time.sleep(args.before)
+        t_join = time.time()
+        for j in joiners:
+            ring.add_worker(j, args.slowdown, nice=args.joiner_nice)
+
+        def joined() -> bool:
+            plan = ring.coordinator.plan()
+            return set(joiners) <= set(plan.names if plan else ())
+
+        wait_for(joined, args.timeout, f"joiners {joiners} to join (logs in {workdir})")
+        # The window covers the whole join plus --after seconds, and at least --window.
+        window = max(args.window, time.time() - t_join + args.after)
+        wait_for(lambda: time.time() > t_join + window, window + 10, "the join window")
+        recs = steps_by_number(ring.metrics(names[0]))
+    args.window = window  # the baseline is measured over the same window length
+    ordered = sorted(recs.values(), key=lambda r: r["t"])
+    before = samples_between(recs, t_join - args.before, t_join) / args.before
+    during = samples_between(recs, t_join, t_join + args.window) / args.window
+    gaps = [(b["t"] - a["t"], a, b) for a, b in zip(ordered, ordered[1:])]
+    steady = [g for g, a, _ in gaps if a["t"] < t_join and a["t"] >= t_join - args.before]
+    in_window = [(g, a, b) for g, a, b in gaps if t_join <= b["t"] < t_join + args.window]
+    switches = [g for g, a, b in in_window if b["generation"] != a["generation"]]
+    median_step = statistics.median(steady) if steady else 0.0
+    return {
+        "kept": before and during / before,
+        "samples": samples_between(recs, t_join, t_join + args.window),
+        "max_pause_s": max((g for g, _, _ in in_window), default=0.0),
+        "switch_ms": (max(switches) - median_step) * 1e3 if switches else None,
+        "steady_samples_per_s": before,
+        "step_ms": median_step * 1e3,
+    }
+
+
+def baseline_phase(args: argparse.Namespace, workdir: Path, boot_s: float) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    metrics, ckpt = workdir / "ckpt.jsonl", workdir / "ckpt.pt"
+    common = ["--mode", "equal", "--slowdowns", str(args.slowdown), "--global-batch",
+              str(args.global_batch), "--job", str(args.job), "--ckpt", str(ckpt),
+              "--metrics-file", str(metrics)]
+    first = torchrun(args.workers, common, workdir / "first.log")
+    second = None
+    try:
+        wait_for(lambda: len(read_jsonl(metrics)) >= args.warm_steps, args.timeout,
+                 "the baseline's warm-up steps")
+        time.sleep(args.before)
+        t_join = time.time()
+        time.sleep(boot_s)  # the joining agent boots while the old workers go on
+        stop([first])  # torchrun: every worker stops on a membership change...
+        second = torchrun(args.workers + args.joiners, common, workdir / "second.log")
+        wait_for(lambda: time.time() > t_join + args.window, args.window + 10, "the window")
+    finally:
+        stop([p for p in (first, second) if p is not None])
+    recs = steps_by_number(read_jsonl(metrics))
+    restarted = [r for r in recs.values() if r["world"] == args.workers + args.joiners]
+    return {
+        "samples": samples_between(recs, t_join, t_join + args.window),
+        "restart_pause_s": (min(r["t"] for r in restarted) - t_join) if restarted else None,
+        "steady_samples_per_s": samples_between(recs, t_join - args.before, t_join) / args.before,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--joiners", type=int, default=1)
+    ap.add_argument("--global-batch", type=int, default=256)
+    ap.add_argument("--slowdown", type=float, default=2.0,
+                    help="every worker's slowdown (sleep share leaves CPU for the others)")
+    ap.add_argument("--warm-steps", type=int, default=10)
+    ap.add_argument("--before", type=float, default=3.0, help="seconds of steady rate measured")
+    ap.add_argument("--window", type=float, default=10.0,
+                    help="seconds from the join start (at least the join plus --after)")
+    ap.add_argument("--after", type=float, default=3.0,
+                    help="seconds the window goes on after the last joiner joined")
+    ap.add_argument("--joiner-nice", type=int, default=10,
+                    help="niceness of the joiners (their boot stands for another machine's)")
+    ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    setup_logging(args.verbose)
+    if args.workers < 1 or args.joiners < 1:
+        ap.error("--workers and --joiners: at least 1")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-join-"))
+    spot = spotring_phase(args, workdir / "ring")
+    boot = agent_boot_s()
+    base = baseline_phase(args, workdir / "baseline", boot)
+    emit({
+        "benchmark": "trainer_join",
+        "workers": args.workers,
+        "joiners": args.joiners,
+        "window_s": args.window,
+        "kept": round(spot["kept"], 3),
+        "max_pause_s": round(spot["max_pause_s"], 3),
+        "switch_ms": None if spot["switch_ms"] is None else round(spot["switch_ms"], 1),
+        "step_ms": round(spot["step_ms"], 1),
+        "restart_ratio": round(spot["samples"] / base["samples"], 3) if base["samples"] else None,
+        "spotring_samples": spot["samples"],
+        "baseline_samples": base["samples"],
+        "baseline_restart_pause_s": base["restart_pause_s"] and round(base["restart_pause_s"], 2),
+        "agent_boot_s": round(boot, 2),
+        "workdir": str(workdir),
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
