@@ -17,7 +17,6 @@ from botocore.awsrequest import AWSResponse  # noqa: E402
 from pricing.model import Offering  # noqa: E402
 from pricing.sources.boto import make_client  # noqa: E402
 from provisioner.config import AwsSettings  # noqa: E402
-from provisioner.drivers import aws as aws_mod  # noqa: E402
 from provisioner.drivers.aws import (AWS_DRIVER_ACTIONS, TAG_JOB, TAG_OFFERING,  # noqa: E402
                                      TAG_TOKEN, AwsDriver)
 from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, REBALANCE,  # noqa: E402
