@@ -27,14 +27,15 @@ from typing import Callable, Iterable, Sequence
 from pricing.catalog import canonical_gpu
 from pricing.errors import TraceFormatError
 from pricing.model import Availability, Lifetime, Offering, PriceQuote, Snapshot, utc
-from pricing.sources.trace_formats import USER_COLUMNS, parse_file
+from pricing.sources.trace_formats import USER_COLUMNS, NotATrace, parse_file
 
 log = logging.getLogger(__name__)
 
 __all__ = ["load_trace", "TraceSource", "ReplayClock", "USER_COLUMNS"]
 
 _TRACE_SUFFIXES = (".csv", ".csv.gz", ".json")
-_NOT_TRACES = {"index.csv", "gcp_pricing_snapshots.csv"}
+#: Files in a trace folder that are indexes or raw upstream copies of a tidied trace.
+_NOT_TRACES = {"index.csv", "gcp_pricing_snapshots.csv", "cake_lab_lifetime_raw.csv"}
 
 
 def _trace_files(path: Path) -> list[Path]:
@@ -68,6 +69,8 @@ def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
 def load_trace(path: str | Path | Sequence[str | Path]) -> Snapshot:
     """Read one trace file, every trace file under a folder, or a list of those.
 
+    Known data files that are not traces (Spot Advisor, zone lists, throughput tables) are
+    skipped with a note inside a folder, and refused with a hint when named directly.
     Returns the whole history as one Snapshot (records sorted by time; disorder and gaps
     reported in ``notes``). Raises :class:`TraceFormatError` naming file, line and problem for
     a missing, unreadable or malformed file or an unknown format.
@@ -77,11 +80,40 @@ def load_trace(path: str | Path | Sequence[str | Path]) -> Snapshot:
         raise TraceFormatError("<none>", None, "no trace given (pass --trace PATH)")
     snaps = []
     for p in paths:
+        in_folder = Path(p).is_dir()
         for f in _trace_files(Path(p)):
             t0 = _time.perf_counter()
-            snaps.append(parse_file(f))
+            try:
+                snaps.append(parse_file(f))
+            except NotATrace as exc:
+                if not in_folder:
+                    raise
+                snaps.append(Snapshot(notes=(f"skipped {exc}",)))
+                continue
             log.info("loaded trace %s in %.2f s", f, _time.perf_counter() - t0)
     return merge(snaps)
+
+
+def _join_on_demand(quotes: list[PriceQuote]) -> tuple[list[PriceQuote], int]:
+    """Give spot quotes without an on-demand price the one in force for the same (cloud,
+    region, instance type): the latest on-demand quote, or on-demand price on another quote,
+    in the same view. Returns the quotes and how many were joined."""
+    od: dict[tuple[str, str, str], tuple[datetime, float]] = {}
+    for q in quotes:
+        price = q.price_per_hour if q.offering.market == "on-demand" else q.on_demand_per_hour
+        if price is None:
+            continue
+        key = (q.offering.cloud, q.offering.region, q.offering.instance_type)
+        if key not in od or od[key][0] < q.time:
+            od[key] = (q.time, price)
+    out, joined = [], 0
+    for q in quotes:
+        key = (q.offering.cloud, q.offering.region, q.offering.instance_type)
+        if q.offering.market == "spot" and q.on_demand_per_hour is None and key in od:
+            q = replace(q, on_demand_per_hour=od[key][1])
+            joined += 1
+        out.append(q)
+    return out, joined
 
 
 @dataclass(frozen=True)
@@ -193,7 +225,11 @@ class TraceSource:
                 lifetimes.append(lt)
             else:
                 lifetimes.append(Lifetime(lt.offering, lt.start, seen, False, lt.source))
+        quotes, joined = _join_on_demand(quotes)
         notes = self.history.notes
+        if joined:
+            notes += (f"on-demand price joined from another quote of the same cloud, region and "
+                      f"type for {joined} spot quote(s) whose file had none",)
         if t < self.start or t > self.end:
             notes += (f"trace time {t:%Y-%m-%dT%H:%M:%SZ} is outside the trace "
                       f"({self.start:%Y-%m-%d}..{self.end:%Y-%m-%d}); quotes are the last ones before it",)

@@ -17,6 +17,13 @@ a time is made by :class:`pricing.sources.trace.TraceSource`. Formats:
   24 h or more are censored by GCP's 24 h cap (not revocations).
 - ``cant-be-late``: ``{"metadata": {"gap_seconds": G}, "data": [...]}`` under
   ``{availability|preemption}/{N}-node/{cloud}-{MM-DD-YYYY}/{zone}_{token}.json``.
+- ``aws-ondemand-2017``: ``instance_type,gpu_count,vcpus,memory_gib,region,
+  linux_ondemand_usd_per_hour,...`` (ec2instances.info 0.0.2): on-demand quotes, zone ``"*"``,
+  timed at :data:`AWS_ONDEMAND_2017_TIME` (the file has no time column).
+- ``aws-regional-spot-2021``: ``region,instance_family_group,instance_type,
+  linux_spot_usd_per_hour,windows_spot_usd_per_hour`` (spot.js feed): spot quotes, zone
+  ``"*"``, feed region names mapped (``us-east`` -> us-east-1), timed at
+  :data:`AWS_REGIONAL_SPOT_2021_TIME`; ``N/A*`` cells skipped.
 - ``user``: the documented CSV for users' own traces (see :data:`USER_COLUMNS`).
 
 Rule: a malformed file raises :class:`~pricing.errors.TraceFormatError` naming file, line and
@@ -51,6 +58,19 @@ AWS_EVENT_COLUMNS = ("az_id", "instance_type", "product_description", "spot_pric
                      "timestamp")
 GCP_WEEKLY_COLUMNS = ("snapshot_time", "machine_type", "gpu_type", "gpu_count", "vcpus", "ram_gb",
                       "region", "ondemand_usd_per_hour", "spot_usd_per_hour")
+AWS_ONDEMAND_2017_COLUMNS = ("instance_type", "gpu_count", "vcpus", "memory_gib", "region",
+                             "linux_ondemand_usd_per_hour", "linux_reserved_1y_noupfront_usd_per_hour")
+AWS_REGIONAL_SPOT_COLUMNS = ("region", "instance_family_group", "instance_type",
+                             "linux_spot_usd_per_hour", "windows_spot_usd_per_hour")
+#: Files without a time column are timed at their publication date (shared/data README):
+#: the ec2instances.info 0.0.2 wheel (2017-10-09) and the spotinfo fixture commit (2021-04-06).
+AWS_ONDEMAND_2017_TIME = datetime(2017, 10, 9, tzinfo=timezone.utc)
+AWS_REGIONAL_SPOT_2021_TIME = datetime(2021, 4, 6, tzinfo=timezone.utc)
+#: Region names of the spot.js feed.
+SPOT_FEED_REGIONS = {"us-east": "us-east-1", "us-west": "us-west-1", "eu-ireland": "eu-west-1",
+                     "apac-syd": "ap-southeast-2", "apac-sin": "ap-southeast-1",
+                     "apac-tokyo": "ap-northeast-1", "eu-frankfurt": "eu-central-1",
+                     "us-west-2": "us-west-2", "us-east-2": "us-east-2"}
 GCP_LIFETIME_COLUMNS = ("gpu_type", "zone", "vm_name", "workload", "start_time", "terminate_time",
                         "lifetime_hours")
 
@@ -353,12 +373,60 @@ def parse_user(path: Path, reader: Iterable[list[str]]) -> Snapshot:
                     lifetimes=tuple(lifetimes), gpus=gpus, notes=tuple(notes))
 
 
+def parse_aws_ondemand_2017(path: Path, reader: Iterable[list[str]]) -> Snapshot:
+    """AWS on-demand GPU prices of 2017 (no time column: see the module docstring)."""
+    offs, quotes, gpus = _Offerings(), [], {}
+    for line, row in _rows(path, reader, 7):
+        itype, region, price_t = row[0], row[4], row[5]
+        usd = _number(path, line, "linux_ondemand_usd_per_hour", price_t, required=True)
+        quotes.append(PriceQuote(offs.get("aws", region, "*", itype, "on-demand"),
+                                 AWS_ONDEMAND_2017_TIME, usd, usd, f"{path.name}:{line}"))
+        if (spec := gpu_for(itype)) is not None:
+            gpus[itype] = spec
+    note = f"{path}: {len(quotes)} on-demand prices, timed {AWS_ONDEMAND_2017_TIME:%Y-%m-%d} (file date)"
+    return Snapshot(quotes=tuple(quotes), gpus=gpus, notes=(note,))
+
+
+def parse_aws_regional_spot(path: Path, reader: Iterable[list[str]]) -> Snapshot:
+    """AWS region-level spot prices of 2021 (spot.js feed; no time column)."""
+    offs, quotes, gpus, skipped = _Offerings(), [], {}, 0
+    for line, (feed_region, _group, itype, linux, _win) in _rows(path, reader, 5):
+        region = SPOT_FEED_REGIONS.get(feed_region)
+        if region is None:
+            raise TraceFormatError(str(path), line, f"region {feed_region!r} unknown; known: "
+                                   f"{', '.join(SPOT_FEED_REGIONS)}")
+        if linux.strip().upper().startswith("N/A"):
+            skipped += 1
+            continue
+        usd = _number(path, line, "linux_spot_usd_per_hour", linux, required=True)
+        quotes.append(PriceQuote(offs.get("aws", region, "*", itype, "spot"),
+                                 AWS_REGIONAL_SPOT_2021_TIME, usd, None, f"{path.name}:{line}"))
+        if itype not in gpus and (spec := gpu_for(itype)) is not None:
+            gpus[itype] = spec
+    note = (f"{path}: {len(quotes)} regional spot prices, timed {AWS_REGIONAL_SPOT_2021_TIME:%Y-%m-%d} "
+            f"(file date); {skipped} 'N/A' cells skipped")
+    return Snapshot(quotes=tuple(quotes), gpus=gpus, notes=(note,))
+
+
 _CSV_FORMATS: dict[tuple[str, ...], Callable[[Path, Iterable[list[str]]], Snapshot]] = {
     AWS_EVENT_COLUMNS: parse_aws_events,
     GCP_WEEKLY_COLUMNS: parse_gcp_weekly,
     GCP_LIFETIME_COLUMNS: parse_gcp_lifetimes,
+    AWS_ONDEMAND_2017_COLUMNS: parse_aws_ondemand_2017,
+    AWS_REGIONAL_SPOT_COLUMNS: parse_aws_regional_spot,
     USER_COLUMNS: parse_user,
 }
+#: Files that are not traces, with what to do instead (first header column -> hint).
+_NOT_TRACE_HINTS = {
+    "snapshot_date": "this is an AWS Spot Advisor file: pass it with --advisor (a hazard prior)",
+    "NAME": "this is a GCP zone list, not a price trace",
+    "name_gpu": "this is a GPU throughput table, not a price trace",
+    "num_gpus": "this is a GPU scaling table, not a price trace",
+}
+
+
+class NotATrace(TraceFormatError):
+    """A known data file that carries no prices, availability or lifetimes."""
 
 
 def parse_file(path: Path) -> Snapshot:
@@ -370,6 +438,9 @@ def parse_file(path: Path) -> Snapshot:
             reader = csv.reader(f)
             header = tuple(h.strip() for h in next(reader, []))
             parser = _CSV_FORMATS.get(header)
+            hint = _NOT_TRACE_HINTS.get(header[0].split(";")[0]) if header else None
+            if parser is None and hint:
+                raise NotATrace(str(path), 1, hint)
             if parser is None:
                 known = "; ".join(",".join(cols) for cols in _CSV_FORMATS)
                 raise TraceFormatError(str(path), 1, f"unknown trace format (header "

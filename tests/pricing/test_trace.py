@@ -187,3 +187,26 @@ def test_replay_clock_speed_with_injected_clock(tmp_path):
     assert clock.trace_time() == datetime(2024, 1, 1, 2, tzinfo=UTC)
     with pytest.raises(ValueError, match="speed"):
         ReplayClock(datetime(2024, 1, 1), 0.0, speed=0)
+
+
+def test_aws_price_files_and_on_demand_join(shared_data):
+    """2017 on-demand and 2021 regional spot files load; a view joins the on-demand price of
+    the same cloud/region/type to spot quotes whose file had none."""
+    src = TraceSource([shared_data / "aws_prices"])
+    od = [q for q in src.history.quotes if q.offering.market == "on-demand"]
+    assert len(od) == 42 and all(q.offering.zone == "*" for q in od)
+    view = src.fetch()
+    p2 = next(q for q in view.quotes if q.offering == Offering("aws", "us-east-1", "*", "p2.xlarge", "spot"))
+    assert p2.on_demand_per_hour == 0.9  # us-east-1 p2.xlarge in the 2017 file
+    assert any("joined" in n for n in view.notes)
+    assert all(q.on_demand_per_hour is None for q in view.quotes
+               if q.offering.market == "spot" and q.offering.instance_type.startswith("c5."))
+
+
+def test_non_trace_files_hint_or_are_skipped_in_folders(shared_data, tmp_path):
+    with pytest.raises(TraceFormatError, match="--advisor"):
+        load_trace(shared_data / "aws_spot_advisor" / "spot_advisor_2021-02-10.csv.gz")
+    (tmp_path / "zones.csv").write_text("NAME;ZONE\nnvidia-l4;us-central1-a\n")
+    (tmp_path / "t.csv").write_text(HEADER + "\n2024-01-01T00:00:00Z,gcp,us-central1,*,g2-standard-4,spot,0.3,0.85,\n")
+    snap = load_trace(tmp_path)
+    assert len(snap.quotes) == 1 and any("skipped" in n and "zones.csv" in n for n in snap.notes)
