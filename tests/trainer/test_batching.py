@@ -242,6 +242,10 @@ def test_batch_smaller_than_members_drops_the_slowest_with_a_reason():
 def test_hopeless_straggler_is_dropped_and_mild_one_pinned_at_one():
     model = observe(SpeedModel(), [StepTiming("fast", 10, 0.01), StepTiming("slow", 1, 5.0)])
     plan = plan_batches(model, ["fast", "slow"], 10)
+    # one measurement is not evidence enough: pinned at one sample, not dropped
+    assert plan.drop == () and dict(plan.sizes) == {"fast": 9, "slow": 1}
+    model = observe(model, [StepTiming("fast", 9, 0.009), StepTiming("slow", 1, 4.0)] * 2)
+    plan = plan_batches(model, ["fast", "slow"], 10)
     assert plan.drop == ("slow",) and dict(plan.sizes) == {"fast": 10}
     assert "slower" in plan.notes[0]
     model = observe(SpeedModel(), [StepTiming("fast", 10, 0.01), StepTiming("slow", 1, 0.012)])
