@@ -278,3 +278,21 @@ def test_gradient_weights_sum_to_one():
     sizes = {"a": 3, "b": 5, "c": 8}
     assert sum(gradient_weight(sizes, m) for m in sizes) == pytest.approx(1.0)
     assert gradient_weight(sizes, "c") == 0.5
+
+
+def test_heavy_noise_never_drains_a_healthy_worker():
+    """Lognormal step noise (sigma 0.4, as measured on a loaded 2-core machine) must not
+    make a 4x-slower but useful worker look hopeless: it keeps a share every step."""
+    true = {"w0": (0.0076, 0.00021), "w1": (0.0114, 0.000315), "w2": (0.0152, 0.00042),
+            "w3": (0.0304, 0.00084)}
+    for seed in range(10):
+        rng = random.Random(seed)
+        model = SpeedModel()
+        plan = plan_batches(model, list(true), 512)
+        for _ in range(45):
+            model = observe(model, [
+                StepTiming(m, b, (true[m][0] + true[m][1] * b) * math.exp(rng.gauss(0, 0.4)))
+                for m, b in plan.sizes.items()])
+            plan = plan_batches(model, list(true), 512, previous=plan.sizes)
+            assert plan.drop == () and set(plan.sizes) == set(true)
+            assert plan.sizes["w3"] >= 5
