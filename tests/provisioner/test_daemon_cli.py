@@ -1,0 +1,108 @@
+"""provision run / status / revoke: bad input is one line and exit 2 with nothing running."""
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pricing.model import Offering
+from provisioner.cli import main
+from provisioner.commands.run import parse_duration
+from provisioner.errors import UserError
+from provisioner.state import State
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+class Result:
+    def __init__(self, returncode, out, err):
+        self.returncode, self.stdout, self.stderr = returncode, out, err
+
+
+@pytest.fixture
+def provision(capsys, monkeypatch):
+    """Run the CLI in this process (from the repository root), like the console script."""
+    monkeypatch.chdir(REPO)
+
+    def run(*args):
+        code = main(list(args))
+        cap = capsys.readouterr()
+        return Result(code, cap.out, cap.err)
+    return run
+
+
+def no_workers_left(wd: Path) -> bool:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return str(wd) not in out
+
+
+def test_missing_trace_is_one_line_exit_2(tmp_path, provision):
+    r = provision("run", "--trace", str(tmp_path / "nope.csv"), "--workdir", str(tmp_path / "w"))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "nope.csv" in r.stderr and "no such" in r.stderr
+
+
+def test_trace_without_usable_offerings_exit_2(tmp_path, provision):
+    trace = tmp_path / "cpu.csv"
+    trace.write_text("time,cloud,region,zone,instance_type,market,price_per_hour,"
+                     "on_demand_per_hour,available\n"
+                     "2026-01-01T00:00:00Z,aws,us-east-1,us-east-1a,m5.large,spot,0.03,0.096,1\n")
+    wd = tmp_path / "w"
+    r = provision("run", "--trace", str(trace), "--workdir", str(wd))
+    assert r.returncode == 2, r.stderr
+    assert "no usable offerings" in r.stderr and "m5.large" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert not (wd / "state.sqlite").exists() and no_workers_left(wd)
+
+
+def test_ports_in_use_exit_2_and_nothing_left_running(tmp_path, provision):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        wd = tmp_path / "w"
+        r = provision("run", "--metrics-port", str(port), "--workdir", str(wd))
+        assert r.returncode == 2 and "already in use" in r.stderr, r.stderr
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[daemon]\ncoordinator_port = {port}\n')
+        r = provision("run", "--config", str(cfg), "--workdir", str(wd))
+        assert r.returncode == 2 and "coordinator_port" in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0
+    assert no_workers_left(wd)
+    assert not list((wd / "cloud" / "instances").glob("*.json"))
+
+
+def test_bad_duration_speed_and_config(tmp_path, capsys):
+    assert parse_duration("90m") == 5400 and parse_duration("2h") == 7200
+    assert parse_duration("30") == 30
+    with pytest.raises(UserError, match="--duration"):
+        parse_duration("soon")
+    assert main(["run", "--speed", "0"]) == 2
+    assert "--speed" in capsys.readouterr().err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nplan_s = -1\n")
+    assert main(["run", "--config", str(cfg)]) == 2
+    assert "daemon.plan_s" in capsys.readouterr().err
+
+
+def test_status_reads_fleet_spend_and_events(tmp_path, capsys):
+    st = State(tmp_path / "state.sqlite")
+    off = Offering("local", "local-1", "local-1a", "p3.2xlarge")
+    st.set_meta("started_at", 0.0)
+    st.set_meta("job", {"id": "j", "driver": "local"})
+    st.record_price(off, 0.0, 3.6)
+    st.adopt("loc-1", off, 0.0)
+    st.record_event(100.0, "launch", "loc-1", off, "deficit")
+    st.record_metrics(1800.0, [("spend", "", 1.8)])
+    st.close()
+    assert main(["status", "--workdir", str(tmp_path), "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["spend_usd"] == pytest.approx(1.8) and doc["hours"] == 0.5
+    assert [f["id"] for f in doc["fleet"]] == ["loc-1"]
+    assert doc["events"][0]["kind"] == "launch"
+    assert main(["status", "--workdir", str(tmp_path)]) == 0
+    assert "loc-1" in capsys.readouterr().out
+    assert main(["revoke", "loc-1", "--workdir", str(tmp_path)]) == 2
