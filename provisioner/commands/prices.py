@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from datetime import datetime, timedelta, timezone
@@ -22,6 +23,8 @@ from pricing.errors import PricingError
 from pricing.model import PriceQuote, RiskEstimate, Snapshot
 from pricing.sources.trace_formats import parse_time
 from provisioner.errors import UserError
+
+log = logging.getLogger(__name__)
 
 #: Default --max-age for a trace: GCP publishes spot prices about monthly and the weekly
 #: history has gaps of up to three weeks, so a quote older than 30 days at "now" is stale.
@@ -53,10 +56,12 @@ def register(subparsers: Any) -> None:
 
 
 def _superseded(quotes: list[PriceQuote]) -> list[PriceQuote]:
-    """Drop on-demand quotes of offerings that also have a spot quote (which carries the
-    on-demand price): e.g. GCP rows from before spot prices were published."""
-    spot = {q.offering for q in quotes if q.offering.market == "spot"}
-    return [q for q in quotes if q.offering.market == "spot" or q.offering.with_market("spot") not in spot]
+    """Drop on-demand quotes of (cloud, region, type) that also have a spot quote, which
+    carries the on-demand price: e.g. GCP rows from before spot prices were published."""
+    spot = {(q.offering.cloud, q.offering.region, q.offering.instance_type)
+            for q in quotes if q.offering.market == "spot"}
+    return [q for q in quotes if q.offering.market == "spot"
+            or (q.offering.cloud, q.offering.region, q.offering.instance_type) not in spot]
 
 
 def _rows(quotes: list[PriceQuote], risks: dict, snapshot: Snapshot, now: datetime) -> list[dict]:
@@ -156,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise UserError(f"--at {args.at!r}: not an ISO 8601 time (e.g. 2025-01-01T00:00:00Z)") from None
     snap = source.fetch(regions=args.region or None, gpus=args.gpu or None, now=at)
+    for note in snap.notes:
+        log.info("%s", note)
     if args.source == "trace":
         now = at or source.now()  # type: ignore[attr-defined]
         max_age = TRACE_MAX_AGE_HOURS if args.max_age is None else args.max_age
