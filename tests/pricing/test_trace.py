@@ -210,3 +210,24 @@ def test_non_trace_files_hint_or_are_skipped_in_folders(shared_data, tmp_path):
     (tmp_path / "t.csv").write_text(HEADER + "\n2024-01-01T00:00:00Z,gcp,us-central1,*,g2-standard-4,spot,0.3,0.85,\n")
     snap = load_trace(tmp_path)
     assert len(snap.quotes) == 1 and any("skipped" in n and "zones.csv" in n for n in snap.notes)
+
+
+def test_make_source_trace_replays_and_sanitizes(tmp_path, monkeypatch):
+    from pricing.sources import make_source
+
+    p = write(tmp_path, "r.csv", HEADER + "\n"
+              "2024-01-01T00:00:00Z,gcp,us-central1,*,g2-standard-4,spot,0.30,0.85,\n"
+              "2024-01-01T01:00:00Z,gcp,us-central1,*,g2-standard-4,spot,700.0,0.85,\n"
+              "2024-01-01T02:00:00Z,gcp,us-central1,*,g2-standard-4,spot,0.40,0.85,\n")
+    wall = [0.0]
+    src = make_source("trace", trace=[p], speed=3600.0, clock=lambda: wall[0])
+    wall[0] = 1.5  # 1.5 trace hours in: the 700.0 placeholder was refused at load
+    assert src.fetch().quotes[0].price_per_hour == 0.30
+    assert [r.reason for r in src.fetch().rejected] == ["placeholder"]
+    wall[0] = 2.0
+    assert src.fetch().quotes[0].price_per_hour == 0.40
+    monkeypatch.setenv("SPOTRING_DATA", str(tmp_path / "empty"))
+    with pytest.raises(TraceFormatError, match="no trace"):
+        make_source("trace")
+    with pytest.raises(ValueError, match="source kind"):
+        make_source("azure")
