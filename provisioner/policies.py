@@ -69,7 +69,7 @@ class Params:
     restart_s: float = 300.0  # restart from a checkpoint (load state, warm up)
     checkpoint_s: float = 1800.0  # checkpoint interval (restart-based policies)
     backoff_s: float = 60.0
-    avoid_s: float = 1800.0  # a zone that failed us is avoided this long
+    avoid_s: float = 600.0  # a zone that failed us is avoided this long
     step_s: float = 1.0
     reform_s: float = 5.0
     model_mb: float = 100.0
@@ -180,8 +180,8 @@ class UniformProgress:
         spot = _cheapest(v.prices, self.p.itype, "spot", recent)
         on_od = {o: n for o, n in v.held.items() if o.market == "on-demand"}
         if v.done >= line:  # ahead: spot if we can, else wait (idle costs nothing)
-            if spot:
-                return Decision({spot[0]: self.p.size})
+            if spot:  # make before break: on-demand is kept until spot is held
+                return Decision({spot[0]: self.p.size, **on_od})
             return Decision(dict(on_od))
         if on_od:
             return Decision(dict(on_od))  # behind and already on on-demand: stay

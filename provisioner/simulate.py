@@ -154,26 +154,29 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
         wake = d.wake_at
         changed = False
         have = held()
-        for o in sorted(set(have) | set(d.target)):
+        short = False  # a launch found no capacity: keep what is held (make before break)
+        for o in sorted(set(d.target) - set(have) | {o for o in have if d.target.get(o, 0) > have[o]}):
             want, now_n = int(d.target.get(o, 0)), have.get(o, 0)
-            if want < now_n:
+            room = max(0, world.available(o, t) - now_n)
+            k = min(want - now_n, room)
+            if k < want - now_n:
+                failed[o] = t
+                fail_wake = t + params.backoff_s
+                short = True
+            for _ in range(k):
+                h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
+                dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
+                                                            and o in world.hazard) else math.inf
+                insts.append(_Inst(o, t, t + params.boot_s, dies))
+            launches += k
+            changed = changed or k > 0
+        for o in sorted(have):
+            want, now_n = int(d.target.get(o, 0)), have[o]
+            if want < now_n and not (short and hot):
                 mine = sorted((i for i in insts if i.o == o), key=lambda i: -i.launched)
                 for i in mine[:now_n - want]:
                     terminate(i, t)
                 changed = True
-            elif want > now_n:
-                room = max(0, world.available(o, t) - now_n)
-                k = min(want - now_n, room)
-                if k < want - now_n:
-                    failed[o] = t
-                    fail_wake = t + params.backoff_s
-                for _ in range(k):
-                    h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
-                    dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
-                                                                and o in world.hazard) else math.inf
-                    insts.append(_Inst(o, t, t + params.boot_s, dies))
-                launches += k
-                changed = changed or k > 0
         if changed:
             if hot:
                 stall_until = max(stall_until, t + params.reform_s) if any(

@@ -1,0 +1,125 @@
+"""``provision simulate``: replay real traces against policies and write a report.
+
+Design: wiring only: traces -> :func:`pricing.sources.trace.load_trace` ->
+:func:`provisioner.simworld.build_world` -> :func:`provisioner.simreport.run_all` ->
+:func:`provisioner.simreport.write_report`. Job and fleet figures (model size, batch, boot,
+re-form, zone share, max size) come from ``--config`` when given; flags override the few
+the simulation needs. The simulator runs on a virtual clock: it never sleeps.
+
+Rule: the report says how traces were combined and what was wrong in them; a trace that
+cannot be used is a user error (exit 2) naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from provisioner.errors import UserError
+
+
+def _kv(text: str) -> tuple[str, float]:
+    itype, sep, usd = text.partition("=")
+    try:
+        value = float(usd)
+    except ValueError:
+        value = -1.0
+    if not sep or not itype or not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TYPE=USD_PER_HOUR, e.g. p3.2xlarge=3.06")
+    return itype, value
+
+
+def register(subparsers: Any) -> None:
+    from provisioner.simreport import ALL_POLICIES
+
+    p = subparsers.add_parser(
+        "simulate", help="replay real traces against spotring and baseline policies",
+        description="Replay price and availability traces on a virtual clock against "
+        "provisioning policies; write a markdown report with plots; --json prints the figures.")
+    p.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PATH",
+                   help="trace files or folders (prices and/or availability)")
+    p.add_argument("--work", type=float, required=True, metavar="SAMPLES",
+                   help="samples to train (e.g. 1.4e8)")
+    p.add_argument("--deadline", type=float, metavar="HOURS", help="deadline from the start")
+    p.add_argument("--policy", action="extend", nargs="+", choices=ALL_POLICIES, metavar="NAME",
+                   help=f"policies to run (default: all that apply): {', '.join(ALL_POLICIES)}")
+    p.add_argument("--report", metavar="DIR", help="write report.md, figures.json and PNGs here")
+    p.add_argument("--json", action="store_true", help="print one JSON object keyed by policy")
+    p.add_argument("--config", metavar="FILE", help="TOML settings for job and fleet figures")
+    p.add_argument("--type", dest="itype", metavar="TYPE",
+                   help="the job's instance type for the baselines (default: the spot type with "
+                   "the most offerings)")
+    p.add_argument("--size", type=int, default=4, help="instances of the baselines (default 4)")
+    p.add_argument("--on-demand", action="append", type=_kv, default=[], metavar="TYPE=USD",
+                   help="on-demand price for a type the traces lack (repeatable)")
+    p.add_argument("--types", nargs="+", default=[], metavar="TYPE", help="only these types")
+    p.add_argument("--regions", nargs="+", default=[], metavar="REGION", help="only these regions")
+    p.add_argument("--start", metavar="TIME", help="start (ISO 8601; default: start of the traces)")
+    p.add_argument("--hours", type=float, help="length of the period to replay")
+    p.add_argument("--tick", type=float, default=600.0, metavar="S", help="decision period (600 s)")
+    p.add_argument("--checkpoint", type=float, default=1800.0, metavar="S",
+                   help="checkpoint interval of restart-based policies (1800 s)")
+    p.add_argument("--restart", type=float, default=300.0, metavar="S",
+                   help="restart cost from a checkpoint (300 s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of drawn revocations")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from pricing.sources.trace import load_trace
+    from pricing.sources.trace_formats import parse_time
+    from provisioner.config import load_settings
+    from provisioner.policies import Params
+    from provisioner.simreport import ALL_POLICIES, figures, run_all, write_report
+    from provisioner.simworld import build_world
+    from provisioner.throughput import ThroughputModel
+
+    if not args.work > 0:
+        raise UserError(f"--work {args.work}: must be a positive number of samples")
+    if args.deadline is not None and not args.deadline > 0:
+        raise UserError(f"--deadline {args.deadline}: must be a positive number of hours")
+    if args.size < 1:
+        raise UserError(f"--size {args.size}: must be >= 1")
+    settings = load_settings(args.config)
+    job, fleet = settings.job, settings.fleet
+    start = None
+    if args.start:
+        try:
+            start = parse_time(args.start)
+        except ValueError:
+            raise UserError(f"--start {args.start!r}: not an ISO 8601 time") from None
+    snap = load_trace(args.trace)
+    model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
+    max_size = max(fleet.max_size, args.size)
+    world = build_world(snap, model, max_size=max_size, on_demand=dict(args.on_demand),
+                        types=args.types, regions=args.regions, start=start, hours=args.hours,
+                        seed=args.seed)
+    spot_types = Counter(o.instance_type for o in world.price if o.market == "spot")
+    itype = args.itype or (spot_types.most_common(1)[0][0] if spot_types else None)
+    if itype is None or itype not in world.speed:
+        raise UserError(f"--type {itype!r}: not in the traces; types there: "
+                        + ", ".join(sorted(spot_types)))
+    params = Params(itype=itype, size=args.size, boot_s=fleet.boot_s, restart_s=args.restart,
+                    checkpoint_s=args.checkpoint, step_s=fleet.step_s, reform_s=fleet.reform_s,
+                    model_mb=job.model_mb, global_batch=job.global_batch,
+                    max_zone_share=fleet.max_zone_share, max_size=max_size,
+                    churn_horizon_hours=fleet.churn_horizon_hours,
+                    safety_hours=settings.objective.safety_hours)
+    names = args.policy or [n for n in ALL_POLICIES
+                            if n != "uniform-progress" or args.deadline is not None]
+    results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
+                      tick_s=args.tick, seed=args.seed)
+    if args.report:
+        path = write_report(args.report, world, results, params=params, work=args.work,
+                            deadline_h=args.deadline, traces=args.trace)
+        if not args.json:
+            print(f"report written to {path}")
+    if args.json:
+        print(json.dumps(figures(results), sort_keys=True))
+    elif not args.report:
+        for n, f in figures(results).items():
+            print(n, json.dumps(f))
+    return 0

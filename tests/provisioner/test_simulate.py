@@ -1,0 +1,153 @@
+"""The simulator on tiny traces whose outcome is worked out by hand, per policy."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from pricing.model import Availability, Offering, PriceQuote, Snapshot
+from provisioner.errors import UserError
+from provisioner.policies import Params
+from provisioner.simulate import hindsight, simulate_policy
+from provisioner.simworld import Step, build_world
+from provisioner.throughput import ThroughputModel
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+A = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
+B = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "spot")
+SPEED = ThroughputModel(priors={"p3.2xlarge": 100.0})  # 100 samples/s per instance
+
+
+def at(hours: float) -> datetime:
+    return T0 + timedelta(hours=hours)
+
+
+def params(**kw) -> Params:
+    base = dict(itype="p3.2xlarge", size=1, boot_s=0, restart_s=0, checkpoint_s=1800,
+                step_s=1, reform_s=0, model_mb=0, max_size=4, max_zone_share=1.0,
+                backoff_s=60, avoid_s=600)
+    base.update(kw)
+    return Params(**base)
+
+
+def two_zone_world(a_gone: tuple[float, float] | None, end_h: float = 10.0):
+    """Zone a at $1/h, zone b at $1.5/h, on-demand $4/h; a unavailable during a_gone."""
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(B, at(0), 1.5, 4.0))
+    av = [Availability(A, at(0), 100), Availability(B, at(0), 100), Availability(B, at(end_h), 100)]
+    if a_gone:
+        av += [Availability(A, at(a_gone[0]), 0), Availability(A, at(a_gone[1]), 100)]
+    av.append(Availability(A, at(end_h), 100))
+    return build_world(Snapshot(quotes=quotes, availability=tuple(sorted(av, key=lambda a: a.time))),
+                       SPEED, max_size=4)
+
+
+def test_step_integral_is_exact():
+    s = Step([0.0, 3600.0], [1.0, 2.0])
+    assert s.between(0, 5400) == pytest.approx(3600 * 1 + 1800 * 2)
+    assert s.at(3599.9) == 1.0 and s.at(3600) == 2.0
+    assert s.next_below(0, 1.5) is None and Step([0, 10, 20], [3, 1, 3]).next_below(0, 2) == 10
+
+
+def test_cost_is_instance_seconds_times_the_price_at_that_time():
+    # Spot $1/h for the first hour, $2/h after; 2 instances x 100/s; work 1.08M samples = 1.5 h.
+    # static-spot: 2 x (1 h x $1 + 0.5 h x $2) = $4.00. on-demand: 2 x 1.5 h x $4 = $12.00.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(A, at(1), 2.0, 4.0))
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    p = params(size=2)
+    spot = simulate_policy(world, "static-spot", p, work=1.08e6)
+    assert spot.completion_h == pytest.approx(1.5)
+    assert spot.cost == pytest.approx(4.0, abs=1e-9)
+    od = simulate_policy(world, "on-demand", p, work=1.08e6)
+    assert od.cost == pytest.approx(12.0, abs=1e-9) and od.revocations == 0
+    assert od.cost_per_m == pytest.approx(12.0 / 1.08)
+
+
+def test_cheapest_first_restarts_from_checkpoint_in_the_next_zone_after_backoff():
+    # a ($1) runs 0..0.75 h and is revoked; last checkpoint at 0.5 h -> 180,000 kept, 90,000
+    # lost. Back-off 60 s, relaunch in b ($1.5) at 2,760 s; 540,000 left at 100/s = 5,400 s
+    # -> done at 8,160 s = 2.2667 h. Cost: 0.75 h x $1 + 1.5 h x $1.5 = $3.00.
+    world = two_zone_world((0.75, 9.0))
+    r = simulate_policy(world, "cheapest-first", params(), work=720_000)
+    assert r.revocations == 1 and r.work_lost == pytest.approx(90_000)
+    assert r.completion_h == pytest.approx(8160 / 3600)
+    assert r.cost == pytest.approx(3.0, abs=1e-9)
+
+
+def test_spotring_loses_at_most_one_step_on_a_revocation():
+    # Same trace: spotring holds a, loses one 1-s step of 100/s at 0.75 h, moves to b at once
+    # (re-form 0, boot 0): done at 7,201 s; cost 0.75 h x $1 + (7201 - 2700) s x $1.5/h.
+    world = two_zone_world((0.75, 9.0))
+    r = simulate_policy(world, "spotring", params(), work=720_000)
+    assert r.revocations == 1 and r.work_lost == pytest.approx(100)
+    assert r.completion_h == pytest.approx(7201 / 3600)
+    assert r.cost == pytest.approx(0.75 + (7201 - 2700) / 3600 * 1.5, abs=1e-9)
+
+
+def test_static_spot_waits_in_its_zone():
+    # static-spot stays in a: revoked at 0.75 h (checkpoint 0.5 h: 180,000 kept), a is back at
+    # 1.5 h; 540,000 left -> done at 1.5 h + 5,400 s = 3.0 h; it pays only while it holds.
+    world = two_zone_world((0.75, 1.5))
+    r = simulate_policy(world, "static-spot", params(), work=720_000)
+    assert r.completion_h == pytest.approx(3.0)
+    assert r.cost == pytest.approx(0.75 * 1.0 + 1.5 * 1.0, abs=1e-9)
+
+
+def test_uniform_progress_uses_on_demand_when_behind_and_meets_the_deadline():
+    # Only zone a's spot, unavailable 1 h..3 h; deadline 3 h; work 2 instance-hours.
+    # At 1 h: 360,000 done (checkpoint at 1 h), ahead of the line (240,000): wait. At the
+    # 5,400 s tick it is exactly on the line: it tries spot, which fails; 60 s later it is
+    # behind (line 364,000) -> on-demand ($4/h) from 5,460 s for 3,600 s: done at 9,060 s.
+    # Cost 1 h x $1 + 1 h x $4 = $5.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(1), 0), Availability(A, at(3), 100),
+          Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    r = simulate_policy(world, "uniform-progress", params(), work=720_000, deadline_h=3.0)
+    assert r.deadline_met and r.completion_h == pytest.approx(9060 / 3600)
+    assert r.cost == pytest.approx(5.0, abs=1e-9)
+    ours = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=3.0)
+    assert ours.deadline_met
+
+
+def test_hindsight_is_a_lower_bound_worked_out_by_hand():
+    # max_size 1: a at $1 is available 0..1 h, b at $1.5 always: the cheapest 2 instance-hours
+    # within 3 h are 1 h of a and 1 h of b: $2.50; no online policy can pay less.
+    world = two_zone_world((1.0, 9.0))
+    p = params(max_size=1)
+    bound = hindsight(world, p, work=720_000, horizon_h=3.0)
+    assert bound.cost == pytest.approx(2.5, abs=1e-6) and bound.status == "optimal"
+    for name in ("spotring", "cheapest-first", "static-spot", "on-demand"):
+        r = simulate_policy(world, name, p, work=720_000)
+        if r.completion_h is not None and r.completion_h <= 3.0:
+            assert r.cost >= bound.cost - 1e-9, name
+
+
+def test_implausible_prices_are_dropped_and_reported_with_their_source():
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0, source="t.csv:2"),
+              PriceQuote(A, at(1), -3.0, 4.0, source="t.csv:3"),
+              PriceQuote(A, at(2), 9.0, 4.0, source="t.csv:4"),
+              PriceQuote(A, at(3), math.nan, 4.0, source="t.csv:5"))
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    text = "\n".join(world.notes)
+    assert "t.csv:3" in text and "t.csv:4: spot 9.0000 above on-demand" in text and "t.csv:5" in text
+    assert world.price[A].at(ts := at(5).timestamp()) == 1.0 and ts
+
+
+def test_availability_without_any_price_is_refused_with_the_fix():
+    av = (Availability(A, at(0), 1), Availability(A, at(5), 1))
+    with pytest.raises(UserError, match="no spot price for p3.2xlarge"):
+        build_world(Snapshot(availability=av), SPEED, max_size=4)
+
+
+def test_availability_is_combined_with_a_price_series_of_the_same_type_and_says_so():
+    other = Offering("aws", "us-east-1", "use1-az2", "p3.2xlarge", "spot")
+    quotes = (PriceQuote(other, at(-100), 0.9, None, source="events.csv:2"),)
+    av = (Availability(A, at(0), 1, capacity=1), Availability(A, at(5), 0, capacity=1))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    assert world.price[A].at(at(1).timestamp()) == 0.9
+    assert world.available(A, at(1).timestamp()) == 4  # a 1-node trace's 1 = capacity up to max
+    assert any("combined with the spot prices of aws/us-east-1/use1-az2" in n for n in world.notes)
