@@ -14,7 +14,9 @@ with the family's rates (``A2 Instance Core``, ``A2 Instance Ram``, ``Nvidia Tes
 ...) for ``usage`` in {``OnDemand``, ``Preemptible``} (spot SKUs are described "Spot
 Preemptible ..."), each from the SKU whose ``serviceRegions`` holds the region. A machine
 type missing any component rate gets no quote, and the notes say which. One spot quote per
-(zone, machine type) the compute API lists, on-demand joined, timed at the fetch.
+(zone, machine type) the compute API lists, on-demand joined, timed at the fetch. GPUs
+attached to N1 VMs (V100, T4, P100, K80, P4) are priced the same way, in the shapes described at
+:data:`N1_GPUS`, in every zone whose accelerator types list them.
 
 Rule for callers: errors arrive as :mod:`pricing.errors` (no credentials ->
 CredentialsError, API failures -> SourceError); the snapshot is raw, so sanity-check it.
@@ -37,13 +39,21 @@ log = logging.getLogger(__name__)
 
 #: The Compute Engine service in the Cloud Billing catalog.
 COMPUTE_SERVICE = "services/6F81-5844-456A"
-#: Machine families whose types bundle GPUs (N1 + attached GPUs is not priced here).
+#: Machine families whose types bundle GPUs.
 GPU_FAMILIES = ("a2", "a3", "g2", "g4")
+#: GPUs attached to N1 VMs, priced as ``n1-standard-{8 x count}+<gpu>x<count>`` (8 vCPUs and
+#: 30 GB per GPU: the usual shape for one training GPU) for each count in :data:`N1_COUNTS`
+#: up to the accelerator type's ``maximumCardsPerInstance``.
+N1_GPUS = ("K80", "P4", "P100", "V100", "T4")
+N1_COUNTS = (1, 2, 4, 8)
+N1_VCPUS_PER_GPU = 8
+N1_GB_PER_VCPU = 3.75
 
 CREDENTIALS_HELP = ("no GCP credentials found: run `gcloud auth application-default login` or set "
                     "GOOGLE_APPLICATION_CREDENTIALS (and --project), or use --source trace")
 
-_COMPONENT = re.compile(r"^(?:Spot Preemptible )?([A-Z]\d+[A-Z]?) Instance (Core|Ram) running in")
+_COMPONENT = re.compile(r"^(?:Spot Preemptible )?([A-Z]\d+[A-Z]?) (?:Predefined )?Instance (Core|Ram) "
+                        r"running in")
 _GPU = re.compile(r"^(?:Spot Preemptible )?Nvidia (?:Tesla )?(.+?) GPU running in")
 
 
@@ -163,17 +173,18 @@ class GcpSource:
                         out[scope.split("/")[-1]].append(mt)
         return out
 
-    def accelerator_types(self) -> dict[str, list[str]]:
-        """``{zone: [canonical GPU names attachable there]}`` (``aggregated_list``)."""
+    def accelerator_types(self) -> dict[str, dict[str, int]]:
+        """``{zone: {canonical GPU: max cards per VM}}`` attachable there (``aggregated_list``;
+        a type without ``maximumCardsPerInstance`` counts as 4)."""
         from google.cloud import compute_v1
 
         project = self._project()
-        out: dict[str, list[str]] = defaultdict(list)
+        out: dict[str, dict[str, int]] = defaultdict(dict)
         with translate_errors("listing GCP accelerator types"):
             client = compute_v1.AcceleratorTypesClient(**self._kwargs(self.endpoint_url))
             for scope, scoped in client.aggregated_list(project=project):
                 for at in scoped.accelerator_types:
-                    out[scope.split("/")[-1]].append(canonical_gpu(at.name))
+                    out[scope.split("/")[-1]][canonical_gpu(at.name)] = at.maximum_cards_per_instance or 4
         return out
 
     def skus(self) -> list[Any]:
@@ -183,6 +194,17 @@ class GcpSource:
         with translate_errors("listing Compute Engine SKUs"):
             client = billing_v1.CloudCatalogClient(**self._kwargs(self.billing_endpoint))
             return list(client.list_skus(parent=COMPUTE_SERVICE))
+
+    @staticmethod
+    def _priced(rates: dict, family: str, gpu: str, usage: str, region: str, vcpus: float,
+                memory_gib: float, count: int) -> float | None:
+        """vCPUs x core + GiB x RAM + GPUs x GPU rate, or None when a rate is missing."""
+        parts = [rates.get((family, "core", usage, region)), rates.get((family, "ram", usage, region)),
+                 rates.get((gpu, "gpu", usage, region))]
+        if None in parts:
+            return None
+        core, ram, per_gpu = parts
+        return vcpus * core + memory_gib * ram + count * per_gpu
 
     def fetch(self, *, regions: Sequence[str] | None = None, gpus: Sequence[str] | None = None,
               now: datetime | None = None) -> Snapshot:
@@ -207,22 +229,35 @@ class GcpSource:
                 family = mt.name.split("-")[0]
                 count = sum(a.guest_accelerator_count for a in mt.accelerators)
                 specs[mt.name] = GpuSpec(gpu, count)
-                price = {}
-                for usage in ("Preemptible", "OnDemand"):
-                    parts = [rates.get((family, "core", usage, region)),
-                             rates.get((family, "ram", usage, region)),
-                             rates.get((gpu, "gpu", usage, region))]
-                    if None in parts:
-                        price[usage] = None
-                        continue
-                    core, ram, per_gpu = parts
-                    price[usage] = mt.guest_cpus * core + mt.memory_mb / 1024 * ram + count * per_gpu
+                price = {usage: self._priced(rates, family, gpu, usage, region, mt.guest_cpus,
+                                             mt.memory_mb / 1024, count)
+                         for usage in ("Preemptible", "OnDemand")}
                 if price["Preemptible"] is None:
                     missing.add(f"{mt.name} in {region}")
                     continue
                 quotes.append(PriceQuote(Offering("gcp", region, zone, mt.name, "spot"), now,
                                          price["Preemptible"], price["OnDemand"],
                                          "gcp:cloudbilling+compute"))
+        for zone, attachable in sorted(self.accelerator_types().items()):
+            region = zone_region.get(zone, zone.rsplit("-", 1)[0])
+            if regions and region not in regions:
+                continue
+            for gpu, max_cards in sorted(attachable.items()):
+                if gpu not in N1_GPUS or (want is not None and gpu not in want):
+                    continue
+                for count in (c for c in N1_COUNTS if c <= max_cards):
+                    vcpus = N1_VCPUS_PER_GPU * count
+                    name = f"n1-standard-{vcpus}+{gpu.lower()}x{count}"
+                    price = {usage: self._priced(rates, "n1", gpu, usage, region, vcpus,
+                                                 vcpus * N1_GB_PER_VCPU, count)
+                             for usage in ("Preemptible", "OnDemand")}
+                    if price["Preemptible"] is None:
+                        missing.add(f"{name} in {region}")
+                        continue
+                    specs[name] = GpuSpec(gpu, count)
+                    quotes.append(PriceQuote(Offering("gcp", region, zone, name, "spot"), now,
+                                             price["Preemptible"], price["OnDemand"],
+                                             "gcp:cloudbilling+compute"))
         notes = []
         if missing:
             notes.append(f"no spot SKU rates for {len(missing)} machine type/region pairs, e.g. "

@@ -48,10 +48,10 @@ class GcpCatalogFake:
     """Zones, machine and accelerator types, and Compute Engine SKUs of one project."""
 
     def __init__(self, *, zones: dict[str, str], machine_types: dict[str, list[dict]],
-                 accelerator_types: dict[str, list[str]], skus: list[dict], page_size: int = 2) -> None:
+                 accelerator_types: dict[str, dict[str, int]], skus: list[dict], page_size: int = 2) -> None:
         self.zones = zones                      # zone -> region
         self.machine_types = machine_types      # zone -> [machineType JSON]
-        self.accelerator_types = accelerator_types  # zone -> [accelerator name]
+        self.accelerator_types = accelerator_types  # zone -> {accelerator name: max cards}
         self.skus = skus
         self.page_size = page_size
         self.requests: list[str] = []
@@ -86,9 +86,9 @@ class GcpCatalogFake:
                 return 200, {"items": {f"zones/{z}": {"machineTypes": [dict(m, zone=z) for m in mts]}
                                        for z, mts in self.machine_types.items()}}
             if parts[5] == "acceleratorTypes":
-                return 200, {"items": {f"zones/{z}": {"acceleratorTypes": [{"name": a, "zone": z}
-                                                                           for a in names]}
-                                       for z, names in self.accelerator_types.items()}}
+                return 200, {"items": {f"zones/{z}": {"acceleratorTypes": [
+                    {"name": a, "zone": z, "maximumCardsPerInstance": n} for a, n in names.items()]}
+                    for z, names in self.accelerator_types.items()}}
         if path == f"/v1/{COMPUTE_SERVICE}/skus":
             start = int(query.get("pageToken", ["0"])[0] or 0)
             page = self.skus[start:start + self.page_size]

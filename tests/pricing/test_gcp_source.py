@@ -25,6 +25,11 @@ RATES = {
     ("Nvidia L4 GPU", "OnDemand"): 0.560706,
     ("Spot Preemptible G2 Instance Core", "Preemptible"): 0.00999, ("Spot Preemptible G2 Instance Ram", "Preemptible"): 0.00117,
     ("Spot Preemptible Nvidia L4 GPU", "Preemptible"): 0.2243,
+    ("N1 Predefined Instance Core", "OnDemand"): 0.031611, ("N1 Predefined Instance Ram", "OnDemand"): 0.004237,
+    ("Nvidia Tesla V100 GPU", "OnDemand"): 2.48,
+    ("Spot Preemptible N1 Predefined Instance Core", "Preemptible"): 0.00698,
+    ("Spot Preemptible N1 Predefined Instance Ram", "Preemptible"): 0.000935,
+    ("Spot Preemptible Nvidia Tesla V100 GPU", "Preemptible"): 0.74,
 }
 MACHINES = {
     "a2-highgpu-1g": dict(guestCpus=12, memoryMb=85 * 1024, accelerators=[{"guestAcceleratorType": "nvidia-tesla-a100", "guestAcceleratorCount": 1}]),
@@ -43,7 +48,8 @@ def fake() -> GcpCatalogFake:
         zones={"us-central1-a": "us-central1", "us-central1-b": "us-central1", "europe-west4-a": "europe-west4"},
         machine_types={"us-central1-a": mt("a2-highgpu-1g", "a2-highgpu-2g", "g2-standard-4", "n2-standard-4"),
                        "us-central1-b": mt("g2-standard-4"), "europe-west4-a": mt("a2-highgpu-1g")},
-        accelerator_types={"us-central1-a": ["nvidia-tesla-a100", "nvidia-l4"], "us-central1-b": ["nvidia-l4"]},
+        accelerator_types={"us-central1-a": {"nvidia-tesla-a100": 16, "nvidia-l4": 8, "nvidia-tesla-v100": 2},
+                           "us-central1-b": {"nvidia-l4": 8}},
         skus=skus, page_size=3)
 
 
@@ -67,10 +73,16 @@ def test_fetch_prices_machine_types_from_sku_components(gcp_weekly):
         assert isinstance(src, PriceSource)
         snap = src.fetch()
         pages = sum(1 for r in f.requests if r.endswith("/skus"))
-    assert pages == 5  # 13 SKUs in pages of 3: the pager followed nextPageToken
+    assert pages == 7  # 19 SKUs in pages of 3: the pager followed nextPageToken
     got = {(q.offering.zone, q.offering.instance_type): q for q in snap.quotes}
     assert set(got) == {("us-central1-a", "a2-highgpu-1g"), ("us-central1-a", "a2-highgpu-2g"),
-                        ("us-central1-a", "g2-standard-4"), ("us-central1-b", "g2-standard-4")}
+                        ("us-central1-a", "g2-standard-4"), ("us-central1-b", "g2-standard-4"),
+                        ("us-central1-a", "n1-standard-8+v100x1"), ("us-central1-a", "n1-standard-16+v100x2")}
+    # N1 + attached V100s: 8 vCPUs and 30 GB per GPU, up to the type's maximum cards (2)
+    n1 = got[("us-central1-a", "n1-standard-16+v100x2")]
+    assert n1.price_per_hour == pytest.approx(16 * 0.00698 + 60 * 0.000935 + 2 * 0.74)
+    assert n1.on_demand_per_hour == pytest.approx(16 * 0.031611 + 60 * 0.004237 + 2 * 2.48)
+    assert snap.gpus["n1-standard-8+v100x1"].model == "V100"
     q = got[("us-central1-a", "a2-highgpu-1g")]
     assert q.offering == Offering("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "spot")
     assert q.price_per_hour == pytest.approx(expected("a2-highgpu-1g", "Preemptible"))
@@ -90,7 +102,7 @@ def test_filters_and_helpers():
         src = source(f)
         snap = src.fetch(regions=["us-central1"], gpus=["nvidia-l4"])
         assert {q.offering.instance_type for q in snap.quotes} == {"g2-standard-4"}
-        assert src.accelerator_types()["us-central1-b"] == ["L4"]
+        assert src.accelerator_types()["us-central1-b"] == {"L4": 8}
         assert src.zones()["europe-west4-a"] == "europe-west4"
 
 
