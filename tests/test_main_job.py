@@ -97,13 +97,17 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
 
     # every sample exactly once per epoch, across joins, the drain and the kill
     seen: dict[int, list[int]] = {}
+    steps: dict[int, list[tuple]] = {}
     for f in (wd / "samples").glob("*.jsonl"):
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             seen.setdefault(rec["epoch"], []).extend(rec["ids"])
+            steps.setdefault(rec["epoch"], []).append((rec["step"], f.stem, len(rec["ids"])))
     assert sorted(seen) == list(range(EPOCHS))
     for epoch, ids in seen.items():
-        assert len(ids) == TRAIN_SIZE and set(ids) == set(range(TRAIN_SIZE)), epoch
+        assert len(ids) == TRAIN_SIZE and set(ids) == set(range(TRAIN_SIZE)), (
+            f"epoch {epoch}: {len(ids)} ids, {len(set(ids))} distinct; steps "
+            f"{sorted(steps[epoch])}; events {[(e.kind, e.instance_id) for e in state.events()]}")
     assert fig["samples"] == EPOCHS * TRAIN_SIZE
 
     # reported spend == Σ instance-seconds × the market price in force, within 1%
