@@ -62,7 +62,7 @@ def figures(results: Mapping[str, Result]) -> dict[str, dict]:
     if ours is not None and ours.done > 0:
         for n, r in results.items():
             if n != "spotring" and r.done > 0:
-                out[n]["spotring_cost_per_sample_ratio"] = round(ours.cost_per_m / r.cost_per_m, 4)
+                out[n]["spotring_cost_per_sample_ratio"] = round(float(ours.cost_per_m / r.cost_per_m), 4)
     return out
 
 

@@ -70,12 +70,18 @@ class Result:
         return self.completion_h is not None and self.completion_h <= self.deadline_h + 1e-9
 
     def figures(self) -> dict:
-        return {"total_cost_usd": round(self.cost, 4),
-                "completion_hours": None if self.completion_h is None else round(self.completion_h, 4),
-                "cost_per_1m_samples_usd": round(self.cost_per_m, 6) if self.done else None,
-                "deadline_met": self.deadline_met, "revocations": self.revocations,
-                "work_lost_samples": round(self.work_lost, 1), "work_done_samples": round(self.done, 1),
-                "launches": self.launches, "status": self.status}
+        """Plain Python numbers (JSON-able), rounded for reading."""
+        met = self.deadline_met
+        return {"total_cost_usd": round(float(self.cost), 4),
+                "completion_hours": (None if self.completion_h is None
+                                     else round(float(self.completion_h), 4)),
+                "cost_per_1m_samples_usd": (round(float(self.cost_per_m), 6) if self.done > 0
+                                            else None),
+                "deadline_met": None if met is None else bool(met),
+                "revocations": int(self.revocations),
+                "work_lost_samples": round(float(self.work_lost), 1),
+                "work_done_samples": round(float(self.done), 1),
+                "launches": int(self.launches), "status": self.status}
 
 
 @dataclass
