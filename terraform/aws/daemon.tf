@@ -13,16 +13,18 @@ locals {
   # What `provision run` needs; outputs.tf exposes the same map and terraform/render_config.py
   # turns `terraform output -json` into the same TOML.
   daemon_settings = {
-    job_id          = var.job_id
-    region          = var.region
-    price_regions   = length(var.price_regions) > 0 ? var.price_regions : [var.region]
-    max_workers     = var.max_workers
-    launch_template = aws_launch_template.worker.id
-    queue_url       = aws_sqs_queue.notices.url
-    subnet_ids      = var.subnet_ids
-    coordinator     = local.coordinator_address
-    token_path      = local.token_path
-    state_path      = "/var/lib/spotring/state.sqlite"
+    job_id             = var.job_id
+    job_file           = var.job_module
+    region             = var.region
+    price_regions      = length(var.price_regions) > 0 ? var.price_regions : [var.region]
+    max_workers        = var.max_workers
+    launch_template_id = aws_launch_template.worker.id
+    queue_url          = aws_sqs_queue.notices.url
+    subnets            = { for s in data.aws_subnet.worker : s.availability_zone => s.id }
+    coordinator_host   = local.daemon_private_ip
+    coordinator_port   = var.coordinator_port
+    token_path         = local.token_path
+    state_path         = "/var/lib/spotring/state.sqlite"
   }
 }
 

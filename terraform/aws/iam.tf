@@ -28,6 +28,7 @@ data "aws_iam_policy_document" "daemon_api" {
       "ec2:DescribeInstanceTypes",
       "ec2:DescribeInstances",
       "ec2:DescribeSpotPriceHistory",
+      "ec2:DescribeSubnets",
       "ec2:GetSpotPlacementScores",
       "pricing:GetProducts",
     ]
@@ -38,7 +39,7 @@ data "aws_iam_policy_document" "daemon_api" {
   statement {
     sid     = "LaunchOnlyJobTaggedInstances"
     effect  = "Allow"
-    actions = ["ec2:RunInstances"]
+    actions = ["ec2:CreateFleet", "ec2:RunInstances"]
     resources = [
       "${local.ec2_arn}:instance/*",
       "${local.ec2_arn}:volume/*",
@@ -56,7 +57,7 @@ data "aws_iam_policy_document" "daemon_api" {
   statement {
     sid     = "LaunchOnlyFromThisJobsTemplate"
     effect  = "Allow"
-    actions = ["ec2:RunInstances"]
+    actions = ["ec2:CreateFleet", "ec2:RunInstances"]
     resources = concat(
       [
         aws_launch_template.worker.arn,
@@ -65,6 +66,15 @@ data "aws_iam_policy_document" "daemon_api" {
       ],
       [for s in var.subnet_ids : "${local.ec2_arn}:subnet/${s}"],
     )
+  }
+
+  # The fleet object of an instant EC2 Fleet carries no tags; what it launches is checked by the
+  # two statements above (EC2 Fleet launches with the caller's RunInstances permissions).
+  statement {
+    sid       = "CreateInstantFleets"
+    effect    = "Allow"
+    actions   = ["ec2:CreateFleet"]
+    resources = ["${local.ec2_arn}:fleet/*"]
   }
 
   statement {
@@ -76,7 +86,7 @@ data "aws_iam_policy_document" "daemon_api" {
     condition {
       test     = "StringEquals"
       variable = "ec2:CreateAction"
-      values   = ["RunInstances"]
+      values   = ["CreateFleet", "RunInstances"]
     }
 
     condition {
@@ -174,6 +184,7 @@ resource "aws_iam_instance_profile" "worker" {
 # --- the ring token --------------------------------------------------------------------------
 
 resource "aws_ssm_parameter" "ring_token" {
+  #checkov:skip=CKV_AWS_337:The AWS-managed aws/ssm key is enough for a ring-membership token that never leaves the VPC's hosts; a CMK would add a key policy and kms:Decrypt grants to both roles for no gain in who can read it (IAM already limits that to this parameter).
   name             = "/spotring/${var.job_id}/ring-token"
   description      = "spotring ${var.job_id}: shared secret of the training ring"
   type             = "SecureString"

@@ -60,6 +60,12 @@ data "aws_subnet" "daemon" {
   id = var.subnet_ids[0]
 }
 
+# Zone of each worker subnet: the daemon launches an offering's zone into its subnet.
+data "aws_subnet" "worker" {
+  for_each = toset(var.subnet_ids)
+  id       = each.value
+}
+
 locals {
   daemon_private_ip = cidrhost(data.aws_subnet.daemon.cidr_block, var.daemon_host_number)
 }

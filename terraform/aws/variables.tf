@@ -19,6 +19,16 @@ variable "job_id" {
   }
 }
 
+variable "job_module" {
+  description = "What the workers train: a module name or .py path defining make_job, importable on the workers (`python -m trainer worker --job`; the daemon's [job] job_file)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_./-]+$", var.job_module))
+    error_message = "job_module must be a module name or path made of letters, digits, '_', '.', '/' and '-'."
+  }
+}
+
 variable "vpc_id" {
   description = "VPC for the daemon host and the workers."
   type        = string

@@ -18,6 +18,7 @@ resource "aws_launch_template" "worker" {
     token_parameter  = aws_ssm_parameter.ring_token.name
     token_path       = local.token_path
     spotring_package = var.spotring_package
+    job_module       = var.job_module
     extra_args       = var.worker_extra_args
   }))
 

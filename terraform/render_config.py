@@ -1,0 +1,131 @@
+"""Turn ``terraform output -json`` of terraform/aws into the daemon's config TOML.
+
+Design: the AWS module exposes one output, ``daemon_settings``, holding every value
+``provision run`` needs; the module writes the same settings onto the daemon host through
+``templates/daemon-config.toml.tftpl``. This script renders them for a daemon run elsewhere (a
+laptop, a test against a moto server: ``--endpoint-url``), so both paths give one
+configuration (tests/terraform compares them field by field through
+:func:`provisioner.config.parse_settings`).
+
+Rule for callers: feed it the whole ``terraform output -json`` document; it validates the
+result with the daemon's own settings model and refuses to print a config the daemon would
+reject.
+
+Usage::
+
+    terraform -chdir=terraform/aws output -json | python terraform/render_config.py - > spotring.toml
+    python terraform/render_config.py outputs.json --endpoint-url http://127.0.0.1:5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+REQUIRED = ("job_id", "job_file", "region", "price_regions", "max_workers", "launch_template_id",
+            "queue_url", "subnets", "coordinator_host", "coordinator_port", "state_path")
+
+
+class RenderError(ValueError):
+    """The outputs do not hold what the daemon needs; the message names the field."""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise RenderError(f"cannot write {value!r} as a TOML value")
+
+
+def settings_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``daemon_settings`` map out of ``terraform output -json``.
+
+    Raises RenderError when the output or one of its fields is missing.
+    """
+    try:
+        settings = outputs["daemon_settings"]["value"]
+    except (KeyError, TypeError):
+        raise RenderError("terraform output has no daemon_settings: run `terraform output -json` "
+                          "in an applied terraform/aws") from None
+    missing = [k for k in REQUIRED if k not in settings]
+    if missing:
+        raise RenderError(f"daemon_settings lacks {', '.join(missing)}: re-apply terraform/aws "
+                          f"with this version of the module")
+    return dict(settings)
+
+
+def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
+           state_path: str | None = None) -> dict[str, dict[str, Any]]:
+    """The daemon configuration as nested dicts (TOML tables), from terraform outputs.
+
+    ``endpoint_url`` points the AWS driver at an emulator; ``state_path`` overrides where the
+    daemon keeps its SQLite state. Raises RenderError on incomplete outputs.
+    """
+    s = settings_from_outputs(outputs)
+    aws: dict[str, Any] = {"region": s["region"], "launch_template_id": s["launch_template_id"],
+                           "queue_url": s["queue_url"], "subnets": dict(s["subnets"])}
+    if endpoint_url:
+        aws["endpoint_url"] = endpoint_url
+    return {
+        "job": {"id": s["job_id"], "job_file": s["job_file"]},
+        "fleet": {"max_size": int(s["max_workers"])},
+        "source": {"kind": "aws", "regions": list(s["price_regions"])},
+        "cloud": {"driver": "aws"},
+        "aws": aws,
+        "daemon": {"state_path": state_path or s["state_path"],
+                   "coordinator_host": s["coordinator_host"],
+                   "coordinator_port": int(s["coordinator_port"])},
+    }
+
+
+def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
+    """Write two-level tables (``[aws]``, ``[aws.subnets]``) as TOML text."""
+    lines = ["# spotring daemon configuration rendered from `terraform output -json`"]
+    for table, values in config.items():
+        lines += ["", f"[{table}]"]
+        subtables = {k: v for k, v in values.items() if isinstance(v, Mapping)}
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in subtables]
+        for name, sub in subtables.items():
+            lines += ["", f"[{table}.{name}]"]
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sub.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outputs", help="file with `terraform output -json`, or - for stdin")
+    parser.add_argument("--endpoint-url", default=None, help="AWS endpoint (e.g. a moto server)")
+    parser.add_argument("--state-path", default=None, help="daemon state file")
+    args = parser.parse_args(argv)
+    try:
+        text = sys.stdin.read() if args.outputs == "-" else Path(args.outputs).read_text()
+        outputs = json.loads(text)
+        config = render(outputs, endpoint_url=args.endpoint_url, state_path=args.state_path)
+    except (OSError, json.JSONDecodeError, RenderError) as exc:
+        sys.stderr.write(f"render_config: {args.outputs}: {exc}\n")
+        return 2
+    try:  # refuse a config the daemon would reject (when spotring is importable)
+        from provisioner.config import parse_settings
+        from provisioner.errors import ConfigError
+    except ImportError:
+        pass
+    else:
+        try:
+            parse_settings(config, origin=args.outputs)
+        except ConfigError as exc:
+            sys.stderr.write(f"render_config: {exc}\n")
+            return 2
+    sys.stdout.write(to_toml(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
