@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from pricing.catalog import canonical_gpu
 from pricing.errors import SourceError
 from pricing.model import GpuSpec, Offering, PriceQuote, Snapshot, utc
-from pricing.sources.boto import make_client, translate_errors
+from pricing.sources.boto import MAX_ATTEMPTS, make_client, translate_errors
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ FALLBACK_ON_DEMAND = {
     "g6.xlarge": 0.8048, "g6.2xlarge": 0.9776, "g6.12xlarge": 4.6016, "g6.48xlarge": 13.3504,
 }
 FALLBACK_REGION = "us-east-1"
+#: The Price List is auxiliary (a dated fallback exists), so a failing one is given up after
+#: 3 attempts instead of the EC2 calls' 8, keeping a fetch within seconds.
+PRICE_LIST_ATTEMPTS = 3
 
 #: Instance-type patterns holding every NVIDIA GPU type (p2..p5, g3..g6e, g5g, gr6).
 GPU_FAMILY_PATTERNS = ("p*", "g*")
@@ -110,8 +113,9 @@ class AwsSource:
         self.max_workers = max_workers
         self._clock = clock
         self._clients: dict[tuple[str, str], Any] = {}
-        self._make = client or (lambda service, region: make_client(service, region,
-                                                                    endpoint_url=endpoint_url))
+        self._make = client or (lambda service, region: make_client(
+            service, region, endpoint_url=endpoint_url,
+            max_attempts=PRICE_LIST_ATTEMPTS if service == "pricing" else MAX_ATTEMPTS))
 
     def client(self, service: str, region: str) -> Any:
         key = (service, region)

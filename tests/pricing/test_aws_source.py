@@ -142,3 +142,23 @@ def test_no_credentials_is_a_credentials_error(monkeypatch, tmp_path, capsys):
     assert main(["prices", "--source", "aws", "--region", "us-east-1"]) == 2
     err = capsys.readouterr().err
     assert "AWS_PROFILE" in err and "--source trace" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_against_threaded_moto_server_refuses_moto_prices(monkeypatch, capsys):
+    """The whole `provision prices --source aws` path over HTTP: moto's canned spot price
+    ($0.00001/h) is far below any GPU's floor, so every quote is refused and reported."""
+    from moto.server import ThreadedMotoServer
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(k, v)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        code = main(["prices", "--source", "aws", "--region", "us-east-1", "--gpu", "T4", "--json",
+                     "--endpoint-url", f"http://{host}:{port}"])
+    finally:
+        server.stop()
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out[out.index("["):]) == []  # moto prints a banner first
+    assert "below-gpu-floor" in err and "refused" in err
