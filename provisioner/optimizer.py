@@ -467,6 +467,8 @@ def _link(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple
             return "inter-zone", p.inter_zone_gbps
         return "intra-zone", p.intra_zone_gbps
     used = [c for c, v in zip(cands, x) if v > 0.5]
+    if sum(v for v in x if v > 0.5) <= 1.5:
+        return "none (one instance)", p.intra_zone_gbps
     if len({c.offering.region for c in used}) > 1:
         return "inter-region", p.inter_region_gbps
     if len({c.zone_key for c in used}) > 1 or any(c.offering.zone == "*" for c in used):

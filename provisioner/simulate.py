@@ -160,7 +160,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
         wake = d.wake_at
         changed = False
         have = held()
-        short = False  # a launch found no capacity: keep what is held (make before break)
+        short = 0  # launches that found no capacity: keep as many held ones (make before break)
         for o in sorted(set(d.target) - set(have) | {o for o in have if d.target.get(o, 0) > have[o]}):
             want, now_n = int(d.target.get(o, 0)), have.get(o, 0)
             room = max(0, world.available(o, t) - now_n)
@@ -168,7 +168,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             if k < want - now_n:
                 failed[o] = t
                 fail_wake = t + params.backoff_s
-                short = True
+                short += want - now_n - k
             for _ in range(k):
                 h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
                 dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
@@ -176,13 +176,18 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
                 insts.append(_Inst(o, t, t + params.boot_s, dies))
             launches += k
             changed = changed or k > 0
+        drop: list[_Inst] = []
         for o in sorted(have):
             want, now_n = int(d.target.get(o, 0)), have[o]
-            if want < now_n and not (short and hot):
+            if want < now_n:
                 mine = sorted((i for i in insts if i.o == o), key=lambda i: -i.launched)
-                for i in mine[:now_n - want]:
-                    terminate(i, t)
-                changed = True
+                drop += mine[:now_n - want]
+        if hot and short:  # keep the cheapest of those planned to go, one per missing launch
+            drop.sort(key=lambda i: world.price[i.o].at(t))
+            drop = drop[short:]
+        for i in drop:
+            terminate(i, t)
+            changed = True
         if changed:
             if hot:
                 stall_until = max(stall_until, t + params.reform_s) if any(
