@@ -405,7 +405,11 @@ class _Member:
         t1 = time.perf_counter()
         ring.allreduce(self.pg, buf, lambda: self._broken(plan.generation))
         wait_s = time.perf_counter() - t1
-        # -- commit: the reduction returned, so every member applies the same update
+        if self._broken(plan.generation):
+            # A late completion: this member was frozen while the others gave up on the
+            # step, then its reduction completed on their abandoned work. Not committed.
+            raise ring.RingBroken("the reduction completed after the generation was broken")
+        # -- commit: the reduction returned and the generation stands: apply the update
         job.optimizer.step()
         self._record(self.pending)
         self.pending = None

@@ -1,0 +1,175 @@
+"""Test harness for real multi-process rings: an in-process coordinator and worker processes.
+
+Workers are real, separate processes on localhost (gloo on CPU) running the worker CLI's own
+entry point (``trainer.__main__.main``). They are forked from a multiprocessing forkserver
+that imported torch, sklearn and the trainer once, because on the shared 2-core machine a
+fresh ``python -m trainer`` spends most of its start importing (test_cli.py runs the real
+command line). The coordinator runs in the test process so the test reads its events and
+stats directly.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.coordinator import Coordinator
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = b"test-token-0123456789"
+PRELOAD = ["torch", "torch.distributed", "trainer.loop", "trainer.__main__",
+           "sklearn.datasets", "sklearn.model_selection"]
+_CTX: Any = None
+
+
+def _context() -> Any:
+    """The forkserver context (started once per test session, single-threaded BLAS)."""
+    global _CTX
+    if _CTX is None:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+        _CTX = multiprocessing.get_context("forkserver")
+        _CTX.set_forkserver_preload(PRELOAD)
+    return _CTX
+
+
+def _child(argv: list[str], log: str, env: dict[str, str]) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(env)
+    os.chdir(REPO)
+    from trainer.__main__ import main
+
+    sys.exit(main(argv))
+
+
+class _Proc:
+    """A forked worker with the Popen verbs the tests use (pid, poll, wait, kill)."""
+
+    def __init__(self, p: Any) -> None:
+        self._p = p
+        self.pid = p.pid
+
+    def poll(self) -> int | None:
+        return self._p.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._p.join(timeout)
+        if self._p.exitcode is None:
+            raise subprocess.TimeoutExpired("worker", timeout or 0)
+        return self._p.exitcode
+
+    def kill(self) -> None:
+        self._p.kill()
+
+
+class Ring:
+    """A coordinator plus the worker processes a test starts; cleans up after itself."""
+
+    def __init__(self, tmp: Path, *, job: str, env: dict[str, str] | None = None,
+                 **coord_kw: Any) -> None:
+        self.tmp = tmp
+        self.job = job
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+                    **(env or {})}
+        self.token_file = tmp / "token"
+        self.token_file.write_bytes(TOKEN + b"\n")
+        self.coord = Coordinator("127.0.0.1", 0, TOKEN, **coord_kw)
+        self.coord.start()
+        self.procs: dict[str, Any] = {}
+
+    def worker(self, name: str, *extra: str, token_file: Path | None = None,
+               job: str | None = None) -> _Proc:
+        host, port = self.coord.address
+        argv = ["worker", "--coordinator", f"{host}:{port}",
+               "--token-file", str(token_file or self.token_file), "--job", job or self.job,
+               "--name", name, "--seed", "0",
+               "--metrics-file", str(self.tmp / f"{name}.metrics.jsonl"),
+               "--record-samples", str(self.tmp / f"{name}.samples.jsonl"),
+               "--collective-timeout", "5", "--connect-timeout", "20", *extra]
+        ctx = _context()
+        extra_env = {k: v for k, v in self.env.items() if os.environ.get(k) != v}
+        p = ctx.Process(target=_child, args=(argv, str(self.tmp / f"{name}.log"), extra_env),
+                        name=f"worker-{name}", daemon=False)
+        p.start()
+        proc = _Proc(p)
+        self.procs[name] = proc
+        return proc
+
+    def wait_for(self, what: str, pred: Callable[[], bool], timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if pred():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; stats={self.coord.stats()} "
+                             f"events={self.coord.events()[-8:]}\n{self.logs()}")
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.coord.events() if kind is None or e["kind"] == kind]
+
+    def formed(self) -> list[dict[str, Any]]:
+        """Detail dicts of every 'generation formed' event (checksums, steps_lost, step)."""
+        out = []
+        for e in self.events("generation"):
+            if e["detail"].startswith("{"):
+                d = json.loads(e["detail"])
+                d["generation"] = e["generation"]
+                out.append(d)
+        return out
+
+    def active(self, name: str) -> bool:
+        return any(m.name == name and m.state == "active" for m in self.coord.members())
+
+    def logs(self) -> str:
+        parts = []
+        for f in sorted(self.tmp.glob("*.log")):
+            lines = [ln for ln in f.read_text(errors="replace").splitlines()
+                     if not ln.startswith(("frame #", "Exception raised"))]
+            parts.append(f"--- {f.name}\n" + "\n".join(lines[-15:]))
+        return "\n".join(parts)
+
+    def samples(self) -> list[dict[str, Any]]:
+        recs = []
+        for f in self.tmp.glob("*.samples.jsonl"):
+            recs += [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        return recs
+
+    def metrics(self) -> list[dict[str, Any]]:
+        recs = []
+        for f in self.tmp.glob("*.metrics.jsonl"):
+            recs += [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        return recs
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                p.kill()
+                p.wait(5)
+        self.coord.stop()
+
+
+def per_epoch_counts(records: Iterable[dict[str, Any]]) -> dict[int, Counter[int]]:
+    """epoch -> Counter of sample ids consumed in committed steps."""
+    out: dict[int, Counter[int]] = {}
+    for r in records:
+        out.setdefault(int(r["epoch"]), Counter()).update(int(i) for i in r["ids"])
+    return out

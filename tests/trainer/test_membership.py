@@ -1,0 +1,46 @@
+"""Pure membership decisions: next generation, token proofs, plan round trips."""
+
+from __future__ import annotations
+
+from trainer import membership as mb
+from trainer.membership import Joiner, Plan, next_plan
+
+
+def test_first_generation_waits_for_the_initial_world() -> None:
+    assert next_plan(None, [Joiner(1, "a")], [], [], initial_world=2) is None
+    p = next_plan(None, [Joiner(1, "a", 10.0), Joiner(2, "b", 20.0)], [], [], initial_world=2)
+    assert p is not None and p.generation == 1 and p.members == (1, 2)
+    assert p.joined == (1, 2) and p.priors == {"a/1": 10.0, "b/2": 20.0}
+
+
+def test_survivors_keep_their_order_and_joiners_append() -> None:
+    cur = Plan(3, (4, 1, 7), ("x", "y", "z"))
+    assert next_plan(cur, [], [], []) is None
+    p = next_plan(cur, [Joiner(9, "j", 5.0)], [1], [7], reason="r")
+    assert p is not None
+    assert p.generation == 4 and p.members == (4, 9) and p.names == ("x", "j")
+    assert p.drained == (1,) and p.lost == (7,) and p.joined == (9,)
+    assert p.rank_of(9) == 1 and p.rank_of(7) is None
+    assert p.keys() == ["x/4", "j/9"]
+
+
+def test_no_survivor_means_an_empty_terminal_plan_and_no_joiner_admitted() -> None:
+    cur = Plan(2, (1, 2), ("a", "b"))
+    p = next_plan(cur, [Joiner(3, "c")], [1], [2])
+    assert p is not None and p.members == () and p.joined == ()
+    assert "no member" in p.reason
+
+
+def test_plan_json_round_trip() -> None:
+    p = Plan(5, (1, 2), ("a", "b"), joined=(2,), drained=(3,), lost=(4,),
+             priors={"b/2": 12.5}, reason="why")
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_hmac_proof_binds_token_id_name_and_nonce() -> None:
+    proof = mb.make_proof(b"secret", 3, "w", "n1")
+    assert mb.check_proof(b"secret", 3, "w", "n1", proof)
+    assert not mb.check_proof(b"other", 3, "w", "n1", proof)
+    assert not mb.check_proof(b"secret", 4, "w", "n1", proof)
+    assert not mb.check_proof(b"secret", 3, "w", "n2", proof)
+    assert "secret" not in proof
