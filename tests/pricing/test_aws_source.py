@@ -12,7 +12,6 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
 from pricing.errors import CredentialsError
-from pricing.model import Offering
 from pricing.sources.aws import FALLBACK_ON_DEMAND, AwsSource, parse_price_list_item
 from pricing.sources.base import PriceSource
 from pricing.sources.boto import make_client
