@@ -39,6 +39,8 @@ def test_gcp_weekly_real_file(gcp_weekly):
     assert od and all(q.time < first.time for q in od)
     assert snap.gpus["a3-highgpu-8g"].model == "H100" and snap.gpus["a3-highgpu-8g"].count == 8
     assert snap.gpus["g2-standard-4"].model == "L4"
+    # the two three-week holes in the weekly series are reported, not silently bridged
+    assert any("gap of 21 days" in n and "2022-03-07" in n for n in snap.notes)
 
 
 def test_trace_source_view_at_time(gcp_weekly):
