@@ -50,6 +50,8 @@ def register(subparsers: Any) -> None:
                    "trace, none for a cloud, whose latest price change holds until the next)")
     p.add_argument("--advisor", metavar="PATH", help="AWS Spot Advisor csv(.gz) used as a hazard prior")
     p.add_argument("--all-types", action="store_true", help="include instance types without GPUs")
+    p.add_argument("--store", metavar="PATH", help="also append the accepted quotes to this SQLite "
+                   "price store (created if missing)")
     p.add_argument("--endpoint-url", help=argparse.SUPPRESS)  # moto server / local fake in tests
     p.add_argument("--project", help="GCP project for --source gcp (default: from credentials)")
     p.set_defaults(handler=run)
@@ -177,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
                                         or gpu_for(q.offering.instance_type)) and s.model in want]
     ok, refused = check(_superseded(quotes), now=now,
                         max_age=None if max_age is None else timedelta(hours=max_age))
+    if args.store:
+        from pricing.store import PriceStore
+
+        PriceStore(args.store).append(ok)
     advisor = load_spot_advisor(args.advisor) if args.advisor else None
     risks = estimate([q.offering for q in ok], snap.lifetimes, advisor=advisor)
     rows = _rows(ok, risks, snap, now)

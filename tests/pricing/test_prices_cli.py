@@ -39,12 +39,15 @@ def test_table_and_filters_on_user_trace(tmp_path, capsys):
                  "2024-01-01T00:00:00Z,aws,us-west-2,us-west-2a,g4dn.xlarge,spot,0.16,0.526,1\n"
                  "2024-01-01T02:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1.05,3.06,0\n"
                  "2024-01-01T03:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1.00,3.06,1\n")
-    assert main(["prices", "--trace", str(p), "--gpu", "v100", "--json"]) == 0
+    assert main(["prices", "--trace", str(p), "--gpu", "v100", "--json", "--store", str(tmp_path / "p.sqlite")]) == 0
     out, err = capsys.readouterr()
     rows = json.loads(out)
     assert [(r["zone"], r["spot_price"]) for r in rows] == [("us-east-1a", 1.00)]
     assert rows[0]["hazard_basis"] == "mle" and rows[0]["hazard_per_hour"] == pytest.approx(0.5)
     assert "placeholder 1" in err and "mine.csv:3" in err
+    from pricing.store import PriceStore
+    stored = PriceStore(tmp_path / "p.sqlite").latest()
+    assert [(q.offering.zone, q.price_per_hour) for q in stored] == [("us-east-1a", 1.00)]
     assert main(["prices", "--trace", str(p), "--at", "2024-01-01T01:00:00Z", "--region", "us-east-1"]) == 0
     out, _ = capsys.readouterr()
     assert "us-east-1a" in out and "0.9500" in out and "us-west-2" not in out
