@@ -1,0 +1,75 @@
+"""Worker entry point: bad job, unreachable coordinator, wrong token: clear exits, ring untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.ringutil import REPO, TOKEN
+from trainer.coordinator import Coordinator
+
+pytestmark = pytest.mark.slow
+
+
+def _worker(tmp: Path, address: str, job: str, token: bytes = TOKEN, *extra: str
+            ) -> subprocess.CompletedProcess[str]:
+    tf = tmp / f"token-{len(token)}"
+    tf.write_bytes(token)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", "worker", "--coordinator", address, "--token-file",
+         str(tf), "--job", job, "--name", "cli", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture()
+def coord() -> Coordinator:
+    c = Coordinator("127.0.0.1", 0, TOKEN, heartbeat_timeout_s=2.0)
+    c.start()
+    yield c
+    c.stop()
+
+
+def test_job_that_fails_to_import_stops_before_joining(tmp_path: Path, coord: Coordinator
+                                                       ) -> None:
+    host, port = coord.address
+    r = _worker(tmp_path, f"{host}:{port}", "tests/trainer/jobs/broken.py")
+    assert r.returncode == 2
+    assert "tests/trainer/jobs/broken.py" in r.stderr and "spotring_no_such_module" in r.stderr
+    assert "fix the job file" in r.stderr
+    time.sleep(0.2)
+    assert coord.events() == [] and coord.members() == []  # the coordinator never saw it
+
+
+def test_unreachable_coordinator_retries_then_exits_clearly(tmp_path: Path) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # a port nobody listens on
+    t0 = time.monotonic()
+    r = _worker(tmp_path, f"127.0.0.1:{port}", "tests/trainer/jobs/probe.py", TOKEN,
+                "--connect-timeout", "3")
+    assert r.returncode == 3
+    assert f"127.0.0.1:{port} unreachable" in r.stderr and "attempts" in r.stderr
+    assert time.monotonic() - t0 < 90
+
+
+def test_wrong_token_exits_refused_and_is_logged(tmp_path: Path, coord: Coordinator) -> None:
+    host, port = coord.address
+    r = _worker(tmp_path, f"{host}:{port}", "tests/trainer/jobs/probe.py", b"wrong-token")
+    assert r.returncode == 4 and "refused" in r.stderr
+    assert "wrong-token" not in r.stderr
+    ev = coord.events()
+    assert [e["kind"] for e in ev] == ["refused"] and "wrong token" in ev[0]["detail"]
+    assert coord.plan() is None  # no generation was formed for it
+
+
+def test_bad_address_is_a_usage_error(tmp_path: Path) -> None:
+    r = _worker(tmp_path, "nonsense", "tests/trainer/jobs/probe.py")
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr
