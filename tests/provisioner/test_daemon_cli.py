@@ -2,6 +2,7 @@
 
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,37 @@ def test_status_reads_fleet_spend_and_events(tmp_path, capsys):
     assert main(["status", "--workdir", str(tmp_path)]) == 0
     assert "loc-1" in capsys.readouterr().out
     assert main(["revoke", "loc-1", "--workdir", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_drains_stops_and_reports(tmp_path):
+    import signal
+    import time
+
+    wd = tmp_path / "w"
+    proc = subprocess.Popen([sys.executable, "-m", "provisioner.cli", "run", "--workdir", str(wd),
+                             "--no-dashboard", "--outages-per-hour", "0"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 90
+        while time.monotonic() < end and proc.poll() is None:
+            db = wd / "state.sqlite"
+            if db.exists() and len(list((wd / "cloud" / "instances").glob("*.json"))) >= 2:
+                st = State(db)
+                started = st.events(kinds=["started"])
+                st.close()
+                if started:
+                    break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "stopped: interrupted" in out and (wd / "report" / "report.md").exists()
+    st = State(wd / "state.sqlite")
+    assert st.live_instances() == [] and st.events()[-1].kind == "stopped"
+    assert no_workers_left(wd)
