@@ -19,6 +19,7 @@ reconfiguration (the ring keeps its current generation until a step needs the st
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import secrets
@@ -105,7 +106,7 @@ class Coordinator:
     def start(self) -> None:
         """Open the store and start the protocol thread. Returns once the port is bound."""
         self._store = TCPStore(self._host, self._port, is_master=True, wait_for_workers=False,
-                               timeout=__import__("datetime").timedelta(seconds=30))
+                               timeout=datetime.timedelta(seconds=30))
         self._store.add(mb.LATEST, 0)
         self._store.add(mb.IDS, 0)
         self._store.set(mb.STATS, "{}")
@@ -313,6 +314,11 @@ class Coordinator:
             self._ready.remove(i)
             t = self._tracked.pop(i)
             self._event("lost", t.name, detail=f"joiner {i}: heartbeat stopped before joining")
+        for i in [j for j in self._ready if j in self._draining]:
+            self._ready.remove(i)  # a joiner told to leave before it joined: just forget it
+            t = self._tracked.pop(i)
+            self._event("leave", t.name, detail=f"joiner {i} left before joining: "
+                        f"{self._draining.pop(i)}")
         if plan is not None and plan.members:
             broken = store.add(mb.k_broken(plan.generation), 0) > 0
             dead_members = [m for m in plan.members if m in dead_now]

@@ -282,6 +282,7 @@ class _Member:
             if self.store.check([mb.FINISHED]):
                 return "finished" if self.was_member else "noticed"
             if not self.was_member and self.w.notice is not None:
+                self._ask_drain()
                 return "noticed"
             time.sleep(0.01)
         self.seen = latest

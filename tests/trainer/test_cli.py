@@ -73,3 +73,30 @@ def test_wrong_token_exits_refused_and_is_logged(tmp_path: Path, coord: Coordina
 def test_bad_address_is_a_usage_error(tmp_path: Path) -> None:
     r = _worker(tmp_path, "nonsense", "tests/trainer/jobs/probe.py")
     assert r.returncode == 2 and "HOST:PORT" in r.stderr
+
+
+def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    from trainer.client import connect, handshake
+
+    tf = tmp_path / "token"
+    tf.write_bytes(TOKEN + b"\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "coordinator", "--host", "127.0.0.1", "--port",
+         str(port), "--token-file", str(tf)], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    try:
+        store = connect("127.0.0.1", port, budget_s=90)
+        assert handshake(store, TOKEN, "w", 1.0) >= 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, out
+    assert f"listening on 127.0.0.1:{port}" in out and "admitted" in out
