@@ -38,7 +38,7 @@ from scipy.sparse import coo_matrix
 from pricing.model import Offering
 from provisioner.optimizer import ring_efficiency
 from provisioner.policies import POLICIES, Params, View, online_hazards
-from provisioner.simworld import UNLIMITED, World
+from provisioner.simworld import World
 
 log = logging.getLogger(__name__)
 
