@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -89,6 +90,17 @@ CommandBuilder = Callable[[WorkerSpec], Sequence[str]]
 Availability = Callable[[Offering, datetime], "int | None"]
 
 
+def _locked(method: Callable) -> Callable:
+    """Serialise a driver method on the driver's lock (file updates are read-modify-write)."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self: "LocalDriver", *args: object, **kwargs: object) -> object:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 def _proc_start(pid: int) -> str | None:
     """The kernel start time of ``pid`` (None when gone or a zombie)."""
     try:
@@ -123,6 +135,7 @@ class LocalDriver:
         self._children: dict[int, subprocess.Popen] = {}
         self._reported: set[str] = set()
         self._revocations = 0
+        self._lock = threading.RLock()  # the daemon's jobs call the driver from several threads
 
     # -- files ---------------------------------------------------------------------------------
     def _read(self, path: Path) -> dict | None:
@@ -132,7 +145,7 @@ class LocalDriver:
             return None
 
     def _write(self, path: Path, data: dict) -> None:
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         with open(tmp, "w") as fh:
             json.dump(data, fh)
             fh.flush()
@@ -157,6 +170,7 @@ class LocalDriver:
         return _proc_start(pid) == rec.get("start")
 
     # -- CloudDriver -------------------------------------------------------------------------
+    @_locked
     def launch(self, request: LaunchRequest) -> LaunchResult:
         """Start ``request.count`` workers; the same token never starts one twice."""
         if request.count <= 0:
@@ -221,6 +235,7 @@ class LocalDriver:
                  spec.slowdown)
         return rec
 
+    @_locked
     def list(self, job_id: str) -> list[Instance]:
         """Live workers tagged with ``job_id`` (dead ones are reaped and left out)."""
         self._enforce_deadlines()
@@ -232,6 +247,7 @@ class LocalDriver:
                                     {"job": rec["job"], "token": rec["token"]}))
         return out
 
+    @_locked
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """SIGTERM, then SIGKILL after the grace period; unknown ids are ignored."""
         targets = []
@@ -272,6 +288,7 @@ class LocalDriver:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    @_locked
     def notices(self) -> list[Notice]:
         """Revocations from the feed and ``revoke``, deadline kills, and unexpected exits.
 
@@ -299,6 +316,7 @@ class LocalDriver:
         return out
 
     # -- revocations -----------------------------------------------------------------------------
+    @_locked
     def revoke(self, instance_id: str, *, window_s: float | None = None, hard: bool = False,
                source: str = "local: revoke") -> bool:
         """Give ``instance_id`` a notice (SIGTERM, SIGKILL at the window's end) or kill it now.
