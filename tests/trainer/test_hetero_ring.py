@@ -83,9 +83,10 @@ def test_fitted_batches_follow_the_speed_ratio(tmp_path):
         assert fast[s]["batch"] + slw[s]["batch"] == fast[s]["samples"] == slw[s]["samples"]
         assert fast[s]["batch"] >= 1 and slw[s]["batch"] >= 1
     tail = [s for s in steps[-12:] if fast[s]["samples"] == GLOBAL_BATCH]
-    # The fast worker takes most of the batch (equal sizes would be 1.0; the optimum ~4)...
+    # The fast worker takes most of the batch: equal sizes would be 1.0; the optimum is 4
+    # plus 3 a/c (the fixed cost per step a counts 4x on the slow one), about 5-9 here...
     ratio = statistics.median(fast[s]["batch"] / slw[s]["batch"] for s in tail)
-    assert 2.0 <= ratio <= 8.0, ratio
+    assert 2.5 <= ratio <= 20.0, ratio
     # ...and the two finish their compute together (equal sizes would give 0.25).
     finish = statistics.median(fast[s]["compute_s"] / slw[s]["compute_s"] for s in tail)
     assert 0.5 <= finish <= 2.0, finish
