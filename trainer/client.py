@@ -105,18 +105,32 @@ def handshake(store: TCPStore, token: bytes, name: str, prior: float,
 
 
 class Heartbeat:
-    """Bumps ``hb/<id>`` every ``interval_s`` and publishes ``speed/<id>`` in a thread."""
+    """A thread that beats, watches the ring and reports, off the training loop's path.
+
+    Every ``interval_s`` it bumps ``hb/<id>``, reads ``gen/latest`` and ``broken/<n>`` of the
+    generation the member is in (:attr:`generation`), and publishes what :attr:`report`
+    holds (``speed/<id>``; the ring's ``stats`` when this member is rank 0). The training
+    loop reads the cached values (:attr:`latest`, :meth:`is_broken`), so a step makes no
+    store round trip of its own.
+    """
 
     def __init__(self, host: str, port: int, member_id: int, interval_s: float = 0.05,
                  speed: Callable[[], dict[str, Any]] | None = None) -> None:
         self._store = TCPStore(host, port, is_master=False, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=30))
         self._id = member_id
-        self._interval = interval_s
+        self.interval_s = interval_s
         self._speed = speed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"spotring-hb-{member_id}",
                                         daemon=True)
+        self.generation = 0  # set by the loop when it enters a generation
+        self.latest = 0
+        self._broken_gen = 0  # the generation the cached flag below belongs to
+        self._broken = False
+        self.polled_at = 0.0  # monotonic time of the last successful poll
+        self.stats: str | None = None  # rank 0's progress report, published when it changes
+        self._stats_sent: str | None = None
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -125,6 +139,10 @@ class Heartbeat:
     def beat(self) -> None:
         """One heartbeat now (also used to show a dropped member woke up)."""
         self._store.add(mb.k_heartbeat(self._id), 1)
+
+    def is_broken(self, generation: int) -> bool:
+        """The cached ``broken/<generation>`` flag (False until the thread has polled it)."""
+        return self._broken_gen == generation and self._broken
 
     def stop(self) -> None:
         self._stop.set()
@@ -135,10 +153,19 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.beat()
-                now = time.monotonic()
-                if self._speed is not None and now - last_speed >= 0.5:
-                    last_speed = now
+                gen = self.generation
+                self.latest = int(self._store.add(mb.LATEST, 0))
+                if gen:
+                    broken = self._store.add(mb.k_broken(gen), 0) > 0
+                    self._broken_gen, self._broken = gen, broken
+                self.polled_at = time.monotonic()
+                stats = self.stats
+                if stats is not None and stats != self._stats_sent:
+                    self._store.set(mb.STATS, stats)
+                    self._stats_sent = stats
+                if self._speed is not None and self.polled_at - last_speed >= 0.5:
+                    last_speed = self.polled_at
                     self._store.set(mb.k_speed(self._id), json.dumps(self._speed()))
             except Exception:  # noqa: BLE001 - the main loop reports a lost coordinator
                 log.debug("heartbeat failed", exc_info=True)
-            self._stop.wait(self._interval)
+            self._stop.wait(self.interval_s)

@@ -95,6 +95,7 @@ class Worker:
         self._order: tuple[int, torch.Tensor] | None = None
         self._samples_per_s = 0.0
         self._batch = 0
+        self._files: dict[Path, Any] = {}
 
     # -- entry ---------------------------------------------------------------------------
 
@@ -123,7 +124,12 @@ class Worker:
                                   speed=lambda: {"samples_per_s": self._samples_per_s,
                                                  "batch": self._batch}).start()
             try:
-                outcome = _Member(self, store, member_id).live()
+                outcome = _Member(self, store, member_id, hb).live()
+            except torch.distributed.DistError as e:  # a store call failed: coordinator gone
+                hb.stop()
+                raise client.CoordinatorUnreachable(
+                    f"lost the coordinator {cfg.host}:{cfg.port}: {str(e).splitlines()[0]}; "
+                    "restart it and this worker (the ring keeps no checkpoints)") from e
             except BaseException:
                 hb.stop()
                 raise
@@ -212,16 +218,19 @@ class Worker:
                 os.kill(os.getpid(), FAULTS[action])
 
     def append(self, path: Path | None, record: dict[str, Any]) -> None:
+        """Append one JSON line to ``path`` (kept open, flushed per line)."""
         if path is not None:
-            with path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            f = self._files.get(path)
+            if f is None:
+                f = self._files[path] = path.open("a", buffering=1)
+            f.write(json.dumps(record) + "\n")
 
 
 class _Member:
     """One membership (one member id) of a worker: wait, form, step, until it ends."""
 
-    def __init__(self, w: Worker, store: Any, member_id: int) -> None:
-        self.w, self.store, self.id = w, store, member_id
+    def __init__(self, w: Worker, store: Any, member_id: int, hb: client.Heartbeat) -> None:
+        self.w, self.store, self.id, self.hb = w, store, member_id, hb
         self.plan: mb.Plan | None = None
         self.pg: Any = None
         self.rank = -1
@@ -234,7 +243,11 @@ class _Member:
         self.nparams = 0
 
     def _broken(self, generation: int) -> bool:
-        return self.store.add(mb.k_broken(generation), 0) > 0
+        """Is ``generation`` declared broken? The heartbeat thread's cached answer while it
+        is fresh; a store round trip when it is stale (e.g. this process was frozen)."""
+        if time.monotonic() - self.hb.polled_at > 3 * self.hb.interval_s:
+            return self.store.add(mb.k_broken(generation), 0) > 0
+        return self.hb.is_broken(generation)
 
     def _report_broken(self, generation: int, why: Exception) -> None:
         log.warning("generation %d broken: %s", generation, str(why).splitlines()[0])
@@ -301,6 +314,7 @@ class _Member:
                 return "refused"
             return None  # a generation formed before my turn: keep waiting
         self.plan = plan
+        self.hb.generation = plan.generation
         try:
             self._form(plan, rank)
         except ring.RingBroken as e:
@@ -378,7 +392,7 @@ class _Member:
         sizes = scale_sizes(sizes, total)
         ids = split(w.order(), w.cursor, sizes)[self.rank]
         b = int(ids.numel())
-        latest = self.store.add(mb.LATEST, 0)
+        latest = self.hb.latest
         w.maybe_fault()
         self.pending = _Pending(w.step, w.cursor.epoch, ids.tolist())
         t0 = time.perf_counter()
@@ -438,7 +452,7 @@ class _Member:
                      "samples_done": w.samples_done, "world": world, "loss": loss_all}
             if w.accuracy is not None:
                 stats["accuracy"] = w.accuracy
-            self.store.set(mb.STATS, json.dumps(stats))
+            self.hb.stats = json.dumps(stats)  # published by the heartbeat thread
         return newest
 
     def _record(self, pending: _Pending | None) -> None:
@@ -454,6 +468,8 @@ class _Member:
             w.accuracy = float(w.job.evaluate(w.job.model).get("accuracy", float("nan")))
         done = {"checksum": sync.checksum(w.job.model), "step": w.step,
                 "accuracy": w.accuracy}
+        if self.hb.stats is not None:
+            self.store.set(mb.STATS, self.hb.stats)
         self.store.set(mb.k_done(self.id), json.dumps(done))
         self.store.add("dones", 1)
         log.info("finished at step %d", w.step, extra=done)
