@@ -70,6 +70,8 @@ class Params:
     checkpoint_s: float = 1800.0  # checkpoint interval (restart-based policies)
     backoff_s: float = 60.0
     avoid_s: float = 600.0  # a zone that failed us is avoided this long
+    retry_s: float = 30.0  # spotring re-plans this soon after a launch found no capacity
+    # (the daemon's plan period; a capacity error comes back within seconds)
     step_s: float = 1.0
     reform_s: float = 5.0
     model_mb: float = 100.0
@@ -79,6 +81,8 @@ class Params:
     churn_horizon_hours: float = 1.0
     safety_hours: float = 2.0
     rate_tolerance: float = 0.1  # spotring (no deadline) aims at the nominal rate less this
+    work_per_dollar_steps: tuple[float, ...] = (2.0,)  # also try this x the rate; keep the
+    # plan with the lower cost per useful sample (the design's "useful work per dollar")
 
 
 def _cheapest(prices: Mapping[Offering, float], itype: str, market: str,
@@ -229,6 +233,7 @@ class Spotring:
                        max_zone_share=p.max_zone_share, zone_allowance=1, max_regions=1,
                        model_mb=p.model_mb, global_batch=p.global_batch, boot_s=p.boot_s,
                        reform_s=p.reform_s, churn_horizon_hours=p.churn_horizon_hours)
+        plan = None
         for scale in (1.0, 0.75, 0.5, 0.25, 0.0):
             try:
                 if scale == 0.0:  # nothing reachable: the most throughput the caps allow
@@ -241,6 +246,17 @@ class Spotring:
                 break
             except InfeasibleError:
                 continue
+        if kind == "min-cost" and plan is not None and p.work_per_dollar_steps:
+            # most useful work per dollar: a bigger fleet is taken when it is cheaper per sample
+            for k in p.work_per_dollar_steps:
+                try:
+                    bigger = solve(replace(prob, target_samples_per_s=target * k),
+                                   time_limit_s=1.0)
+                except InfeasibleError:
+                    break
+                if bigger.throughput > 0 and (bigger.cost_per_hour / bigger.throughput
+                                              < 0.98 * plan.cost_per_hour / max(plan.throughput, 1e-9)):
+                    plan = bigger
         return Decision(dict(plan.counts))
 
 

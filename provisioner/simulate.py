@@ -167,7 +167,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             k = min(want - now_n, room)
             if k < want - now_n:
                 failed[o] = t
-                fail_wake = t + params.backoff_s
+                fail_wake = t + (params.retry_s if hot else params.backoff_s)
                 short += want - now_n - k
             for _ in range(k):
                 h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
@@ -296,15 +296,21 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
 
     Counts per (offering, slot) are integers capped by the lowest availability in the slot
     and ``params.max_size`` in all; no boot, restart or revocation loss; the ring efficiency
-    of ``params.size`` instances at nominal speed is applied to every slot. If the MILP does
-    not finish in ``time_limit_s`` its LP relaxation (a lower bound still) is reported.
+    of each type is that of the ring of that type delivering the job's nominal rate. If the
+    MILP is not proven optimal in ``time_limit_s`` its LP relaxation (a lower bound still)
+    is reported, with status ``lp-bound``.
     """
     offs = [o for o in world.offerings if o.instance_type in world.speed]
     end = min(world.end, world.start + horizon_h * 3600.0)
     edges = list(np.arange(world.start, end, slot_s)) + [end]
     slots = list(zip(edges[:-1], edges[1:]))
     nominal = params.size * world.speed[params.itype]
-    eff = ring_efficiency(params.size, nominal, params.model_mb, params.global_batch, 10.0)
+
+    def eff_of(o: Offering) -> float:
+        """Efficiency of the ring of type ``o`` that delivers the job's nominal rate."""
+        n = max(1, math.ceil(nominal / world.speed[o.instance_type] - 1e-9))
+        return ring_efficiency(n, n * world.speed[o.instance_type], params.model_mb,
+                               params.global_batch, 10.0)
     n_o, n_s = len(offs), len(slots)
     c = np.zeros(n_o * n_s)
     ub = np.zeros(n_o * n_s)
@@ -315,7 +321,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
             j = a * n_s + k
             c[j] = world.cost(o, t0, t1)
             ub[j] = params.max_size if st is None else min(params.max_size, st.min_over(t0, t1))
-            w[j] = world.speed[o.instance_type] * eff * (t1 - t0)
+            w[j] = world.speed[o.instance_type] * eff_of(o) * (t1 - t0)
     rows, cols = [], []
     for a in range(n_o):
         for k in range(n_s):
@@ -327,11 +333,9 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     res = milp(c, constraints=cons, integrality=np.ones_like(c), bounds=Bounds(0, ub),
                options={"time_limit": time_limit_s, "disp": False})
     status = "optimal"
-    if res.x is None or res.status not in (0, 1):
+    if res.x is None or res.status != 0:  # not proven optimal: the LP relaxation still bounds
         res = milp(c, constraints=cons, integrality=np.zeros_like(c), bounds=Bounds(0, ub))
         status = "lp-bound"
-    elif res.status == 1:
-        status = "time-limit"
     if res.x is None:
         return Result("hindsight", math.inf, 0.0, work, None, None,
                       status=f"infeasible within {horizon_h:.1f} h")
