@@ -203,3 +203,34 @@ def test_scheduler_jobs_metrics_port_and_clean_stop(world):
         m.close()
     assert st.live_instances() == [] and drv.list(d.job_id) == []
     assert st.events()[-1].kind == "stopped"
+
+
+def test_real_availability_trace_revokes_and_replaces_elsewhere(world, shared_data):
+    """Can't-Be-Late p3.2xlarge availability in 9 AWS zones (real, 195 s ticks), replayed for
+    six hours: every revocation the trace implies is noticed and replaced in another zone."""
+    from pricing.sources.trace import load_trace
+
+    folder = shared_data / "spot_availability_traces/cant_be_late/availability/1-node/aws-02-15-2023"
+    snap = pricegen.fill_prices(load_trace(folder))
+    src = TraceSource([], snapshot=snap)
+    clock = Clock()
+    clock.t = src.start
+    d, _, drv, st = world(snapshot=snap, clock=clock)
+    avail = pricegen.AvailabilityIndex(snap.availability)
+    d.poll_prices(); d.plan_and_reconcile()
+    for _ in range(6 * 3600 // 195):
+        clock.advance(195)
+        d.poll_prices(); d.watch_notices(); d.plan_and_reconcile()
+        held = {}
+        for r in st.live_instances():
+            if r.draining_since is None:
+                held[r.offering] = held.get(r.offering, 0) + 1
+        assert all(n <= (avail(o, clock.t) or 0) for o, n in held.items())
+    notices = st.events(kinds=["notice", "killed"])
+    assert notices, "the trace has zone outages in these six hours"
+    launches = st.events(kinds=["launch"])
+    for n in notices:  # while the zone is avoided, launches go to other zones
+        soon = [e for e in launches if n.t <= e.t < n.t + d.intervals.zone_avoid_ttl_s]
+        assert all(e.offering != n.offering for e in soon), (n, soon)
+    # replacements follow as zones come back (fleet.max_regions = 1 keeps it in one region)
+    assert [e for e in launches if e.t > notices[0].t]
