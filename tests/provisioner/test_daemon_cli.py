@@ -141,3 +141,26 @@ def test_ctrl_c_drains_stops_and_reports(tmp_path):
     st = State(wd / "state.sqlite")
     assert st.live_instances() == [] and st.events()[-1].kind == "stopped"
     assert no_workers_left(wd)
+
+
+def test_dashboard_renders_fleet_prices_progress_and_events():
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+
+    from provisioner.daemon import Status
+    from provisioner.dashboard import render
+    from provisioner.state import Event
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    key = "local/local-1/local-1a/p3.2xlarge/spot"
+    st = Status(t0.replace(hour=2), {key: 2}, 1, {key: 0.9123}, 1.82, 3.456, 2500.0,
+                {"epoch": 4, "step": 90, "accuracy": 0.9712, "steps_lost": 1},
+                (Event(t0.timestamp() + 60, "notice", "loc-1", key, "trace: outage"),),
+                workers={"loc-1": 1200.0, "loc-2": 1300.0})
+    con = Console(width=160, record=True)
+    con.print(render(st, t0.timestamp()))
+    text = con.export_text()
+    for needle in ("2.00 h", "$3.4560", "2,500", "0.971", key, "0.9123", "draining", "loc-2",
+                   "notice", "trace: outage"):
+        assert needle in text, needle
