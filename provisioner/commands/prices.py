@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pricing.catalog import canonical_gpu, gpu_for
-from pricing.errors import PricingError
+from pricing.errors import PricingError, SourceError, StoreError
 from pricing.model import PriceQuote, RiskEstimate, Snapshot
 from pricing.sources.trace_formats import parse_time
 from provisioner.errors import UserError
@@ -147,13 +147,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.source != "trace" and args.trace:
         raise UserError("--trace is only used with --source trace")
-    try:
-        source = make_source(args.source, trace=args.trace or None, regions=args.region or None,
-                             endpoint_url=args.endpoint_url, project=args.project)
-    except PricingError as exc:
-        if type(exc) is PricingError:
-            raise UserError(str(exc)) from None
-        raise
     at = None
     if args.at:
         if args.source != "trace":
@@ -162,7 +155,17 @@ def run(args: argparse.Namespace) -> int:
             at = parse_time(args.at)
         except ValueError:
             raise UserError(f"--at {args.at!r}: not an ISO 8601 time (e.g. 2025-01-01T00:00:00Z)") from None
-    snap = source.fetch(regions=args.region or None, gpus=args.gpu or None, now=at)
+    try:
+        source = make_source(args.source, trace=args.trace or None, regions=args.region or None,
+                             endpoint_url=args.endpoint_url, project=args.project)
+    except PricingError as exc:
+        if type(exc) is PricingError:
+            raise UserError(str(exc)) from None
+        raise
+    try:
+        snap = source.fetch(regions=args.region or None, gpus=args.gpu or None, now=at)
+    except SourceError as exc:  # API failure after the SDK's retries: one line, no traceback
+        raise UserError(f"cannot fetch {args.source} prices: {exc}") from None
     for note in snap.notes:
         log.info("%s", note)
     if args.source == "trace":
@@ -182,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
     if args.store:
         from pricing.store import PriceStore
 
-        PriceStore(args.store).append(ok)
+        try:
+            PriceStore(args.store).append(ok)
+        except StoreError as exc:
+            raise UserError(str(exc)) from None
     advisor = load_spot_advisor(args.advisor) if args.advisor else None
     risks = estimate([q.offering for q in ok], snap.lifetimes, advisor=advisor)
     rows = _rows(ok, risks, snap, now)
