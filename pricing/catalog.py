@@ -156,17 +156,19 @@ LAMBDA_FP16_PRIOR: dict[str, float] = {
     "RTX6000-ADA": 1.96,
 }
 
-#: GPUs absent from the Lambda tables: approximate figures from other published sources.
-#: - K80 0.20: Li, Walls, Guo, "Speeding up Deep Learning with Transient Servers" (ICAC 2019)
-#:   report K80 training steps about 5x slower than V100 for ResNet-32 on GCP.
-#: - P100 0.55: same paper (P100 about 1.8x slower than V100).
-#: - T4 0.35, A10G 0.85, L4 0.55, M60 0.15, K520 0.08: ratio of memory bandwidth to the V100's
-#:   900 GB/s (NVIDIA data sheets: T4 320, A10G 600, L4 300, M60 160/GPU, K520 160/GPU)
-#:   adjusted for tensor cores (T4/A10G/L4 have them; M60/K520 do not); A10G is the A10 die
-#:   at lower clocks, so 0.85 < the measured A10 0.92. Coarse: the trainer recalibrates.
+#: GPUs absent from the Lambda tables: coarse figures, not recomputed from data here (no public
+#: table with these GPUs was reachable; see ../shared/data/README.md "Not obtained"):
+#: - K80 0.20, P100 0.55: the order of the ratios in the ICAC 2019 transient-servers study
+#:   (Li, Walls, Guo; cake-lab/transient-deep-learning), where K80 steps are several times
+#:   and P100 steps about twice as slow as V100 ones.
+#: - T4 0.35, A10G 0.85, L4 0.55, M60 0.15, K520 0.08: memory bandwidth relative to the
+#:   V100's 900 GB/s (NVIDIA data sheets: T4 320, A10G 600, L4 300, M60 160 and K520 160 per
+#:   GPU), adjusted up for tensor cores (T4/A10G/L4) and down without them (M60/K520); A10G
+#:   is the A10 die at lower clocks, so 0.85 < the measured A10 0.92.
 #: - V100-32GB = V100. L40S 1.96 and RTX-PRO-6000 1.96: the RTX 6000 Ada figure above (same
 #:   Ada die as L40S; the Blackwell PRO 6000 is at least as fast), a conservative lower bound.
-#: - H200 4.77: H100 figure (same compute; more memory bandwidth), conservative.
+#: - H200 4.77: the H100 figure (same compute, more memory bandwidth), conservative.
+#: The trainer replaces every prior with measured step times.
 PUBLISHED_PRIOR: dict[str, float] = {
     "K80": 0.20, "P100": 0.55, "T4": 0.35, "A10G": 0.85, "L4": 0.55, "M60": 0.15,
     "K520": 0.08, "P4": 0.20, "V100-32GB": 1.00, "L40S": 1.96, "RTX-PRO-6000": 1.96,
