@@ -296,3 +296,19 @@ def test_heavy_noise_never_drains_a_healthy_worker():
             plan = plan_batches(model, list(true), 512, previous=plan.sizes)
             assert plan.drop == () and set(plan.sizes) == set(true)
             assert plan.sizes["w3"] >= 5
+
+
+def test_tracks_a_worker_that_slows_down_mid_run_within_20_steps():
+    true = {"w0": [0.0, 0.001], "w1": [0.0, 0.002], "w2": [0.0, 0.002]}
+    rng = random.Random(3)
+    model = SpeedModel()
+    plan = plan_batches(model, list(true), 600)
+    for step in range(61):
+        if step == 30:
+            true["w0"][1] = 0.003  # a noisy neighbour: w0 becomes 3x slower
+        model = observe(model, [StepTiming(m, b, true[m][1] * b * (1 + rng.gauss(0, 0.02)))
+                                for m, b in plan.sizes.items()])
+        plan = plan_batches(model, list(true), 600, previous=plan.sizes)
+    opt = optimal_sizes({m: LinearFit(a, c, 0) for m, (a, c) in true.items()}, 600)
+    assert rel_error(plan.sizes, opt) <= 0.02, (plan.sizes, opt)
+    assert plan.drop == ()
