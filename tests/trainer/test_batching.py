@@ -303,7 +303,7 @@ def test_tracks_a_worker_that_slows_down_mid_run_within_20_steps():
     rng = random.Random(3)
     model = SpeedModel()
     plan = plan_batches(model, list(true), 600)
-    for step in range(61):
+    for step in range(50):  # 20 steps after the change
         if step == 30:
             true["w0"][1] = 0.003  # a noisy neighbour: w0 becomes 3x slower
         model = observe(model, [StepTiming(m, b, true[m][1] * b * (1 + rng.gauss(0, 0.02)))
