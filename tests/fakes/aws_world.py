@@ -13,8 +13,9 @@ parent kills after a random delay), SIGKILLs it, starts a new daemon on the same
 recovers, and counts orphans (instances alive in moto that the state does not hold) and
 duplicates (instances beyond what an intent asked for, or beyond the fleet's size).
 
-Rule for callers: one :class:`AwsWorld` per test module (a moto server costs ~1 s); give
-each daemon its own job id so worlds shared by tests do not see each other's instances.
+Rule for callers: one :class:`AwsWorld` per test module (a moto server costs ~1 s), never
+two at once: moto's backends are global to the process and a new world resets them. Give each
+daemon its own job id so tests sharing a world do not see each other's instances.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class AwsWorld:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
+        # moto's backends are process-global: start from an empty account even when an
+        # earlier world (or mock_aws) in this process left resources behind.
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset",
+                                                      method="POST"), timeout=30).close()
         from pricing.sources.boto import make_client
 
         self.ec2 = make_client("ec2", REGION, endpoint_url=self.endpoint)
