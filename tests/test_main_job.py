@@ -26,6 +26,7 @@ from provisioner.state import State
 REPO = Path(__file__).resolve().parent.parent
 EPOCHS = 30
 TRAIN_SIZE = 1437  # digits: 1797 images, 80% train (examples/digits.py)
+BATCH = 64  # its global batch (DIGITS_BATCH default)
 
 
 def wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
@@ -89,19 +90,31 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
     assert fig["launches"] >= 5  # 3 at the start + 2 replacements
     assert state.live_instances() == []  # --on-exit terminate: nothing left running
 
-    # every sample exactly once per epoch, across joins, the drain and the kill
+    # every sample exactly once per epoch, across joins, the drain and the kill. One record
+    # can be missing: the killed worker's share of the step it committed just before the
+    # SIGKILL landed (its peers committed that step, so the samples were trained, but the
+    # killed process never wrote its record). That gap is bounded exactly below.
     seen: dict[int, list[int]] = {}
-    steps: dict[int, list[tuple]] = {}
+    per_step: dict[tuple[int, int], dict[str, int]] = {}
+    last_step: dict[str, int] = {}
     for f in (wd / "samples").glob("*.jsonl"):
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             seen.setdefault(rec["epoch"], []).extend(rec["ids"])
-            steps.setdefault(rec["epoch"], []).append((rec["step"], f.stem, len(rec["ids"])))
+            per_step.setdefault((rec["epoch"], rec["step"]), {})[f.stem] = len(rec["ids"])
+            last_step[f.stem] = max(last_step.get(f.stem, 0), rec["step"])
+    killed = joined[1]
     assert sorted(seen) == list(range(EPOCHS))
     for epoch, ids in seen.items():
-        assert len(ids) == TRAIN_SIZE and set(ids) == set(range(TRAIN_SIZE)), (
-            f"epoch {epoch}: {len(ids)} ids, {len(set(ids))} distinct; steps "
-            f"{sorted(steps[epoch])}; events {[(e.kind, e.instance_id) for e in state.events()]}")
+        assert len(ids) == len(set(ids)), f"epoch {epoch}: a sample was trained twice"
+        missing = TRAIN_SIZE - len(set(ids))
+        if missing:
+            gap = (epoch, last_step.get(killed, -1) + 1)
+            others = per_step.get(gap, {})
+            assert others and killed not in others, (epoch, missing, sorted(per_step))
+            size = BATCH if (epoch, gap[1] + 1) in per_step else (TRAIN_SIZE % BATCH or BATCH)
+            assert missing == size - sum(others.values()), (epoch, missing, others)
+    assert set().union(*(set(ids) for ids in seen.values())) == set(range(TRAIN_SIZE))
     assert fig["samples"] == EPOCHS * TRAIN_SIZE
 
     # reported spend == Σ instance-seconds × the market price in force, within 1%
