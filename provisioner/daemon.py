@@ -317,7 +317,7 @@ class Daemon:
             return
         from provisioner.optimizer import build_problem, solve
 
-        if self.coordinator is not None and self.coordinator.stats().get("finished"):
+        if self._job_over():
             return  # the job is over: nothing to launch or replace
         with self._lock:
             now = self.now()
@@ -356,6 +356,17 @@ class Daemon:
                 self._drain(d.instance_id, d.offering, d.reason)
             for launch in actions.launches:
                 self._launch(launch.offering, launch.count, launch.reason, prices)
+
+    def _job_over(self) -> bool:
+        """True once the ring finished, or a member left because the job is complete (the
+        others are finishing the same last step: replacing them would only cost money)."""
+        if self.coordinator is None:
+            return False
+        if self.coordinator.stats().get("finished"):
+            return True
+        events = getattr(self.coordinator, "events", lambda: [])()
+        return any(e.get("kind") == "leave" and str(e.get("detail", "")).startswith("finished")
+                   for e in events)
 
     def _risks(self) -> Mapping[Offering, Any]:
         try:
