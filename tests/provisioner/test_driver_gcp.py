@@ -163,3 +163,30 @@ def test_stockout_and_quota_are_capacity_errors(driver, fake):
     assert len(driver.launch(req("tok-9", 1)).instances) == 1
 
 
+
+
+def test_no_credentials_is_a_clear_error(monkeypatch, tmp_path):
+    from provisioner.errors import CredentialsError
+
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud ADC file
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # no metadata server either
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    with pytest.raises(CredentialsError, match="application-default"):
+        GcpDriver(GcpSettings(project=PROJECT))
+
+
+def test_partial_stockout_returns_what_was_launched(driver, fake, monkeypatch):
+    real = GcpDriver._resource
+    calls = []
+
+    def resource(self, request, name):  # the zone runs dry after the first VM
+        calls.append(name)
+        if len(calls) == 2:
+            fake.stockout(ZONE_A)
+        return real(self, request, name)
+
+    monkeypatch.setattr(GcpDriver, "_resource", resource)
+    result = driver.launch(req("tok-12", 3))
+    assert len(result.instances) == 1 and "ZONE_RESOURCE_POOL_EXHAUSTED" in result.errors[0]
+    assert len(fake.alive(PROJECT)) == 1
