@@ -217,17 +217,24 @@ class Spotring:
             cands.append(Candidate(o, price, s, hz, loss_h, 1, held if recent else None, held))
         nominal = p.size * v.speed[p.itype]
         nominal *= ring_efficiency(p.size, nominal, p.model_mb, p.global_batch, 10.0)
-        floor = 0.0
-        if v.deadline_s is not None:
-            left = max(v.work - v.done, 0.0)
-            hours = max((v.start + v.deadline_s - v.t) / 3600, 1e-6)
-            target = max(left / (hours * 3600), 1e-9)
-            od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                          default=0.0) * p.max_size
-            floor = deadline_floor(target, left, hours, od_rate, p.safety_hours)
-            kind = "deadline"
-        else:
-            target, kind = nominal * (1.0 - p.rate_tolerance), "min-cost"
+        # Without a deadline, the job's own pace sets one: the work at the nominal rate less
+        # the tolerance. Progress is then kept uniformly (Can't-Be-Late's Uniform Progress):
+        # the rate that finishes on time, recomputed at every decision, so spot capacity
+        # missing now is made up later; on-demand is bought only as the safety net.
+        deadline_s = v.deadline_s
+        if deadline_s is None:
+            deadline_s = v.work / (nominal * (1.0 - p.rate_tolerance))
+        left = max(v.work - v.done, 0.0)
+        hours = max((v.start + deadline_s - v.t) / 3600, 1e-6)
+        target = max(left / (hours * 3600), 1e-9)
+        od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
+                      default=0.0) * p.max_size
+        safety = min(p.safety_hours, 0.25 * deadline_s / 3600)  # short jobs: a quarter of it
+        floor = deadline_floor(target, left, hours, od_rate, safety)
+        kind = "deadline"
+        if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
+            spot_only = tuple(c for c in cands if c.offering.market == "spot" or c.current)
+            cands = [c for c in spot_only] or cands
         prob = Problem(tuple(cands), objective=kind, target_samples_per_s=target,
                        ondemand_floor_samples_per_s=floor, max_size=p.max_size,
                        max_zone_share=p.max_zone_share, zone_allowance=1, max_regions=1,
@@ -246,7 +253,7 @@ class Spotring:
                 break
             except InfeasibleError:
                 continue
-        if kind == "min-cost" and plan is not None and p.work_per_dollar_steps:
+        if plan is not None and p.work_per_dollar_steps and floor <= 0.0:
             # most useful work per dollar: a bigger fleet is taken when it is cheaper per sample
             for k in p.work_per_dollar_steps:
                 try:
