@@ -7,9 +7,13 @@ be woken. Policies see only what a real one would: current prices, what they hol
 zones just failed them, the progress made; never future prices or availability (except
 :func:`hindsight`, the offline lower bound, which lives in :mod:`provisioner.simulate`).
 
-- ``spotring``: our optimiser (min-cost for the baseline's nominal rate, or the deadline
-  objective), hot reconfiguration (a revocation costs the ring one step plus re-form time),
-  hazards learned online from the revocations observed so far.
+- ``spotring``: our optimiser with the deadline objective: the user's deadline, else its own
+  (the work at the baselines' nominal rate less ``rate_tolerance``), paced uniformly: the
+  rate that finishes on time is recomputed at every decision, so spot capacity missing now
+  is made up later; on-demand only when the slack falls below the safety margin. Among the
+  fleets that keep pace it prefers more useful work per dollar (``work_per_dollar_steps``).
+  Hot reconfiguration (a revocation costs the ring one step plus re-form time); hazards
+  learned online from the revocations observed so far.
 - ``on-demand``: N on-demand instances of the job's type, cheapest region.
 - ``cheapest-first``: SkyPilot-like managed spot: N spot instances in the cheapest zone; after
   a preemption or failed launch, back off 60 s and relaunch in the next cheapest zone;
