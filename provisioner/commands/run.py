@@ -81,6 +81,9 @@ def parse_duration(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not getattr(args, "verbose", 0):
+        # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
     if args.speed is not None and not args.speed > 0:
         raise UserError(f"--speed {args.speed}: must be > 0")
     if args.until_epochs is not None and args.until_epochs < 1:
