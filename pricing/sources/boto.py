@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 from pricing.errors import CredentialsError, SourceError
 
-#: botocore retry attempts (including the first call). Throttling on DescribeSpotPriceHistory
+#: botocore total attempts, the first call included (``total_max_attempts``; botocore's
+#: ``max_attempts`` would count retries only). Throttling on DescribeSpotPriceHistory
 #: and CreateFleet is common under a fan-out across regions; 8 attempts with adaptive backoff
 #: rides out bursts of about 20 s without making a daemon tick slower than its interval.
 MAX_ATTEMPTS = 8
@@ -34,7 +35,7 @@ def make_client(service: str, region: str, *, endpoint_url: str | None = None,
     import boto3  # lazy: importing boto3 costs ~0.3 s, not paid by commands that never call AWS
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": max_attempts, "mode": "adaptive"},
+    config = Config(retries={"total_max_attempts": max_attempts, "mode": "adaptive"},
                     connect_timeout=10, read_timeout=30)
     return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 

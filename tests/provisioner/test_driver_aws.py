@@ -178,7 +178,7 @@ def test_throttling_is_retried_by_botocore(aws):
 
 
 def test_throttling_past_the_retry_budget_is_a_driver_error(aws):
-    ec2 = make_client("ec2", REGION, max_attempts=2)  # botocore: 2 retries, 3 sends in all
+    ec2 = make_client("ec2", REGION, max_attempts=3)  # total attempts: 3 sends in all
     sends = inject(ec2, "DescribeInstances", [(503, ec2_error("RequestLimitExceeded"))] * 3)
     with pytest.raises(DriverError, match="RequestLimitExceeded"):
         AwsDriver(settings(), ec2=ec2).list("job-a")
