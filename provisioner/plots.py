@@ -18,11 +18,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def lines(path: str | Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
           title: str, ylabel: str, xlabel: str = "hours", step: bool = True,
-          logy: bool = False, max_legend: int = 12) -> Path:
+          logy: bool = False, max_legend: int = 12, xmax: float | None = None) -> Path:
     """Draw each named (x, y) series as a line (a step line when ``step``) and save a PNG.
 
     Returns the path written. Empty series are skipped; an all-empty input still writes a
-    figure that says "no data".
+    figure that says "no data". ``xmax`` crops the x axis (a long outlier run).
     """
     path = Path(path)
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
@@ -42,6 +42,8 @@ def lines(path: str | Path, series: Mapping[str, tuple[Sequence[float], Sequence
     ax.set_ylabel(ylabel)
     if logy:
         ax.set_yscale("log")
+    if xmax is not None and drawn:
+        ax.set_xlim(left=0, right=xmax)
     if 0 < drawn <= max_legend:
         ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)

@@ -74,6 +74,10 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     d.mkdir(parents=True, exist_ok=True)
     figs = figures(results)
     end_h = max([r.series[0][-1] for r in results.values() if r.series[0]] + [1.0])
+    # crop at twice the slowest of spotring, on-demand and hindsight (static-spot can take weeks)
+    refs = [r.completion_h for n, r in results.items()
+            if n in ("spotring", "on-demand", "hindsight") and r.completion_h]
+    xmax = min(end_h, 2.0 * max(refs)) if refs else None
     price_series = {}
     for o in sorted(world.price, key=lambda o: (o.market, o.key))[:12]:
         s = world.price[o]
@@ -86,16 +90,16 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
         price_series[f"{o.zone} {o.instance_type} {o.market}"] = (xs, ys)
     pngs = {
         "price.png": lines(d / "price.png", price_series, title="price over time",
-                           ylabel="USD / hour"),
+                           ylabel="USD / hour", xmax=xmax),
         "fleet.png": lines(d / "fleet.png", {n: (r.series[0], r.series[1])
                                              for n, r in results.items()},
-                           title="fleet size", ylabel="instances"),
+                           title="fleet size", ylabel="instances", xmax=xmax),
         "throughput.png": lines(d / "throughput.png", {n: (r.series[0], r.series[2])
                                                        for n, r in results.items()},
-                                title="training throughput", ylabel="samples / s"),
+                                title="training throughput", ylabel="samples / s", xmax=xmax),
         "cost.png": lines(d / "cost.png", {n: (r.series[0], r.series[3])
                                            for n, r in results.items()},
-                          title="cumulative cost", ylabel="USD", step=False),
+                          title="cumulative cost", ylabel="USD", step=False, xmax=xmax),
     }
     md = ["# spotring simulation report", "",
           f"Traces: {', '.join(traces)}  ",
