@@ -358,20 +358,33 @@ def run_cloud(settings: Settings, args: argparse.Namespace) -> int:
     from provisioner.metrics import Metrics
     from provisioner.state import State
 
-    if settings.cloud.driver == "aws":
-        from provisioner.drivers.aws import from_settings
+    from provisioner.errors import DriverError
 
-        driver = from_settings(settings.aws)
-        endpoint = settings.aws.endpoint_url
-    else:
-        from provisioner.drivers.gcp import from_settings as gcp_from_settings
+    try:  # a driver that cannot be built from its section is a configuration error
+        if settings.cloud.driver == "aws":
+            from provisioner.drivers.aws import from_settings
 
-        driver = gcp_from_settings(settings.gcp)
-        endpoint = None
+            driver = from_settings(settings.aws)
+            endpoint = settings.aws.endpoint_url
+        else:
+            from provisioner.drivers.gcp import from_settings as gcp_from_settings
+
+            driver = gcp_from_settings(settings.gcp)
+            endpoint = None
+    except DriverError as exc:
+        raise ConfigError(f"[{settings.cloud.driver}]: {exc}") from None
+    from pricing.errors import CredentialsError as PricingCredentialsError
+    from pricing.errors import PricingError
+
     src = settings.source
-    source = make_source(src.kind, trace=args.trace or ([src.trace, *src.traces] if src.trace
-                                                        else None),
-                         regions=src.regions or None, endpoint_url=endpoint)
+    try:
+        source = make_source(src.kind, trace=args.trace or ([src.trace, *src.traces]
+                                                            if src.trace else None),
+                             regions=src.regions or None, endpoint_url=endpoint)
+    except PricingCredentialsError:
+        raise
+    except PricingError as exc:
+        raise ConfigError(f"[source] kind = {src.kind!r}: {exc}") from None
     metrics = Metrics()
     port = args.metrics_port if args.metrics_port is not None else settings.daemon.metrics_port
     if port is not None:

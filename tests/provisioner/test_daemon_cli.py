@@ -164,3 +164,23 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
     for needle in ("2.00 h", "$3.4560", "2,500", "0.971", key, "0.9123", "draining", "loc-2",
                    "notice", "trace: outage"):
         assert needle in text, needle
+
+
+def test_cloud_run_without_credentials_or_template_is_one_line_exit_2(tmp_path, provision,
+                                                                       monkeypatch, shared_data):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    state = tmp_path / "state.sqlite"
+    cfg = tmp_path / "aws.toml"
+    cfg.write_text(f'[cloud]\ndriver = "aws"\n[daemon]\nstate_path = "{state}"\n')
+    r = provision("run", "--config", str(cfg))
+    assert r.returncode == 2 and "launch_template" in r.stderr, r.stderr
+    cfg.write_text(f'[cloud]\ndriver = "aws"\n[aws]\nlaunch_template = "spotring-worker"\n'
+                   f'[daemon]\nstate_path = "{state}"\n')
+    trace = shared_data / "spot_availability_traces/cant_be_late/availability/1-node/aws-02-15-2023"
+    r = provision("run", "--config", str(cfg), "--trace", str(trace))
+    assert r.returncode == 2 and "credentials" in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0
