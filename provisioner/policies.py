@@ -84,8 +84,8 @@ class Params:
     max_size: int = 16
     churn_horizon_hours: float = 1.0
     safety_hours: float = 2.0
-    rate_tolerance: float = 0.1  # spotring (no deadline) aims at the nominal rate less this
-    work_per_dollar_steps: tuple[float, ...] = (2.0,)  # also try this x the rate; keep the
+    rate_tolerance: float = 0.0  # spotring (no deadline) paces to the nominal rate less this
+    work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)  # also try these x the rate; keep the
     # plan with the lower cost per useful sample (the design's "useful work per dollar")
 
 

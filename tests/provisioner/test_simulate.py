@@ -77,14 +77,14 @@ def test_cheapest_first_restarts_from_checkpoint_in_the_next_zone_after_backoff(
 
 
 def test_spotring_loses_at_most_one_step_on_a_revocation():
-    # Same trace: spotring paces the work to finish by its own deadline, work / (90% of the
-    # nominal 100/s) = 8,000 s. It holds a, loses one 1-s step of 100/s at 0.75 h, re-plans
-    # at once away from a (avoided) and finishes in b before 8,000 s, well before
-    # cheapest-first's 8,160 s; its only loss is that one step.
+    # Same trace: spotring paces the work to finish by its own deadline, work / the nominal
+    # 100/s = 7,200 s. It holds a, loses one 1-s step of 100/s at 0.75 h, re-plans at once
+    # away from a (avoided) and finishes in b by 7,200 s, before cheapest-first's 8,160 s;
+    # its only loss is that one step.
     world = two_zone_world((0.75, 9.0))
     r = simulate_policy(world, "spotring", params(), work=720_000)
     assert r.revocations == 1 and r.work_lost == pytest.approx(100)
-    assert r.completion_h <= 8000 / 3600 + 1e-9
+    assert r.completion_h <= 7200 / 3600 + 1e-9
     assert r.cost >= 0.75 * 1.0 + (2.0 - 0.75) * 1.5 - 1e-9  # a until 0.75 h, then b only
 
 
