@@ -1,34 +1,52 @@
-"""State sync over a real gloo group (two ranks in threads of this process): what travels."""
+"""State sync over a real gloo group of two processes: what travels, and from whom."""
 
 from __future__ import annotations
 
-import threading
+import io
 from typing import Any
 
 import torch
 from torch.distributed import TCPStore
 
+from tests.trainer.ringutil import _context
 from trainer import batching, ring, sync
 
 
-def _run_pair(fn0: Any, fn1: Any) -> list[Any]:
+def _rank(port: int, rank: int, step: int, fresh: bool, state_step: int | None, q: Any
+          ) -> None:
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    pg = ring.form_group(store, 1, rank, 2, 30.0, lambda: False)
+    state = _trained_state(state_step) if state_step is not None else {}
+    res = sync.sync_state(pg, rank, 2, step, fresh, lambda: state, lambda: False)
+    buf = io.BytesIO()
+    torch.save(res, buf)  # plain bytes: tensors in a queue would need the sender alive
+    q.put((rank, buf.getvalue()))
+
+
+def _run_pair(r0: tuple[int, bool, int | None], r1: tuple[int, bool, int | None]
+              ) -> list[Any]:
+    """Run sync_state on two forked ranks: (step, fresh, step of the state it holds)."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = _context()
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_rank, args=(store.port, r, *args, q))
+          for r, args in ((0, r0), (1, r1))]
+    for p in ps:
+        p.start()
     out: list[Any] = [None, None]
-
-    def run(rank: int, fn: Any) -> None:
-        pg = ring.form_group(store, 1, rank, 2, 10.0, lambda: False)
-        out[rank] = fn(pg)
-
-    ts = [threading.Thread(target=run, args=(r, f)) for r, f in ((0, fn0), (1, fn1))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
+    for _ in range(2):
+        rank, res = q.get(timeout=120)
+        out[rank] = torch.load(io.BytesIO(res), weights_only=False)
+    for p in ps:
+        p.join(30)
     return out
 
 
 def _trained_state(step: int) -> dict[str, Any]:
     torch.manual_seed(0)
+    import random
+
+    random.seed(step)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model(torch.randn(3, 4)).sum().backward()
@@ -41,10 +59,7 @@ def _trained_state(step: int) -> dict[str, Any]:
 
 def test_fresh_joiner_receives_the_full_state() -> None:
     src = _trained_state(step=7)
-    got = _run_pair(
-        lambda pg: sync.sync_state(pg, 0, 2, 7, False, lambda: src, lambda: False),
-        lambda pg: sync.sync_state(pg, 1, 2, 0, True, lambda: {}, lambda: False))
-    (s0, src0, n0), (s1, src1, n1) = got
+    (s0, src0, n0), (s1, src1, n1) = _run_pair((7, False, 7), (0, True, None))
     assert src0 == src1 == 0 and n0 == n1 > 0
     for s in (s0, s1):
         assert s is not None and s["step"] == 7 and s["cursor"] == (2, 128)
@@ -52,23 +67,17 @@ def test_fresh_joiner_receives_the_full_state() -> None:
         assert torch.equal(s["model"]["weight"], src["model"]["weight"])
         exp = src["optimizer"]["state"][0]["exp_avg"]
         assert torch.equal(s["optimizer"]["state"][0]["exp_avg"], exp)
-        assert torch.equal(s["rng"]["torch"], src["rng"]["torch"])
+        assert s["rng"]["python"] == src["rng"]["python"]
 
 
 def test_the_member_with_the_newest_step_is_the_source() -> None:
-    old, new = _trained_state(step=5), _trained_state(step=6)
-    got = _run_pair(
-        lambda pg: sync.sync_state(pg, 0, 2, 5, False, lambda: old, lambda: False),
-        lambda pg: sync.sync_state(pg, 1, 2, 6, False, lambda: new, lambda: False))
+    got = _run_pair((5, False, 5), (6, False, 6))
     assert got[0][1] == got[1][1] == 1
     assert got[0][0]["step"] == 6
 
 
 def test_nothing_travels_when_everyone_holds_the_same_step() -> None:
-    st = _trained_state(step=3)
-    got = _run_pair(
-        lambda pg: sync.sync_state(pg, 0, 2, 3, False, lambda: st, lambda: False),
-        lambda pg: sync.sync_state(pg, 1, 2, 3, False, lambda: st, lambda: False))
+    got = _run_pair((3, False, 3), (3, False, 3))
     assert got[0] == (None, 0, 0) and got[1] == (None, 0, 0)
 
 
