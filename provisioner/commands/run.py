@@ -40,6 +40,10 @@ from provisioner.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
+#: Workers exiting this many times with none ever joining the ring stop the run (a broken job
+#: file or interpreter would otherwise be relaunched forever, each launch paid for).
+CRASH_LOOP_EXITS = 4
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the provisioning daemon (default: the local main job)",
@@ -112,6 +116,8 @@ class LocalRun:
         self.on_exit = args.on_exit or "terminate"
         self.stop = threading.Event()
         self.interrupted = False
+        self.failure: str | None = None
+        self._old_handlers: dict[int, Any] = {}
 
     def market(self) -> tuple[Any, list[str]]:
         """The snapshot to replay and notes; raises on a bad trace (nothing started yet)."""
@@ -204,7 +210,7 @@ class LocalRun:
             daemon.start()
             t0 = daemon.now().timestamp()
             self._watch(daemon, t0)
-            ok = True
+            ok = self.failure is None
         finally:
             if daemon is not None:  # on an error nothing is left running, whatever --on-exit
                 daemon.stop(self.on_exit if ok else "terminate")
@@ -212,6 +218,10 @@ class LocalRun:
                 ring = coordinator.stats()
                 coordinator.stop()
             metrics.close()
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
+        if self.failure:
+            raise UserError(self.failure)
         return self._finish(daemon, ring, notes)
 
     def _reset_workdir(self) -> None:
@@ -284,11 +294,29 @@ class LocalRun:
             self.stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, on_signal)
+            self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _crash_loop(self, daemon: Any) -> str | None:
+        """Workers that keep exiting without ever joining mean a broken job or worker set-up."""
+        exits = daemon.state.events(kinds=["exited"])
+        if len(exits) < CRASH_LOOP_EXITS or daemon.state.events(kinds=["ring-join"], limit=1):
+            return None
+        log_file = self.workdir / "cloud" / "logs" / f"{exits[-1].instance_id}.log"
+        tail = ""
+        try:
+            lines = [ln for ln in log_file.read_text().splitlines() if ln.strip()]
+            tail = f": {lines[-1][:200]}" if lines else ""
+        except OSError:
+            pass
+        return (f"{len(exits)} workers exited before any joined the ring (see {log_file}"
+                f"{tail}); check job.job_file and local.worker_args")
 
     def _done(self, daemon: Any, t0: float) -> str | None:
         if self.stop.is_set():
             return "interrupted"
+        self.failure = self._crash_loop(daemon)
+        if self.failure:
+            return "workers failing"
         stats = daemon.coordinator.stats()
         if stats.get("finished"):
             return "the job finished" + (" (every member lost)" if stats.get("lost") else "")

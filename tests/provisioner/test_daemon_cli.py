@@ -184,3 +184,19 @@ def test_cloud_run_without_credentials_or_template_is_one_line_exit_2(tmp_path, 
     r = provision("run", "--config", str(cfg), "--trace", str(trace))
     assert r.returncode == 2 and "credentials" in r.stderr, r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_workers_that_never_join_stop_the_run_with_their_error(tmp_path, provision):
+    job = tmp_path / "broken_job.py"
+    job.write_text('raise RuntimeError("broken on purpose")\n')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[job]\njob_file = "{job}"\n[fleet]\nmarkets = ["spot"]\nmax_size = 2\n')
+    wd = tmp_path / "w"
+    r = provision("run", "--config", str(cfg), "--workdir", str(wd), "--no-dashboard",
+                  "--speed", "120")
+    assert r.returncode == 2, r.stderr
+    assert "exited before any joined" in r.stderr and "broken on purpose" in r.stderr
+    assert no_workers_left(wd)
+    st = State(wd / "state.sqlite")
+    assert st.live_instances() == []
