@@ -213,6 +213,9 @@ class DaemonSettings(_Section):
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
     coordinator_host: str = Field("127.0.0.1", description="address workers dial")
     coordinator_port: int = Field(0, ge=0, le=65535, description="0: any free port")
+    token_path: str | None = Field(None, description="ring token file; when set, a cloud daemon "
+                                   "runs the trainer's coordinator inside (the local run makes "
+                                   "its own)")
 
 
 class Settings(_Section):

@@ -413,24 +413,49 @@ def run_cloud(settings: Settings, args: argparse.Namespace) -> int:
         raise
     except PricingError as exc:
         raise ConfigError(f"[source] kind = {src.kind!r}: {exc}") from None
-    metrics = Metrics()
-    port = args.metrics_port if args.metrics_port is not None else settings.daemon.metrics_port
-    if port is not None:
-        metrics.serve(port)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    daemon = Daemon(settings, driver, source, State(settings.daemon.state_path),
-                    now=lambda: datetime.now(timezone.utc), metrics=metrics)
+    d = settings.daemon
+    token = None
+    if d.token_path:
+        try:
+            token = Path(d.token_path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"daemon.token_path = {d.token_path!r}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"daemon.token_path = {d.token_path!r}: the file is empty")
     duration = parse_duration(args.duration) if args.duration else None
-    t0 = time.monotonic()
+    metrics = Metrics()
+    coordinator = None
+    daemon = None
+    stop = threading.Event()
     try:
+        port = args.metrics_port if args.metrics_port is not None else d.metrics_port
+        if port is not None:
+            metrics.serve(port)
+        if token is not None:  # the stable member of the ring: workers dial this address
+            from trainer.coordinator import Coordinator
+
+            coordinator = Coordinator(d.coordinator_host, d.coordinator_port, token)
+            try:
+                coordinator.start()
+            except (RuntimeError, OSError) as exc:
+                coordinator = None
+                raise UserError(f"daemon.coordinator_port {d.coordinator_port}: cannot listen "
+                                f"({str(exc).splitlines()[0][:120]})") from None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        daemon = Daemon(settings, driver, source, State(d.state_path),
+                        now=lambda: datetime.now(timezone.utc), metrics=metrics,
+                        coordinator=coordinator)
+        t0 = time.monotonic()
         daemon.start()
         while not stop.wait(1.0):
             if duration is not None and time.monotonic() - t0 >= duration:
                 break
     finally:
-        daemon.stop(args.on_exit or settings.daemon.on_exit)
+        if daemon is not None:
+            daemon.stop(args.on_exit or d.on_exit)
+        if coordinator is not None:
+            coordinator.stop()
         metrics.close()
     print(f"stopped; state in {settings.daemon.state_path} (see `provision status`)")
     return 0

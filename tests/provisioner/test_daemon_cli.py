@@ -200,3 +200,13 @@ def test_workers_that_never_join_stop_the_run_with_their_error(tmp_path, provisi
     assert no_workers_left(wd)
     st = State(wd / "state.sqlite")
     assert st.live_instances() == []
+
+
+def test_cloud_run_token_path_must_be_readable(tmp_path, provision, shared_data):
+    cfg = tmp_path / "aws.toml"
+    cfg.write_text(f'[cloud]\ndriver = "aws"\n[aws]\nlaunch_template = "spotring-worker"\n'
+                   f'[daemon]\nstate_path = "{tmp_path / "s.sqlite"}"\n'
+                   f'token_path = "{tmp_path / "missing-token"}"\n')
+    trace = shared_data / "spot_availability_traces/cant_be_late/availability/1-node/aws-02-15-2023"
+    r = provision("run", "--config", str(cfg), "--trace", str(trace))
+    assert r.returncode == 2 and "daemon.token_path" in r.stderr, r.stderr
