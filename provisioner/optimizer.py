@@ -252,6 +252,9 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
             break
         n_guess = max(n_guess + 1, n_found)
         gbps = min(gbps, new_gbps)
+        if problem.max_regions == 1:  # re-solve in the region found (and where we hold)
+            keep = {c.offering.region for c in model.cands}
+            cands = [c for c in cands if c.offering.region in keep or c.current]
     assert best is not None
     model, x, status = best
     return _plan(problem, model, x, status, pruned, (time.perf_counter() - t0) * 1000)
