@@ -20,11 +20,15 @@ locals {
     max_workers        = var.max_workers
     launch_template_id = aws_launch_template.worker.id
     queue_url          = aws_sqs_queue.notices.url
-    subnets            = { for s in data.aws_subnet.worker : s.availability_zone => s.id }
-    coordinator_host   = local.daemon_private_ip
-    coordinator_port   = var.coordinator_port
-    token_path         = local.token_path
-    state_path         = "/var/lib/spotring/state.sqlite"
+    # Keyed by zone name and by zone id: price sources name zones either way (use1-az1).
+    subnets = merge(
+      { for s in data.aws_subnet.worker : s.availability_zone => s.id },
+      { for s in data.aws_subnet.worker : s.availability_zone_id => s.id },
+    )
+    coordinator_host = local.daemon_private_ip
+    coordinator_port = var.coordinator_port
+    token_path       = local.token_path
+    state_path       = "/var/lib/spotring/state.sqlite"
   }
 }
 

@@ -32,8 +32,9 @@ mock_provider "aws" {
 
   mock_data "aws_subnet" {
     defaults = {
-      cidr_block        = "10.0.1.0/24"
-      availability_zone = "us-east-1a"
+      cidr_block           = "10.0.1.0/24"
+      availability_zone    = "us-east-1a"
+      availability_zone_id = "use1-az1"
     }
   }
 
@@ -92,8 +93,8 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
-    condition     = output.daemon_settings.subnets == { "us-east-1a" = "subnet-0123456789abcdef0" }
-    error_message = "the daemon must know the subnet of each zone"
+    condition     = output.daemon_settings.subnets == { "us-east-1a" = "subnet-0123456789abcdef0", "use1-az1" = "subnet-0123456789abcdef0" }
+    error_message = "the daemon must know the subnet of each zone, by name and by id"
   }
 
   assert {

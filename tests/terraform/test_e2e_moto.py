@@ -1,0 +1,211 @@
+"""End to end on an emulated AWS: `terraform apply` of terraform/aws against a moto server, the
+daemon (`provision run`) configured from `terraform output -json` launches workers from the
+module's launch template, a spot interruption event reaches the daemon's queue through the
+module's EventBridge rule, and `terraform destroy` leaves nothing of the module behind.
+
+The provider is pointed at moto by an override file written into a tmp copy of the module
+(``moto_override.tf``); the repository copy is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.terraform.conftest import REPO, Terraform, make_terraform, require_aws_mirror
+
+pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+
+JOB = "e2e"
+REGION = "us-east-1"
+SERVICES = ("ec2", "iam", "sqs", "events", "ssm", "sts")
+
+
+def _override(endpoint: str) -> str:
+    endpoints = "\n".join(f'    {s} = "{endpoint}"' for s in SERVICES)
+    return f'''# test only: the AWS provider talks to a moto server
+provider "aws" {{
+  access_key                  = "testing"
+  secret_key                  = "testing"
+  skip_credentials_validation = true
+  skip_requesting_account_id  = true
+  skip_metadata_api_check     = true
+
+  endpoints {{
+{endpoints}
+  }}
+}}
+'''
+
+
+@pytest.fixture()
+def moto_endpoint(monkeypatch: pytest.MonkeyPatch):
+    from moto.server import ThreadedMotoServer
+
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", REGION)):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def _clients(endpoint: str) -> dict:
+    import boto3
+
+    return {s: boto3.client(s, region_name=REGION, endpoint_url=endpoint)
+            for s in ("ec2", "iam", "sqs", "events", "ssm")}
+
+
+def _job_instances(ec2) -> list[dict]:
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+        {"Name": "tag:spotring:job", "Values": [JOB]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
+def _apply(tf: Terraform, aws: dict, endpoint: str) -> tuple[dict, str]:
+    ec2 = aws["ec2"]
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])
+    subnet_ids = sorted(s["SubnetId"] for s in subnets["Subnets"])[:2]
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    (tf.workdir / "moto_override.tf").write_text(_override(endpoint))
+    (tf.workdir / "e2e.auto.tfvars.json").write_text(json.dumps({
+        "job_id": JOB, "job_module": "examples.digits", "vpc_id": vpc["VpcId"],
+        "subnet_ids": subnet_ids, "worker_ami_id": ami, "daemon_ami_id": ami,
+        "daemon_detailed_monitoring": False,  # moto lacks MonitorInstances
+        "max_workers": 2}))
+    tf.env["TF_VAR_ring_token"] = "e2e-" + "0123456789abcdef" * 2
+    tf.init()
+    tf.run("apply", "-auto-approve", "-input=false", "-no-color", timeout=420)
+    return tf.outputs(), ami
+
+
+def _check_applied(aws: dict, outputs: dict, ami: str) -> None:
+    from tests.terraform.iam_scan import required_actions
+    from tests.terraform.test_iam_parity import CODE
+
+    lt_id = outputs["launch_template_id"]["value"]
+    lt = aws["ec2"].describe_launch_template_versions(LaunchTemplateId=lt_id)
+    data = lt["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    assert data["ImageId"] == ami
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    # (moto's CreateFleet does not copy the profile onto instances, so it is checked here)
+    assert data["IamInstanceProfile"]["Arn"] == outputs["worker_instance_profile_arn"]["value"]
+    assert outputs["security_group_id"]["value"] in data["SecurityGroupIds"]
+
+    sg = aws["ec2"].describe_security_groups(
+        GroupIds=[outputs["security_group_id"]["value"]])["SecurityGroups"][0]
+    assert sg["IpPermissions"], "the ring ports must be open to ring members"
+    for perm in sg["IpPermissions"]:
+        assert not perm.get("IpRanges") and not perm.get("Ipv6Ranges"), perm
+        assert [p["GroupId"] for p in perm["UserIdGroupPairs"]] == [sg["GroupId"]], perm
+
+    role = outputs["daemon_role_arn"]["value"].split("/")[-1]
+    doc = aws["iam"].get_role_policy(RoleName=role, PolicyName="spotring-api")["PolicyDocument"]
+    doc = json.loads(doc) if isinstance(doc, str) else doc
+    applied = {a for st in doc["Statement"] for a in
+               ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    assert applied == required_actions(CODE)
+
+    queue = outputs["queue_url"]["value"]
+    policy = json.loads(aws["sqs"].get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["Policy"])["Attributes"]["Policy"])
+    allows = [s for s in policy["Statement"] if s["Effect"] == "Allow"]
+    assert [s["Principal"] for s in allows] == [{"Service": "events.amazonaws.com"}]
+    rules = outputs["notice_rule_arns"]["value"]
+    assert sorted(rules) == ["interruption", "rebalance", "state-change"]
+    for name in rules:
+        targets = aws["events"].list_targets_by_rule(Rule=f"spotring-{JOB}-{name}")["Targets"]
+        assert [t["Arn"] for t in targets] == [outputs["queue_arn"]["value"]]
+
+
+def _daemon_config(outputs: dict, endpoint: str, tmp: Path, shared_data: Path) -> Path:
+    sys.path.insert(0, str(REPO / "terraform"))
+    try:
+        import render_config
+    finally:
+        sys.path.pop(0)
+    config = render_config.render(outputs, endpoint_url=endpoint,
+                                  state_path=str(tmp / "state.sqlite"))
+    # Every cloud call goes to moto, but moto's spot price history is synthetic (below the
+    # GPU price floors and stale, so sanity rejects all of it): prices come from the real
+    # 2022 AWS trace instead, with the quote age limit opened up for its dates.
+    config["source"] = {"kind": "trace", "regions": config["source"]["regions"], "trace": str(
+        shared_data / "aws_spot_price_history" / "ericpauley_2022-05-31_all_types.csv.gz")}
+    config["optimizer"] = {"max_quote_age_hours": 24.0 * 365 * 20}
+    path = tmp / "spotring.toml"
+    path.write_text(render_config.to_toml(config))
+    return path
+
+
+def _interruption_reaches_the_queue(aws: dict, outputs: dict, instance_id: str) -> None:
+    from provisioner.drivers.aws_notices import parse_message
+    from provisioner.drivers.base import INTERRUPTION
+
+    detail = {"instance-id": instance_id, "instance-action": "terminate"}
+    put = aws["events"].put_events(Entries=[{
+        "Source": "aws.ec2", "DetailType": "EC2 Spot Instance Interruption Warning",
+        "Detail": json.dumps(detail), "Resources": [f"arn:aws:ec2:{REGION}::instance/{instance_id}"]}])
+    assert put["FailedEntryCount"] == 0
+    messages = aws["sqs"].receive_message(QueueUrl=outputs["queue_url"]["value"],
+                                          MaxNumberOfMessages=10).get("Messages", [])
+    notices = [parse_message(m["Body"]) for m in messages]
+    assert [(n.instance_id, n.kind) for n in notices if n] == [(instance_id, INTERRUPTION)]
+
+
+def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
+        tmp_path: Path, moto_endpoint: str, shared_data: Path) -> None:
+    require_aws_mirror()
+    tf = make_terraform(tmp_path, "aws")
+    aws = _clients(moto_endpoint)
+    outputs, ami = _apply(tf, aws, moto_endpoint)
+    try:
+        _check_applied(aws, outputs, ami)
+        config = _daemon_config(outputs, moto_endpoint, tmp_path, shared_data)
+        proc = subprocess.run([sys.executable, "-m", "provisioner.cli", "-v", "run", "--config",
+                               str(config), "--duration", "20s", "--on-exit", "keep"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        workers = _job_instances(aws["ec2"])
+        assert workers, f"the daemon launched nothing:\n{proc.stderr[-5000:]}"
+        lt_id = outputs["launch_template_id"]["value"]
+        for inst in workers:
+            assert inst["ImageId"] == ami
+            # (moto's CreateFleet gives instances the VPC's default group instead of the
+            # template's; the template's groups are checked in _check_applied)
+            assert inst["SubnetId"] in outputs["subnet_ids"]["value"]
+            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+            assert tags.get("aws:ec2launchtemplate:id", lt_id) == lt_id
+        _interruption_reaches_the_queue(aws, outputs, workers[0]["InstanceId"])
+        aws["ec2"].terminate_instances(InstanceIds=[i["InstanceId"] for i in workers])
+    finally:
+        tf.run("destroy", "-auto-approve", "-input=false", "-no-color", "-refresh=false",
+               timeout=420)
+    assert json.loads(tf.run("show", "-json", "-no-color").stdout).get("values") is None
+    ec2 = aws["ec2"]
+    assert ec2.describe_launch_templates(Filters=[
+        {"Name": "launch-template-name", "Values": [f"spotring-{JOB}-worker"]}])[
+        "LaunchTemplates"] == []
+    assert not [g for g in ec2.describe_security_groups()["SecurityGroups"]
+                if g["GroupName"].startswith(f"spotring-{JOB}")]
+    assert not [r for r in aws["iam"].list_roles()["Roles"]
+                if r["RoleName"].startswith(f"spotring-{JOB}")]
+    assert aws["sqs"].list_queues().get("QueueUrls", []) == []
+    assert aws["events"].list_rules(NamePrefix=f"spotring-{JOB}")["Rules"] == []
+    assert aws["ssm"].describe_parameters()["Parameters"] == []
+    daemon = outputs["daemon_instance_id"]["value"]
+    state = ec2.describe_instances(InstanceIds=[daemon])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == "terminated"
