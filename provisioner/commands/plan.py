@@ -85,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
                                                  for q in ok if q.on_demand_per_hour},
                      snap.lifetimes)
     problem = build_problem(settings, ok, risks, now=now)
-    plan = solve(problem, time_limit_s=settings.optimizer.time_limit_s)
+    from provisioner.commands.simulate import quiet_stdout
+
+    with quiet_stdout():
+        plan = solve(problem, time_limit_s=settings.optimizer.time_limit_s)
     if args.json:
         out = plan_json(plan)
         out["refused_quotes"] = len(refused) + len(snap.rejected)

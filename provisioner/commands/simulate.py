@@ -13,10 +13,29 @@ cannot be used is a user error (exit 2) naming the file and the fix.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from typing import Any
+import os
+import sys
+from typing import Any, Iterator
 
 from provisioner.errors import UserError
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Send file descriptor 1 to /dev/null for the block: HiGHS (C++) sometimes prints
+    debug lines to stdout, which would corrupt ``--json`` output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _kv(text: str) -> tuple[str, float]:
@@ -110,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
                     safety_hours=settings.objective.safety_hours)
     names = args.policy or [n for n in ALL_POLICIES
                             if n != "uniform-progress" or args.deadline is not None]
-    results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
-                      tick_s=args.tick, seed=args.seed)
+    with quiet_stdout():
+        results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
+                          tick_s=args.tick, seed=args.seed)
     if args.report:
         path = write_report(args.report, world, results, params=params, work=args.work,
                             deadline_h=args.deadline, traces=args.trace)
