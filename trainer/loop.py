@@ -336,7 +336,8 @@ class _Member:
             if self.pending and int(state["step"]) == self.pending.step + 1:
                 self._record(self.pending)  # the step completed on a peer: it counts
                 self.pending = None
-            w.load(state)
+            if self.fresh or int(state["step"]) != w.step:
+                w.load(state)  # members already at that step hold the same bits: skip
         if self.pending is not None:
             discarded = 1
             self.pending = None

@@ -83,8 +83,8 @@ def sync_state(
     generation of the job, where every member is fresh and rank 0's freshly built state is
     the one everybody takes. ``get_state`` builds the
     state dict (called on the source only). Returns ``(state, src, nbytes)``: the state this
-    member must load (None when everyone already holds the same step and nobody is fresh),
-    the source rank and the bytes sent. Raises :class:`ring.RingBroken` on failure.
+    member must load (None when this member already holds the newest step: with the commit
+    rule, the same step means the same bits), the source rank and the bytes sent. Raises :class:`ring.RingBroken` on failure.
     """
     table = torch.zeros(world, 2, dtype=torch.float64)
     table[rank, 0] = -1 if fresh else step
@@ -108,4 +108,6 @@ def sync_state(
     data = payload if payload is not None else torch.empty(int(length.item()), dtype=torch.uint8)
     ring.broadcast(pg, data, src, should_abort)
     log.info("state synced", extra={"src": src, "bytes": int(length.item()), "steps": steps})
+    if not fresh and step == best:
+        return None, src, int(length.item())  # this member already holds these bits
     return loads(data), src, int(length.item())

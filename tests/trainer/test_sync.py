@@ -61,7 +61,8 @@ def test_fresh_joiner_receives_the_full_state() -> None:
     src = _trained_state(step=7)
     (s0, src0, n0), (s1, src1, n1) = _run_pair((7, False, 7), (0, True, None))
     assert src0 == src1 == 0 and n0 == n1 > 0
-    for s in (s0, s1):
+    assert s0 is None  # the source keeps what it has
+    for s in (s1,):
         assert s is not None and s["step"] == 7 and s["cursor"] == (2, 128)
         assert s["speed"] == src["speed"] and s["sizes"] == {"a/1": 16}
         assert torch.equal(s["model"]["weight"], src["model"]["weight"])
@@ -73,7 +74,7 @@ def test_fresh_joiner_receives_the_full_state() -> None:
 def test_the_member_with_the_newest_step_is_the_source() -> None:
     got = _run_pair((5, False, 5), (6, False, 6))
     assert got[0][1] == got[1][1] == 1
-    assert got[0][0]["step"] == 6
+    assert got[0][0]["step"] == 6 and got[1][0] is None
 
 
 def test_nothing_travels_when_everyone_holds_the_same_step() -> None:
