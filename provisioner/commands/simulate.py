@@ -49,9 +49,13 @@ def _kv(text: str) -> tuple[str, float]:
     return itype, value
 
 
-def register(subparsers: Any) -> None:
-    from provisioner.simreport import ALL_POLICIES
+#: The policy names (kept here so building the parser imports neither scipy nor matplotlib;
+#: tests check it equals provisioner.simreport.ALL_POLICIES).
+ALL_POLICIES = ("spotring", "on-demand", "cheapest-first", "static-spot", "uniform-progress",
+                "hindsight")
 
+
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "simulate", help="replay real traces against spotring and baseline policies",
         description="Replay price and availability traces on a virtual clock against "
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
     from provisioner.policies import Params
-    from provisioner.simreport import ALL_POLICIES, figures, run_all, write_report
+    from provisioner.simreport import figures, run_all, write_report
     from provisioner.simworld import build_world
     from provisioner.throughput import ThroughputModel
 

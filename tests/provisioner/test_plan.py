@@ -91,3 +91,10 @@ def test_simulate_uniform_progress_needs_a_deadline(tmp_path, prices, capsys):
     assert main(["simulate", "--trace", str(prices), "--work", "1e6",
                  "--policy", "uniform-progress"]) == 2
     assert "needs --deadline" in capsys.readouterr().err
+
+
+def test_cli_policy_names_match_the_simulator():
+    from provisioner.commands.simulate import ALL_POLICIES as cli
+    from provisioner.simreport import ALL_POLICIES
+
+    assert cli == ALL_POLICIES
