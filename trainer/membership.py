@@ -23,7 +23,8 @@ Protocol (all keys live in the coordinator's ``TCPStore``):
   collective, and the coordinator takes a roll call before publishing ``n + 1``.
 * ``formed/<n>/<id>``: a member's report after forming generation ``n`` (checksum of its
   parameters, step, discarded steps).
-* ``stats``, ``speed/<id>``, ``done/<id>``, ``finished``: progress reports.
+* ``stats``, ``speed/<id>``, ``done/<id>``, ``finished``: progress reports; the counters
+  ``drains``, ``dones`` and ``formedn/<n>`` tell the coordinator when to look.
 
 Rule for callers: never assume a static rank or world size; ranks are positions in the
 current plan only.
