@@ -234,6 +234,10 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
     spot_starts = [s.t[0] for o, s in price.items() if o.market == "spot"]
     lo = max([min(spot_starts)] + [v.t[0] for v in avail_steps.values() if v is not None])
     hi_candidates = [v.t[-1] for v in avail_steps.values() if v is not None]
+    if hi_candidates:  # availability records are changes: the trace ends where its
+        # lifetimes end (the loader censors the last ones at the end of the trace)
+        hi_candidates += [ts(lt.start) + lt.seconds for lt in snapshot.lifetimes
+                          if lt.offering in avail_steps and avail_steps[lt.offering] is not None]
     hi = max(hi_candidates) if hi_candidates else max(s.t[-1] for s in price.values())
     if start is not None:
         lo = ts(start)

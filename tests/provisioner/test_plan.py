@@ -98,3 +98,25 @@ def test_cli_policy_names_match_the_simulator():
     from provisioner.simreport import ALL_POLICIES
 
     assert cli == ALL_POLICIES
+
+
+def test_simulate_reports_bad_trace_rows_with_file_and_line(tmp_path, capsys):
+    trace = tmp_path / "bad.csv"
+    trace.write_text(HEADER
+                     + "2024-01-01T02:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1.0,4.0,4\n"
+                     + "2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1.0,4.0,4\n"
+                     + "2024-01-01T01:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,9.0,4.0,4\n"
+                     + "2024-01-01T03:00:00Z,aws,us-east-1,us-east-1b,zz9.unknown,spot,1.0,4.0,4\n"
+                     + "2024-01-01T12:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1.0,4.0,4\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[job]\nmodel_mb = 0.001\nthroughput_priors = {"p3.2xlarge" = 100.0}\n')
+    report = tmp_path / "rep"
+    assert main(["simulate", "--trace", str(trace), "--work", "100000", "--size", "1",
+                 "--config", str(cfg), "--report", str(report), "--policy", "on-demand",
+                 "spotring"]) == 0
+    md = (report / "report.md").read_text()
+    assert "bad.csv:3: 1 row(s) out of time order" in md       # unsorted: sorted, reported
+    assert "bad.csv:4: spot 9.0000 above on-demand 4.0000: dropped" in md  # implausible
+    assert "left out: zz9.unknown" in md                        # unknown instance type
+    figs = (report / "figures.json").read_text()
+    assert '"spotring"' in figs
