@@ -61,10 +61,18 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
          "--outages-per-hour", "0", "--max-size", "3", "--duration", "6h"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # two workers in the ring; then a notice to one (it drains at a step boundary) and a
-        # kill without notice to the other, as `provision revoke` from another process
-        wait_for(lambda: len(events(db, "ring-join")) >= 2, 120, proc)
-        joined = [e.instance_id for e in events(db, "ring-join")]
+        # three workers in a formed generation (so one holder of the state survives); then a
+        # notice to one (it drains at a step boundary) and a kill without notice to another,
+        # as `provision revoke` from another process
+        def formed_three() -> list[str]:
+            for e in events(db, "ring-generation"):
+                names = (e.instance_id or "").split(",")
+                if len(names) >= 3 and '"formed": true' in e.detail:
+                    return names
+            return []
+
+        wait_for(lambda: bool(formed_three()), 150, proc)
+        joined = formed_three()
         assert main(["revoke", joined[0], "--workdir", str(wd)]) == 0
         assert main(["revoke", joined[1], "--kill", "--workdir", str(wd)]) == 0
         wait_for(lambda: any(e.instance_id == joined[0] for e in events(db, "notice")), 30, proc)
