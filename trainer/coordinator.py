@@ -7,7 +7,8 @@ publishes generations. At most one generation is in flight: a new plan is publis
 after every member reported the previous one formed, except after a failure, which always
 wins. On a failure (a member bumped ``broken/<n>``, or a heartbeat stopped) it takes a roll
 call: members whose heartbeat does not move within ``rollcall_s`` are dropped, the others
-form the next generation. A dropped member that wakes up is refused (logged as ``refused``)
+form the next generation (when nobody answers, the roll call waits up to the heartbeat
+timeout before dropping everyone, which would stop the job). A dropped member that wakes up is refused (logged as ``refused``)
 and must join again as a new member.
 
 It is embeddable (the provisioner daemon calls :meth:`Coordinator.start` / :meth:`stop` and
@@ -85,6 +86,7 @@ class Coordinator:
         # membership state (guarded by _lock for readers in other threads)
         self._plan: Plan | None = None
         self._formed = True
+        self._formed_gen = 0  # the newest generation every member reported formed
         self._tracked: dict[int, _Tracked] = {}  # members of the newest plan + admitted joiners
         self._ready: list[int] = []  # admitted joiners, oldest first
         self._draining: dict[int, str] = {}
@@ -320,7 +322,11 @@ class Coordinator:
             self._event("leave", t.name, detail=f"joiner {i} left before joining: "
                         f"{self._draining.pop(i)}")
         if plan is not None and plan.members:
-            broken = store.add(mb.k_broken(plan.generation), 0) > 0
+            broken = store.add(mb.k_broken(plan.generation), 0) > 0 or (
+                # the running generation broke while the next one was forming: its members
+                # would wait for a dead peer in the new group, so recover now
+                not self._formed and self._formed_gen > 0
+                and store.add(mb.k_broken(self._formed_gen), 0) > 0)
             dead_members = [m for m in plan.members if m in dead_now]
             if broken or dead_members:
                 self._recover(plan, dead_members, "collective failed" if broken
@@ -344,12 +350,16 @@ class Coordinator:
     def _recover(self, plan: Plan, dead: list[int], why: str) -> None:
         store = self._store
         assert store is not None
+        self._formed_gen = 0  # whatever ran before is being replaced: stop watching it
         if store.add(mb.k_broken(plan.generation), 0) == 0:
             store.add(mb.k_broken(plan.generation), 1)  # everyone abandons the collective
         start = self._clock()
         base = {m: store.add(mb.k_heartbeat(m), 0) for m in plan.members if m not in dead}
         pending = set(base)
-        while pending and self._clock() - start < self._rollcall_s:
+        while pending and (self._clock() - start < self._rollcall_s or (
+                pending == set(base) and self._clock() - start < self._hb_timeout)):
+            # nobody answering at all looks like a stall of this machine, not a storm that
+            # killed everyone: give them up to the heartbeat timeout before losing the job
             for m in list(pending):
                 if store.add(mb.k_heartbeat(m), 0) != base[m]:
                     pending.discard(m)
@@ -409,6 +419,7 @@ class Coordinator:
         lost = max(int(r.get("discarded", 0)) for r in reports.values())
         self._stats["steps_lost"] = int(self._stats.get("steps_lost", 0)) + lost
         self._formed = True
+        self._formed_gen = plan.generation
         self._event("generation", ",".join(plan.names),
                     detail=json.dumps({"formed": True, "checksums": sorted(sums),
                                        "identical": len(sums) == 1, "steps_lost": lost,

