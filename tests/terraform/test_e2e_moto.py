@@ -131,7 +131,8 @@ def _check_applied(aws: dict, outputs: dict, ami: str) -> None:
         assert [t["Arn"] for t in targets] == [outputs["queue_arn"]["value"]]
 
 
-def _daemon_config(outputs: dict, endpoint: str, tmp: Path, shared_data: Path) -> Path:
+def _daemon_config(aws: dict, outputs: dict, endpoint: str, tmp: Path,
+                   shared_data: Path) -> Path:
     sys.path.insert(0, str(REPO / "terraform"))
     try:
         import render_config
@@ -139,6 +140,7 @@ def _daemon_config(outputs: dict, endpoint: str, tmp: Path, shared_data: Path) -
         sys.path.pop(0)
     config = render_config.render(outputs, endpoint_url=endpoint,
                                   state_path=str(tmp / "state.sqlite"))
+    _host_config_matches_rendered(aws, outputs, config)
     # Every cloud call goes to moto, but moto's spot price history is synthetic (below the
     # GPU price floors and stale, so sanity rejects all of it): prices come from the real
     # 2022 AWS trace instead, with the quote age limit opened up for its dates.
@@ -148,6 +150,27 @@ def _daemon_config(outputs: dict, endpoint: str, tmp: Path, shared_data: Path) -
     path = tmp / "spotring.toml"
     path.write_text(render_config.to_toml(config))
     return path
+
+
+def _host_config_matches_rendered(aws: dict, outputs: dict, rendered: dict) -> None:
+    """The config the module wrote into the daemon host's user data is the one
+    render_config.py makes from the outputs (bar the test's endpoint and state path)."""
+    import base64
+    import tomllib
+
+    from provisioner.config import parse_settings
+
+    attr = aws["ec2"].describe_instance_attribute(
+        InstanceId=outputs["daemon_instance_id"]["value"], Attribute="userData")
+    script = base64.b64decode(attr["UserData"]["Value"]).decode()
+    body = script.split("<<'SPOTRING_CONFIG'\n", 1)[1].split("\nSPOTRING_CONFIG\n", 1)[0]
+    on_host = parse_settings(tomllib.loads(body), origin="daemon user data")
+    ours = parse_settings(rendered, origin="render_config")
+    assert on_host.aws.model_copy(update={"endpoint_url": None}) == ours.aws.model_copy(
+        update={"endpoint_url": None})
+    assert (on_host.job, on_host.fleet, on_host.cloud) == (ours.job, ours.fleet, ours.cloud)
+    assert on_host.daemon.coordinator_host == ours.daemon.coordinator_host
+    assert on_host.daemon.coordinator_port == ours.daemon.coordinator_port
 
 
 def _interruption_reaches_the_queue(aws: dict, outputs: dict, instance_id: str) -> None:
@@ -173,9 +196,11 @@ def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
     outputs, ami = _apply(tf, aws, moto_endpoint)
     try:
         _check_applied(aws, outputs, ami)
-        config = _daemon_config(outputs, moto_endpoint, tmp_path, shared_data)
+        config = _daemon_config(aws, outputs, moto_endpoint, tmp_path, shared_data)
+        # Daemon.start() recovers, polls prices and plans (launching) before the duration
+        # starts to count, so 1 s of run time is enough to see its launches.
         proc = subprocess.run([sys.executable, "-m", "provisioner.cli", "-v", "run", "--config",
-                               str(config), "--duration", "20s", "--on-exit", "keep"],
+                               str(config), "--duration", "1s", "--on-exit", "keep"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=180,
                               env=dict(os.environ, PYTHONPATH=str(REPO)))
         assert proc.returncode == 0, proc.stderr[-5000:]
@@ -194,7 +219,7 @@ def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
     finally:
         tf.run("destroy", "-auto-approve", "-input=false", "-no-color", "-refresh=false",
                timeout=420)
-    assert json.loads(tf.run("show", "-json", "-no-color").stdout).get("values") is None
+    assert tf.run("state", "list", "-no-color").stdout.strip() == ""
     ec2 = aws["ec2"]
     assert ec2.describe_launch_templates(Filters=[
         {"Name": "launch-template-name", "Values": [f"spotring-{JOB}-worker"]}])[
