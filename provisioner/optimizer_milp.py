@@ -148,11 +148,14 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     tc = _t_comm(n_guess, p, gbps)
     if p.target_samples_per_s and "target" not in drop:
         raw = _raw_target(p.target_samples_per_s, tc, p, "throughput target")
-        rows.append(("throughput target", {i: c.useful for i, c in enumerate(cands)},
+        # min(u, raw): the same integer fleets (one such instance alone meets the row), but
+        # an LP that cannot buy a fraction of an instance bigger than the target
+        rows.append(("throughput target", {i: min(c.useful, raw) for i, c in enumerate(cands)},
                      raw, np.inf))
     if p.ondemand_floor_samples_per_s > 0 and "ondemand-floor" not in drop:
-        od = {i: c.useful for i, c in enumerate(cands) if c.offering.market == "on-demand"}
         raw = _raw_target(p.ondemand_floor_samples_per_s, tc, p, "on-demand floor")
+        od = {i: min(c.useful, raw) for i, c in enumerate(cands)
+              if c.offering.market == "on-demand"}
         rows.append(("on-demand floor (deadline safety)", od, raw, np.inf))
     if "quotas" not in drop:
         for region, q in sorted(p.region_quota_gpus.items()):
