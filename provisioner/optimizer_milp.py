@@ -32,29 +32,39 @@ if TYPE_CHECKING:  # pragma: no cover
 def _prune(p: Problem) -> tuple[list[Candidate], int]:
     keep: list[Candidate] = []
     dropped = 0
-    groups: dict[tuple, list[Candidate]] = defaultdict(list)
+    budget = p.budget_per_hour
+    # (price, -useful, hazard, ub, candidate): each property computed once per candidate
+    groups: dict[tuple, list[tuple[float, float, float, int, Candidate]]] = defaultdict(list)
     for c in p.candidates:
         ub = _ub(p, c)
-        if c.current == 0 and (c.useful <= 0 or ub <= 0 or (
-                p.budget_per_hour is not None and c.price_per_hour > p.budget_per_hour)):
+        u = c.useful
+        if c.current == 0 and (u <= 0 or ub <= 0 or (
+                budget is not None and c.price_per_hour > budget)):
             dropped += 1
             continue
         o = c.offering
-        groups[(o.region, c.zone_key, c.family, o.market, c.gpus)].append(c)
+        zone = f"{o.region}/{o.zone}" if o.zone != "*" else o.region
+        groups[(o.region, zone, c.family, o.market, c.gpus)].append(
+            (c.price_per_hour, -u, c.hazard_per_hour, ub, c))
     for members in groups.values():
-        members.sort(key=lambda c: (c.price_per_hour, -c.useful, c.hazard_per_hour))
-        frontier: list[Candidate] = []
-        for c in members:
-            if c.current == 0 and any(
-                    f.price_per_hour <= c.price_per_hour and f.useful >= c.useful
-                    and f.hazard_per_hour <= c.hazard_per_hour and _ub(p, f) >= _ub(p, c)
-                    for f in frontier):
+        members.sort(key=lambda t: t[:3])
+        frontier: list[tuple[float, float, float, int, Candidate]] = []
+        for t in members:
+            price, neg_u, hz, ub, c = t
+            if c.current == 0 and any(f[0] <= price and f[1] <= neg_u and f[2] <= hz
+                                      and f[3] >= ub for f in frontier):
                 dropped += 1
                 continue
-            frontier.append(c)
-        keep.extend(frontier)
-    keep.sort(key=lambda c: c.offering)
+            frontier.append(t)
+        keep.extend(t[4] for t in frontier)
+    keep.sort(key=_order)
     return keep, dropped
+
+
+def _order(c: Candidate) -> tuple[str, str, str, str, str]:
+    """Offering order as a plain tuple (the dataclass's own __lt__ is ~10x slower)."""
+    o = c.offering
+    return (o.cloud, o.region, o.zone, o.instance_type, o.market)
 
 
 def _ub(p: Problem, c: Candidate) -> int:
@@ -73,6 +83,13 @@ class _Model:
     ub: np.ndarray
     rows: list[tuple[str, dict[int, float], float, float]]  # name, coefs, lo, hi
     n: int
+    #: ub tightened by single-row implications (x_o <= budget / c_o, quota / g_o): the same
+    #: integer fleets, a tighter LP; HiGHS gets these, while ``ub`` stays what _binding reads
+    run_ub: np.ndarray | None = None
+
+    @property
+    def solver_ub(self) -> np.ndarray:
+        return self.ub if self.run_ub is None else self.run_ub
 
 
 def _current(cands: Sequence[Candidate]) -> tuple[float, float]:
@@ -190,7 +207,14 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
             ub[base + k] = 1
         rows.append((f"max_regions ({p.max_regions})",
                      {base + k: 1.0 for k in range(len(regions))}, -np.inf, float(p.max_regions)))
-    return _Model(cands, cost, integ, lb, ub, rows, n)
+    run_ub = ub.copy()
+    for _, co, lo, hi in rows:
+        if (lo == -np.inf and math.isfinite(hi) and hi >= 0
+                and all(w >= 0 for w in co.values())):  # every x >= 0: valid one by one
+            for j, w in co.items():
+                if j < n and w > 0:
+                    run_ub[j] = min(run_ub[j], math.floor(hi / w + 1e-9))
+    return _Model(cands, cost, integ, lb, ub, rows, n, run_ub)
 
 
 def _run(model: _Model, time_limit_s: float, relax: bool = False):
@@ -207,7 +231,7 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False):
     cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
     return milp(model.c, constraints=cons,
                 integrality=np.zeros(nv) if relax else model.integrality,
-                bounds=Bounds(model.lb, model.ub),
+                bounds=Bounds(model.lb, model.solver_ub),
                 options={"time_limit": max(time_limit_s, 1e-3), "disp": False,
                          "mip_rel_gap": 1e-4})
 
@@ -386,7 +410,7 @@ def _block_lp_bounds(models: Mapping[str, _Model], limit: float) -> dict[str, fl
         spans[r] = (off, off + nv)
         cs.append(m.c)
         lbs.append(m.lb)
-        ubs.append(m.ub)
+        ubs.append(m.solver_ub)
         for name, co, lo, hi in m.rows:
             shifted = {j + off: w for j, w in co.items()}
             rows.append((name, shifted, lo, hi, r if lo > 0 else None))
