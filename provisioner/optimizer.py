@@ -246,7 +246,7 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
             raise InfeasibleError(_diagnose(problem, cands, problem.max_size, gbps, time_limit_s))
         model, x, status = found
         n_found = int(round(x[:model.n].sum()))
-        _, new_gbps = _link(problem, cands, x[:model.n])
+        _, new_gbps = _link(problem, model.cands, x[:model.n])  # the model's own order
         if not ring_matters or (n_found <= n_guess and new_gbps >= gbps):
             best = (model, x, status)  # the ring term used bounds the one of this fleet
             break

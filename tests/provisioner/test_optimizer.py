@@ -183,6 +183,27 @@ def test_max_regions_keeps_a_ring_in_one_region():
     assert fleet(one) == {A.key: 2, B.key: 2}
 
 
+def test_one_region_ring_reads_the_link_of_its_own_fleet():
+    # r0 (listed first) has one zone at $5; r1 zones a $1, b $1.01, 100/s each. Target 250,
+    # 100 MB gradient (0.8 Gb), batch 256, zones 5 Gb/s apart, share 0.5 + 1.
+    # Guess N = 3: t_comm = 2*2/3 * 0.16 s = 0.2133 s, raw need 250 / (1 - 250*0.2133/256)
+    # = 315.8 -> 4 instances > 3, so re-solve with N = 4: t_comm = 2*3/4 * 0.16 = 0.24 s,
+    # need 250 / (1 - 250*0.24/256) = 326.5 -> 4 instances: zone a <= 0.5*4+1 = 3, so
+    # 3 a + 1 b = $4.01/h; the ring gives 400 / (1 + 400*0.24/256) = 400/1.375 = 290.9.
+    # (Reading the fleet's link against the offerings of every region saw an r0 instance,
+    # re-solved at 1 Gb/s and found the target beyond what the ring can carry.)
+    r0 = O("r0a", region="r0")
+    r1a, r1b = O("r1a", region="r1"), O("r1b", region="r1")
+    p = Problem((Candidate(r0, 5.0, 100), Candidate(r1a, 1.0, 100), Candidate(r1b, 1.01, 100)),
+                objective="min-cost", target_samples_per_s=250, max_size=8, max_regions=1,
+                max_zone_share=0.5, zone_allowance=1, model_mb=100, global_batch=256,
+                inter_zone_gbps=5.0, inter_region_gbps=1.0)
+    plan = solve(p)
+    assert fleet(plan) == {r1a.key: 3, r1b.key: 1}
+    assert plan.cost_per_hour == pytest.approx(4.01)
+    assert plan.link == "inter-zone" and plan.throughput == pytest.approx(400 / 1.375)
+
+
 def test_dominated_offerings_are_pruned_without_changing_the_answer():
     # Same zone and family, one GPU each: p3.2xlarge-like "x" at $1.2 and 90/s is dominated by
     # A ($1, 100/s). Pruned: 1. The plan is 2 x A either way.
