@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from pricing.model import Offering
+from provisioner.errors import InfeasibleError
 from provisioner.optimizer import Candidate, Problem, _block_lp_bounds, _build, _prune, solve
 
 TYPES = [("p3.2xlarge", 1, 1.0, 3.06), ("p3.8xlarge", 4, 4.0, 12.24), ("g5.xlarge", 1, 0.85, 1.01),
@@ -74,11 +75,14 @@ def main() -> None:
         for k in range(args.instances):
             p = instance(n, rng, "min-cost" if k % 2 == 0 else "max-throughput")
             t0, c0 = time.perf_counter(), time.process_time()
-            plan = solve(p, time_limit_s=args.time_limit)
+            try:
+                status = solve(p, time_limit_s=args.time_limit).status
+            except InfeasibleError:  # counted, and timed like any other answer
+                status = "infeasible"
             times.append((time.perf_counter() - t0) * 1000)
             cpu.append((time.process_time() - c0) * 1000)
-            statuses[plan.status] = statuses.get(plan.status, 0) + 1
-            fallbacks += plan.status == "fallback-lp"
+            statuses[status] = statuses.get(status, 0) + 1
+            fallbacks += status == "fallback-lp"
             kept, _ = _prune(p)
             t0 = time.perf_counter()
             by_region: dict = {}

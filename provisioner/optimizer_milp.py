@@ -366,8 +366,8 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
             return None
 
     models = {r: _build(p, m, n_guess, gbps, current=cur) for r, m in regions.items()}
-    outside = {r: sum(c.current for c in cands if c.current and c.offering.region != r) * remove
-               for r in regions}
+    held_total = sum(c.current for c in cands)  # held elsewhere than r: removed, a constant
+    outside = {r: (held_total - sum(c.current for c in m)) * remove for r, m in regions.items()}
     bounds = _block_lp_bounds(models, limit)
     order = sorted((b + outside[r], r) for r, b in bounds.items() if b is not None)
     best: tuple[float, tuple[_Model, np.ndarray, str]] | None = None
