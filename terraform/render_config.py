@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 REQUIRED = ("job_id", "job_file", "region", "price_regions", "max_workers", "launch_template_id",
-            "queue_url", "subnets", "coordinator_host", "coordinator_port", "state_path")
+            "queue_url", "subnets", "coordinator_host", "coordinator_port", "token_path",
+            "state_path")
 
 
 class RenderError(ValueError):
@@ -63,11 +64,14 @@ def settings_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
-           state_path: str | None = None) -> dict[str, dict[str, Any]]:
+           state_path: str | None = None, token_path: str | None = None,
+           coordinator: tuple[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """The daemon configuration as nested dicts (TOML tables), from terraform outputs.
 
     ``endpoint_url`` points the AWS driver at an emulator; ``state_path`` overrides where the
-    daemon keeps its SQLite state. Raises RenderError on incomplete outputs.
+    daemon keeps its SQLite state; ``token_path`` where it reads the ring token (the daemon runs
+    the trainer's coordinator with it); ``coordinator`` the (host, port) the coordinator binds
+    (for a daemon run off the host, e.g. in tests). Raises RenderError on incomplete outputs.
     """
     s = settings_from_outputs(outputs)
     aws: dict[str, Any] = {"region": s["region"], "launch_template_id": s["launch_template_id"],
@@ -81,8 +85,10 @@ def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
         "cloud": {"driver": "aws"},
         "aws": aws,
         "daemon": {"state_path": state_path or s["state_path"],
-                   "coordinator_host": s["coordinator_host"],
-                   "coordinator_port": int(s["coordinator_port"])},
+                   "coordinator_host": coordinator[0] if coordinator else s["coordinator_host"],
+                   "coordinator_port": int(coordinator[1] if coordinator
+                                           else s["coordinator_port"]),
+                   "token_path": token_path or s["token_path"]},
     }
 
 
@@ -104,11 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("outputs", help="file with `terraform output -json`, or - for stdin")
     parser.add_argument("--endpoint-url", default=None, help="AWS endpoint (e.g. a moto server)")
     parser.add_argument("--state-path", default=None, help="daemon state file")
+    parser.add_argument("--token-path", default=None, help="ring token file the daemon reads")
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.outputs == "-" else Path(args.outputs).read_text()
         outputs = json.loads(text)
-        config = render(outputs, endpoint_url=args.endpoint_url, state_path=args.state_path)
+        config = render(outputs, endpoint_url=args.endpoint_url, state_path=args.state_path,
+                        token_path=args.token_path)
     except (OSError, json.JSONDecodeError, RenderError) as exc:
         sys.stderr.write(f"render_config: {args.outputs}: {exc}\n")
         return 2

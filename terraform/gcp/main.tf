@@ -243,6 +243,7 @@ resource "google_compute_instance" "daemon" {
         startup_script   = local.worker_startup
         coordinator_host = google_compute_address.daemon.address
         coordinator_port = var.coordinator_port
+        token_path       = local.token_path
       })
     })
   }

@@ -138,8 +138,13 @@ def _daemon_config(aws: dict, outputs: dict, endpoint: str, tmp: Path,
         import render_config
     finally:
         sys.path.pop(0)
+    token = tmp / "ring-token"
+    token.write_text("e2e-" + "0123456789abcdef" * 2)
+    # The daemon runs the ring's coordinator with the module's token path; off the host it
+    # binds loopback (the module's fixed private address is not this machine's).
     config = render_config.render(outputs, endpoint_url=endpoint,
-                                  state_path=str(tmp / "state.sqlite"))
+                                  state_path=str(tmp / "state.sqlite"), token_path=str(token),
+                                  coordinator=("127.0.0.1", 0))
     _host_config_matches_rendered(aws, outputs, config)
     # Every cloud call goes to moto, but moto's spot price history is synthetic (below the
     # GPU price floors and stale, so sanity rejects all of it): prices come from the real
@@ -169,8 +174,10 @@ def _host_config_matches_rendered(aws: dict, outputs: dict, rendered: dict) -> N
     assert on_host.aws.model_copy(update={"endpoint_url": None}) == ours.aws.model_copy(
         update={"endpoint_url": None})
     assert (on_host.job, on_host.fleet, on_host.cloud) == (ours.job, ours.fleet, ours.cloud)
-    assert on_host.daemon.coordinator_host == ours.daemon.coordinator_host
-    assert on_host.daemon.coordinator_port == ours.daemon.coordinator_port
+    assert on_host.daemon.coordinator_host == outputs["daemon_settings"]["value"]["coordinator_host"]
+    assert on_host.daemon.coordinator_port == outputs["daemon_settings"]["value"]["coordinator_port"]
+    assert on_host.daemon.token_path == outputs["daemon_settings"]["value"]["token_path"]
+    assert ours.daemon.token_path is not None and ours.daemon.coordinator_host == "127.0.0.1"
 
 
 def _interruption_reaches_the_queue(aws: dict, outputs: dict, instance_id: str) -> None:

@@ -64,6 +64,7 @@ def test_rendered_config_is_what_the_daemon_reads() -> None:
     assert settings.aws.subnets["use1-az1"] == "subnet-0123456789abcdef0"
     assert settings.aws.endpoint_url == "http://127.0.0.1:5000"
     assert (settings.daemon.coordinator_host, settings.daemon.coordinator_port) == ("10.0.1.10", 29500)
+    assert settings.daemon.token_path == "/etc/spotring/t"  # the daemon runs the coordinator
     assert settings.fleet.max_size == 2 and settings.job.id == "e2e"
 
 

@@ -28,7 +28,8 @@ def test_the_gcp_daemon_config_template_renders_a_valid_config(tmp_path: Path) -
               "network": "global/networks/default",
               "worker_image": "projects/debian-cloud/global/images/family/debian-12",
               "worker_disk_gb": 100, "service_account": "w@my-training-project.iam.gserviceaccount.com",
-              "startup_script": STARTUP, "coordinator_host": "10.128.0.5", "coordinator_port": 29500}
+              "startup_script": STARTUP, "coordinator_host": "10.128.0.5", "coordinator_port": 29500,
+              "token_path": "/etc/spotring/ring-token"}
     root = tmp_path / "render"
     root.mkdir()
     (root / "main.tf").write_text(
@@ -47,3 +48,5 @@ def test_the_gcp_daemon_config_template_renders_a_valid_config(tmp_path: Path) -
     assert settings.gcp.startup_script == STARTUP
     assert settings.gcp.service_account == values["service_account"]
     assert (settings.daemon.coordinator_host, settings.daemon.coordinator_port) == ("10.128.0.5", 29500)
+    # the daemon runs the ring's coordinator only when it has the token
+    assert settings.daemon.token_path == "/etc/spotring/ring-token"
