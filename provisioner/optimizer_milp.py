@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -217,7 +218,11 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     return _Model(cands, cost, integ, lb, ub, rows, n, run_ub)
 
 
-def _run(model: _Model, time_limit_s: float, relax: bool = False):
+def _run(model: _Model, time_limit_s: float, relax: bool = False,
+         cutoff: float | None = None):
+    """One HiGHS call. ``cutoff``: only fleets with an objective below it are of interest
+    (HiGHS prunes every node whose bound reaches it, so a model that cannot beat it is
+    settled fast; what it returns then is some fleet at or above the cutoff, or none)."""
     data, ri, ci, lo, hi = [], [], [], [], []
     for r, (_, co, l, h) in enumerate(model.rows):
         for j, v in co.items():
@@ -229,11 +234,15 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False):
     nv = len(model.c)
     a = coo_matrix((data, (ri, ci)), shape=(len(model.rows), nv)).tocsr()
     cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
-    return milp(model.c, constraints=cons,
-                integrality=np.zeros(nv) if relax else model.integrality,
-                bounds=Bounds(model.lb, model.solver_ub),
-                options={"time_limit": max(time_limit_s, 1e-3), "disp": False,
-                         "mip_rel_gap": 1e-4})
+    options = {"time_limit": max(time_limit_s, 1e-3), "disp": False, "mip_rel_gap": 1e-4}
+    if cutoff is None or relax:
+        return milp(model.c, constraints=cons, bounds=Bounds(model.lb, model.solver_ub),
+                    integrality=np.zeros(nv) if relax else model.integrality, options=options)
+    with warnings.catch_warnings():  # scipy passes HiGHS's objective_bound on, with a warning
+        warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
+        return milp(model.c, constraints=cons, bounds=Bounds(model.lb, model.solver_ub),
+                    integrality=model.integrality,
+                    options={**options, "objective_bound": float(cutoff)})
 
 
 def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:
@@ -322,12 +331,17 @@ def _link(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple
     return "intra-zone", p.intra_zone_gbps
 
 
-def _solve_one(model: _Model, limit: float) -> tuple[_Model, np.ndarray, str] | None:
-    """One MILP; on a time-out without a solution, the repaired LP relaxation."""
-    res = _run(model, limit)
+def _solve_one(model: _Model, limit: float,
+               cutoff: float | None = None) -> tuple[_Model, np.ndarray, str] | None:
+    """One MILP; on a time-out without a solution, the repaired LP relaxation.
+
+    With ``cutoff`` (see :func:`_run`) None also means "nothing below the cutoff", and a
+    fleet returned may be any fleet at or above it (callers compare its objective).
+    """
+    res = _run(model, limit, cutoff=cutoff)
     if res.x is not None and res.status in (0, 1):
         return model, np.round(res.x), "optimal" if res.status == 0 else "time-limit"
-    if res.status == 2:
+    if res.status == 2 or (cutoff is not None and res.status != 1):
         return None
     lp = _run(model, limit, relax=True)
     x = _repair(model, lp.x) if lp.x is not None else None
@@ -379,7 +393,9 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         if left <= 0 and best is not None:
             timed_out = True
             break
-        found = _solve_one(models[region], max(left, 0.05))
+        cutoff = (None if best is None else
+                  best[0] - REGION_GAP * max(1.0, abs(best[0])) - outside[region])
+        found = _solve_one(models[region], max(left, 0.05), cutoff)
         if found is None:
             continue
         model, x, status = found
