@@ -139,40 +139,44 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         ub[i] = _ub(p, c) if "availability" not in drop else p.max_size
     horizon = p.churn_horizon_hours
     cur_cost, cur_rate = current or _current(cands)
-    mean_c = float(np.mean([c.price_per_hour for c in cands])) or 1.0
-    mean_u = float(np.mean([c.useful for c in cands])) or 1.0
+    prices = [c.price_per_hour for c in cands]  # each property computed once
+    useful = [c.useful for c in cands]
+    mean_c = float(np.mean(prices)) or 1.0
+    mean_u = float(np.mean(useful)) or 1.0
+    slot = {i: j for j, i in enumerate(held)}
     boot_h, reform_h = p.boot_s / 3600, p.reform_s / 3600
     minimise_cost = p.objective != "max-throughput"
     for i, c in enumerate(cands):
+        price, u = prices[i], useful[i]
         if minimise_cost:
-            launch = (boot_h * c.price_per_hour + reform_h * cur_cost) / horizon
+            launch = (boot_h * price + reform_h * cur_cost) / horizon
             remove = reform_h * cur_cost / horizon
-            base = c.price_per_hour - 1e-4 * (mean_c / mean_u) * c.useful
+            base = price - 1e-4 * (mean_c / mean_u) * u
         else:
-            launch = (boot_h * c.useful + reform_h * cur_rate) / horizon
+            launch = (boot_h * u + reform_h * cur_rate) / horizon
             remove = reform_h * cur_rate / horizon
-            base = -c.useful + 1e-4 * (mean_u / mean_c) * c.price_per_hour
+            base = -u + 1e-4 * (mean_u / mean_c) * price
         cost[i] = base + (0.0 if c.current else launch)
         if c.current:
-            j = held.index(i)
+            j = slot[i]
             cost[n + j] = launch
             cost[n + m + j] = remove
     rows: list[tuple[str, dict[int, float], float, float]] = []
     every = {i: 1.0 for i in range(n)}
     rows.append(("fleet size (min_size/max_size)", every, float(p.min_size), float(p.max_size)))
     if p.budget_per_hour is not None and "budget" not in drop:
-        rows.append(("budget", {i: c.price_per_hour for i, c in enumerate(cands)},
+        rows.append(("budget", dict(enumerate(prices)),
                      -np.inf, p.budget_per_hour))
     tc = _t_comm(n_guess, p, gbps)
     if p.target_samples_per_s and "target" not in drop:
         raw = _raw_target(p.target_samples_per_s, tc, p, "throughput target")
         # min(u, raw): the same integer fleets (one such instance alone meets the row), but
         # an LP that cannot buy a fraction of an instance bigger than the target
-        rows.append(("throughput target", {i: min(c.useful, raw) for i, c in enumerate(cands)},
+        rows.append(("throughput target", {i: min(u, raw) for i, u in enumerate(useful)},
                      raw, np.inf))
     if p.ondemand_floor_samples_per_s > 0 and "ondemand-floor" not in drop:
         raw = _raw_target(p.ondemand_floor_samples_per_s, tc, p, "on-demand floor")
-        od = {i: min(c.useful, raw) for i, c in enumerate(cands)
+        od = {i: min(useful[i], raw) for i, c in enumerate(cands)
               if c.offering.market == "on-demand"}
         rows.append(("on-demand floor (deadline safety)", od, raw, np.inf))
     if "quotas" not in drop:
@@ -189,8 +193,9 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         for i, c in enumerate(cands):
             if c.offering.market == "spot":
                 zones[c.zone_key].append(i)
+        others = dict.fromkeys(range(n), -p.max_zone_share)
         for z, idx in sorted(zones.items()):
-            co = {i: -p.max_zone_share for i in range(n)}
+            co = others.copy()
             for i in idx:
                 co[i] = 1.0 - p.max_zone_share
             rows.append((f"zone share {z}", co, -np.inf, float(p.zone_allowance)))
@@ -223,14 +228,15 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False,
     """One HiGHS call. ``cutoff``: only fleets with an objective below it are of interest
     (HiGHS prunes every node whose bound reaches it, so a model that cannot beat it is
     settled fast; what it returns then is some fleet at or above the cutoff, or none)."""
-    data, ri, ci, lo, hi = [], [], [], [], []
-    for r, (_, co, l, h) in enumerate(model.rows):
-        for j, v in co.items():
-            ri.append(r)
-            ci.append(j)
-            data.append(v)
-        lo.append(l)
-        hi.append(h)
+    data: list[float] = []
+    ri: list[int] = []
+    ci: list[int] = []
+    for r, (_, co, _, _) in enumerate(model.rows):  # whole rows at a time
+        ci.extend(co)
+        data.extend(co.values())
+        ri.extend([r] * len(co))
+    lo = [row[2] for row in model.rows]
+    hi = [row[3] for row in model.rows]
     nv = len(model.c)
     a = coo_matrix((data, (ri, ci)), shape=(len(model.rows), nv)).tocsr()
     cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
