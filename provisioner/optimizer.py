@@ -57,6 +57,10 @@ GPUs), an offering is dropped when another costs no more, yields no less useful
 throughput, is no riskier and is no scarcer; offerings with no useful throughput or
 priced above the whole budget are dropped too. Held offerings are never pruned.
 
+Tightening (same integer fleets, a tighter LP, so fewer region MILPs): in the target and
+on-demand floor rows u_o is replaced by min(u_o, T') (one instance that alone meets the
+row meets it either way), and HiGHS gets x_o <= floor(budget / c_o), floor(Q / g_o).
+
 Rule for callers: never build a Problem from unchecked quotes: pass them through
 ``pricing.sanity.check`` first.
 """
