@@ -39,7 +39,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from pricing import sanity
 from pricing.model import Offering, PriceQuote
-from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, REBALANCE, CloudDriver,
+from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, REBALANCE, CloudDriver, can_place,
                                       LaunchRequest, Notice)
 from provisioner.errors import CapacityError, DriverError, InfeasibleError
 from provisioner.reconcile import ChurnLimits, Held, reconcile, zone_of
@@ -222,6 +222,7 @@ class Daemon:
         snap = self.source.fetch(now=now)
         max_age = timedelta(hours=self.settings.optimizer.max_quote_age_hours)
         quotes, rejected = sanity.check(snap.quotes, now=now, max_age=max_age)
+        quotes = [q for q in quotes if can_place(self.driver, q.offering)]
         if rejected and len(rejected) != self._rejected:
             self._rejected = len(rejected)
             self.state.record_event(now.timestamp(), "quotes-rejected", detail=", ".join(

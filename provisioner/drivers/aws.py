@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from datetime import datetime, timezone
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from provisioner.config import AwsSettings
 
 log = logging.getLogger(__name__)
+
+#: An AWS zone *id* (use1-az4), as the price history names zones, not a zone name (us-east-1a).
+_ZONE_ID = re.compile(r"^[a-z]{2,5}[0-9]-az[0-9]+$")
 
 #: Every AWS API action the driver calls (the Terraform module grants exactly these, plus
 #: ``iam:PassRole`` on the workers' instance role when the launch template names one).
@@ -174,6 +178,13 @@ class AwsDriver:
 
     # -- launch --------------------------------------------------------------------------------
 
+    def can_place(self, offering: Offering) -> bool:
+        """Offerings of this region; with ``subnets`` configured (e.g. by terraform/aws), only
+        in their zones, so every worker lands in the deployment's network."""
+        if offering.cloud != "aws" or offering.region != self.region:
+            return False
+        return not self.settings.subnets or offering.zone in self.settings.subnets
+
     def launch(self, request: LaunchRequest) -> LaunchResult:
         """Launch ``request.count`` instances of ``request.offering`` (see the module docstring).
 
@@ -228,8 +239,9 @@ class AwsDriver:
             return self.settings.subnets[zone]
         if zone not in self._subnet_cache:
             with _edge(f"DescribeSubnets {zone}"):
+                by = "availability-zone-id" if _ZONE_ID.match(zone) else "availability-zone"
                 found = self._ec2.describe_subnets(Filters=[
-                    {"Name": "availability-zone", "Values": [zone]},
+                    {"Name": by, "Values": [zone]},
                     {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
             self._subnet_cache[zone] = found[0]["SubnetId"] if found else None
         return self._subnet_cache[zone]
@@ -238,7 +250,12 @@ class AwsDriver:
         if zone == "*":
             return {}
         subnet = self._subnet(zone)
-        return {"SubnetId": subnet} if subnet else {"AvailabilityZone": zone}
+        if subnet:
+            return {"SubnetId": subnet}
+        if _ZONE_ID.match(zone):  # Placement takes a zone name, never an id (use1-az4)
+            raise DriverError(f"no subnet for zone id {zone}: add it to [aws] subnets "
+                              "(zone id -> subnet id)")
+        return {"AvailabilityZone": zone}
 
     def _create_fleet(self, request: LaunchRequest,
                       tags: dict[str, str]) -> tuple[list[str], list[str]]:

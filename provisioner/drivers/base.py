@@ -76,6 +76,14 @@ class Notice:
     source: str = ""
 
 
+def can_place(driver: object, offering: Offering) -> bool:
+    """Can ``driver`` launch ``offering``? Drivers limited to some regions or zones (e.g. the
+    AWS driver to its region and configured subnets) define ``can_place(offering)``; others
+    place anything. The daemon plans only over offerings its driver can place."""
+    check = getattr(driver, "can_place", None)
+    return True if check is None else bool(check(offering))
+
+
 @runtime_checkable
 class CloudDriver(Protocol):
     name: str

@@ -234,3 +234,15 @@ def test_real_availability_trace_revokes_and_replaces_elsewhere(world, shared_da
         assert all(e.offering != n.offering for e in soon), (n, soon)
     # replacements follow as zones come back (fleet.max_regions = 1 keeps it in one region)
     assert [e for e in launches if e.t > notices[0].t]
+
+
+def test_plans_only_offerings_the_driver_can_place(world):
+    d, clock, drv, st = world()
+    zones = sorted({q.offering.zone for q in quiet_market().quotes})
+    assert len(zones) > 1
+    allowed = zones[-1]
+    drv.can_place = lambda off: off.zone == allowed  # e.g. the AWS driver fenced to its subnets
+    d.recover(); d.poll_prices(); d.plan_and_reconcile()
+    live = st.live_instances()
+    assert live and {r.offering.zone for r in live} == {allowed}
+    assert {q.offering.zone for q in d.quotes} == {allowed}
