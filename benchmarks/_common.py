@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import signal
 import socket
 import subprocess
@@ -238,7 +239,7 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     ``--mode ddp``: plain ``DistributedDataParallel`` (gradients all-reduced inside
     ``backward``, bucketed and overlapped). ``--mode equal``: equal local batches, local
     forward/backward, the same ``--slowdowns`` emulation as ``python -m trainer worker
-    --slowdown`` (sleep ``(F - 1) x compute``), then one flat all-reduce of the gradients: the
+    --slowdown`` (sleep ``(F - 1) x batch x`` a running median of compute s/sample), then one flat all-reduce of the gradients: the
     equal-batch ring that heterogeneity-aware sizing is measured against. The job file is
     built with ``trainer.job.load_job`` exactly as a spotring worker builds it; each step takes
     ``global_batch`` random sample ids (seeded by the step number, so a restarted run
@@ -282,6 +283,7 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     lo = sum(sizes[:rank])
     hi = lo + sizes[rank]
     metrics = open(args.metrics_file, "a") if rank == 0 else None
+    per_sample: list[float] = []
     dist.barrier()
     while not args.steps or step < args.steps:
         gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
@@ -294,8 +296,10 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
         wait_s = 0.0
         if args.mode == "equal":
             compute = time.perf_counter() - t0
-            if factor > 1.0:
-                time.sleep((factor - 1.0) * compute)
+            if factor > 1.0:  # as trainer.loop.Worker._slow: a running median of s/sample
+                per_sample.append(compute / sizes[rank])
+                del per_sample[:-15]
+                time.sleep((factor - 1.0) * sizes[rank] * statistics.median(per_sample))
             flat = torch.cat([p.grad.reshape(-1) for p in params]).mul_(sizes[rank] / global_batch)
             t1 = time.perf_counter()
             dist.all_reduce(flat)

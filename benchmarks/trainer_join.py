@@ -7,9 +7,11 @@ one joined, at least ``--window`` seconds):
 * spotring: a ring of ``--workers`` runs until steady; then ``--joiners`` new
   ``python -m trainer worker`` processes start. They boot, build the job and profile
   *before* asking to join, so the ring keeps training; it switches generation at a step
-  boundary. Joiners boot under ``nice 10`` (``--joiner-nice``): on a real fleet a joiner boots on its own
-  machine, here it shares the CPUs with the ring, and the niceness keeps its boot from
-  passing for a cost of the ring.
+  boundary. Joiners run with ``--boot-idle``: their imports, job build and profiling run
+  under SCHED_IDLE (only CPU time the ring leaves idle) and they return to normal priority
+  before asking to join. On a real fleet a joiner boots on its own machine; here it shares
+  the two CPUs with the ring, and SCHED_IDLE keeps its boot from passing for a cost of the
+  ring (``nice`` is not enough: a nice-10 process still gets ~10 % of a contended CPU).
 * baseline: the real ``torchrun --standalone`` with the same ranks running the equal-batch
   worker of benchmarks/_common.py, saving a checkpoint after *every* step (the baseline's
   best case). At the join, after the time a new torchrun agent needs to boot
@@ -66,7 +68,8 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
         time.sleep(args.before)
         t_join = time.time()
         for j in joiners:
-            ring.add_worker(j, args.slowdown, nice=args.joiner_nice)
+            ring.add_worker(j, args.slowdown, nice=args.joiner_nice,
+                            extra=() if args.no_boot_idle else ("--boot-idle",))
 
         def joined() -> bool:
             plan = ring.coordinator.plan()
@@ -137,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds from the join start (at least the join plus --after)")
     ap.add_argument("--after", type=float, default=3.0,
                     help="seconds the window goes on after the last joiner joined")
-    ap.add_argument("--joiner-nice", type=int, default=10,
-                    help="niceness of the joiners (their boot stands for another machine's)")
+    ap.add_argument("--joiner-nice", type=int, default=0,
+                    help="niceness of the joiners (default 0: --boot-idle does the job)")
+    ap.add_argument("--no-boot-idle", action="store_true",
+                    help="joiners boot at normal priority (default: worker --boot-idle, "
+                    "SCHED_IDLE until profiled: their boot stands for another machine's)")
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)

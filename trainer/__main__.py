@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--name", default=None, help="worker name (cloud instance id); "
                    "default: hostname-pid")
     w.add_argument("--slowdown", type=float, default=1.0,
-                   help="compute F times slower (sleeps (F-1) x compute time; emulation)")
+                   help="compute F times slower (sleeps (F-1) x batch x the running median "
+                   "of measured compute s/sample; emulation)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--metrics-file", type=Path, default=None)
     w.add_argument("--record-samples", type=Path, default=None)
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                    help="torch intra-op threads (default: OMP_NUM_THREADS or 1; one worker "
                    "per core avoids oversubscription)")
+    w.add_argument("--boot-idle", action="store_true",
+                   help="boot, build the job and profile under SCHED_IDLE (only CPU the ring "
+                   "leaves idle), then return to normal priority before asking to join")
     w.add_argument("--no-rejoin", action="store_true",
                    help="exit instead of joining again after being dropped")
     w.add_argument("--fault", type=_fault, action="append", default=[],
@@ -106,6 +110,8 @@ def _coordinator(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.boot_idle:  # before the heavy imports: they are most of a joiner's boot
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from trainer.client import CoordinatorUnreachable
     from trainer.job import JobError
     from trainer.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
@@ -127,7 +133,7 @@ def _worker(args: argparse.Namespace) -> int:
         slowdown=args.slowdown, metrics_file=args.metrics_file,
         record_samples=args.record_samples, collective_timeout_s=args.collective_timeout,
         connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
-        rejoin=not args.no_rejoin)
+        rejoin=not args.no_rejoin, boot_idle=args.boot_idle)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

@@ -19,8 +19,9 @@ lacks it and every member reports the checksum of its parameters.
 Leaving with notice (SIGTERM, a cloud notice, the coordinator's drain): the worker asks for a
 drain and keeps stepping until the generation that drops it; it then leaves at the boundary
 (0 steps lost). A worker the ring dropped (it hung, or missed a roll call) is refused when it
-wakes and joins again as a new member. ``slowdown`` F sleeps (F - 1) x the measured compute
-time after each forward/backward, to emulate slower hardware.
+wakes and joins again as a new member. ``slowdown`` F sleeps (F - 1) x batch x the running median
+of the measured compute seconds per sample after each forward/backward, to emulate slower
+hardware without multiplying the host's timing noise by F.
 
 Rule for callers: one :class:`Worker` per process; :meth:`Worker.run` returns an exit code.
 """
@@ -31,6 +32,7 @@ import json
 import logging
 import os
 import signal
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +71,24 @@ class WorkerConfig:
     profile_steps: int = 3
     faults: tuple[tuple[str, int], ...] = ()  # ("kill"|"stop"|"term", first step >= this)
     rejoin: bool = True
+    boot_idle: bool = False  # the process started under SCHED_IDLE: restore after profiling
 
+
+def normal_priority() -> None:
+    """Put every thread of this process back on SCHED_OTHER (after a ``--boot-idle`` boot).
+
+    Linux scheduling policy is per thread and threads inherit their creator's, so each
+    thread listed in /proc/self/task is switched (a thread gone meanwhile is skipped).
+    """
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:
+            pass
+    log.info("boot done: back to normal CPU priority")
+
+
+SLOW_WINDOW = 15  # steps in the running median that --slowdown sleeps against
 
 @dataclass
 class _Pending:
@@ -95,6 +114,7 @@ class Worker:
         self._order: tuple[int, torch.Tensor] | None = None
         self._samples_per_s = 0.0
         self._batch = 0
+        self._per_sample: list[float] = []  # recent compute s/sample, for --slowdown
         self._files: dict[Path, Any] = {}
 
     # -- entry ---------------------------------------------------------------------------
@@ -108,6 +128,8 @@ class Worker:
         cfg = self.cfg
         self.job = load_job(cfg.job, cfg.seed)
         prior = self._profile()
+        if cfg.boot_idle:
+            normal_priority()
         signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
         store = client.connect(cfg.host, cfg.port, budget_s=cfg.connect_budget_s,
                                op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
@@ -162,7 +184,7 @@ class Worker:
             x, y = job.batch(ids)
             job.model.zero_grad(set_to_none=True)
             job.loss_fn(job.model(x), y).backward()
-            self._slow(time.perf_counter() - t0)
+            self._slow(time.perf_counter() - t0, b)
             times.append(time.perf_counter() - t0)
         job.model.zero_grad(set_to_none=True)
         best = min(times[1:] or times)
@@ -170,9 +192,20 @@ class Worker:
         log.info("profiled %.1f samples/s (batch %d)", self._samples_per_s, b)
         return self._samples_per_s
 
-    def _slow(self, compute_s: float) -> None:
-        if self.cfg.slowdown > 1.0:
-            time.sleep((self.cfg.slowdown - 1.0) * compute_s)
+    def _slow(self, compute_s: float, batch: int) -> None:
+        """Emulate F-times-slower hardware: sleep (F - 1) x batch x median s/sample.
+
+        The median runs over this worker's last ``SLOW_WINDOW`` measured compute times per
+        sample, so the emulated part of a step is steady: sleeping (F - 1) x *this* step's
+        compute would multiply the host's scheduling noise by F. At a steady batch the step
+        then takes F x the base compute, the definition of the slowdown.
+        """
+        if self.cfg.slowdown <= 1.0 or batch <= 0:
+            return
+        self._per_sample.append(compute_s / batch)
+        del self._per_sample[:-SLOW_WINDOW]
+        per_sample = statistics.median(self._per_sample)
+        time.sleep((self.cfg.slowdown - 1.0) * batch * per_sample)
 
     def state(self) -> dict[str, Any]:
         job = self.job
@@ -414,7 +447,7 @@ class _Member:
                 p.grad = view
                 o += p.numel()
             buf[: self.nparams].mul_(b / total)
-        w._slow(time.perf_counter() - t0)
+        w._slow(time.perf_counter() - t0, b)
         compute_s = time.perf_counter() - t0
         rows = buf[self.nparams :].view(world, ROW)
         rows[self.rank] = torch.tensor([b, compute_s, latest, loss_v * b])
