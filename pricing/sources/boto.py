@@ -37,7 +37,10 @@ def make_client(service: str, region: str, *, endpoint_url: str | None = None,
 
     config = Config(retries={"total_max_attempts": max_attempts, "mode": "adaptive"},
                     connect_timeout=10, read_timeout=30)
-    return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+    # A session of its own, not boto3's process-wide default one, which caches the credentials
+    # it first resolved: a client made later must see the environment as it is now.
+    session = boto3.session.Session()
+    return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 
 
 @contextlib.contextmanager
