@@ -186,10 +186,12 @@ class Ring:
         self.coordinator.stop()
 
     def add_worker(self, name: str, slowdown: float = 1.0, extra: Sequence[str] = (),
-                   nice: int = 0) -> subprocess.Popen:
-        """Start one worker process called ``name`` (``nice`` > 0 lowers its CPU priority)."""
+                   nice: int = 0, cpus: str = "") -> subprocess.Popen:
+        """Start one worker process called ``name`` (``nice`` > 0 lowers its CPU priority;
+        ``cpus``, a ``taskset -c`` list, pins it)."""
         host, port = self.coordinator.address
-        args = ["nice", "-n", str(nice)] if nice else []
+        args = ["taskset", "-c", cpus] if cpus else []
+        args += ["nice", "-n", str(nice)] if nice else []
         args += [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
                 "--coordinator", f"{host}:{port}", "--token-file", str(self.token_file),
                 "--job", str(self.job), "--name", name, "--slowdown", str(slowdown),

@@ -62,13 +62,14 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
     joiners = [f"j{k}" for k in range(args.joiners)]
     env = digits_env(args.global_batch, 100_000)
     with Ring(workdir, args.job, env, initial_world=args.workers) as ring:
+        pins = [c.strip() for c in args.pin.split(";")] if args.pin else ["", ""]
         for n in names:
-            ring.add_worker(n, args.slowdown)
+            ring.add_worker(n, args.slowdown, cpus=pins[0])
         ring.wait_step(args.warm_steps, args.timeout)
         time.sleep(args.before)
         t_join = time.time()
         for j in joiners:
-            ring.add_worker(j, args.slowdown, nice=args.joiner_nice,
+            ring.add_worker(j, args.slowdown, nice=args.joiner_nice, cpus=pins[1],
                             extra=() if args.no_boot_idle else ("--boot-idle",))
 
         def joined() -> bool:
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-boot-idle", action="store_true",
                     help="joiners boot at normal priority (default: worker --boot-idle, "
                     "SCHED_IDLE until profiled: their boot stands for another machine's)")
+    ap.add_argument("--pin", default="",
+                    help="'RING;JOINERS' taskset CPU lists, e.g. '0;1': the ring on CPU 0, "
+                    "the joiners on CPU 1 (default: no pinning)")
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
