@@ -12,6 +12,9 @@ one joined, at least ``--window`` seconds):
   before asking to join. On a real fleet a joiner boots on its own machine; here it shares
   the two CPUs with the ring, and SCHED_IDLE keeps its boot from passing for a cost of the
   ring (``nice`` is not enough: a nice-10 process still gets ~10 % of a contended CPU).
+  ``--pin 'RING;JOINERS'`` (default ``0;1``) pins the ring's workers to CPU 0 and the
+  joiners to CPU 1 with ``taskset``: the joiner's CPU stands for its own machine. The
+  checkpoint-restart baseline is not pinned (it keeps both CPUs: its favour).
 * baseline: the real ``torchrun --standalone`` with the same ranks running the equal-batch
   worker of benchmarks/_common.py, saving a checkpoint after *every* step (the baseline's
   best case). At the join, after the time a new torchrun agent needs to boot
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import subprocess
 import tempfile
@@ -146,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-boot-idle", action="store_true",
                     help="joiners boot at normal priority (default: worker --boot-idle, "
                     "SCHED_IDLE until profiled: their boot stands for another machine's)")
-    ap.add_argument("--pin", default="",
-                    help="'RING;JOINERS' taskset CPU lists, e.g. '0;1': the ring on CPU 0, "
-                    "the joiners on CPU 1 (default: no pinning)")
+    ap.add_argument("--pin", default="0;1" if (os.cpu_count() or 1) >= 2 else "",
+                    help="'RING;JOINERS' taskset CPU lists (default '0;1': the ring on CPU 0, "
+                    "the joiners on CPU 1, standing for their own machine; '' = no pinning)")
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
