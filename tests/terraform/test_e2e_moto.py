@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,11 @@ def moto_endpoint(monkeypatch: pytest.MonkeyPatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    # moto's backends are global to the process: start from an empty account, not with what
+    # earlier tests in this pytest run left (e.g. the driver tests' "spotring-notices" queue),
+    # so "destroy leaves nothing" speaks of this module only.
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset",
+                                                  method="POST"), timeout=30).read()
     try:
         yield f"http://{host}:{port}"
     finally:
