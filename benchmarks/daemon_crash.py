@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
-    from provisioner.drivers.aws import DESCRIBE_FALLBACK_S
+    from provisioner.timing import DESCRIBE_FALLBACK_S
     from provisioner.timing import NOTICE_POLL_S
     from tests.fakes.aws_world import AwsWorld
 

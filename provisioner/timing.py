@@ -38,6 +38,14 @@ LOCAL_NOTICE_WINDOW_S = 120.0
 #: A draining worker leaves at its next step boundary (well under a second for the example);
 #: after 60 s the daemon terminates it anyway so a hung worker never holds a paid instance.
 DRAIN_TIMEOUT_S = 60.0
+#: The AWS driver's describe_instances fallback runs at most every 30 s: EventBridge delivers
+#: within seconds, so the fallback only catches lost or unconfigured queues, and 30 s keeps
+#: DescribeInstances far below its throttling limit while still well inside the 2-minute
+#: interruption window.
+DESCRIBE_FALLBACK_S = 30.0
+#: The GCP driver's list fallback runs at most every 30 s: preemption operations arrive within
+#: seconds; the fallback only catches VMs deleted some other way.
+LIST_FALLBACK_S = 30.0
 #: A launch intent older than this with no instance found is abandoned: cloud launch calls
 #: answer within seconds, so 5 minutes means the call never reached the cloud.
 LAUNCH_INTENT_STALE_S = 300.0

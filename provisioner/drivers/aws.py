@@ -23,7 +23,7 @@ every botocore error is translated into :mod:`provisioner.errors` at the edge
   offering unavailable (``provisioner.timing.TtlCache``) and fails over.
 - **Notices.** EventBridge -> SQS messages parsed by :mod:`provisioner.drivers.aws_notices`
   (one parser per kind; unknown kinds deleted), plus a ``describe_instances`` fallback every
-  :data:`DESCRIBE_FALLBACK_S`: an instance this driver saw alive that is now gone, and that it
+  :data:`provisioner.timing.DESCRIBE_FALLBACK_S`: an instance this driver saw alive that is now gone, and that it
   did not terminate itself, yields a notice. Each (instance, kind) is delivered once.
 
 Rule for callers: pass the same ``LaunchRequest.token`` when retrying a launch, and call
@@ -47,6 +47,7 @@ from provisioner.drivers.base import (PENDING, PREEMPTED, RUNNING, STOPPING, TER
                                       TERMINATED_NOTICE, Instance, LaunchRequest, LaunchResult,
                                       Notice)
 from provisioner.errors import CapacityError, CredentialsError, DriverError
+from provisioner.timing import DESCRIBE_FALLBACK_S
 
 if TYPE_CHECKING:
     from provisioner.config import AwsSettings
@@ -75,11 +76,6 @@ TAG_OFFERING = "spotring:offering"
 TAG_TOKEN = "spotring:token"
 TAG_ENV_PREFIX = "spotring:env:"
 
-#: The describe_instances fallback runs at most every 30 s: EventBridge delivers within
-#: seconds, so the fallback only catches lost or unconfigured queues, and 30 s keeps
-#: DescribeInstances far below its throttling limit while still well inside the 2-minute
-#: interruption window. (Candidate for provisioner/timing.py.)
-DESCRIBE_FALLBACK_S = 30.0
 
 #: Error codes that mean "no capacity for this offering now": the daemon fails over.
 CAPACITY_CODES = frozenset({

@@ -22,7 +22,7 @@ SDKs lazily): ``InstancesClient.insert/delete/aggregated_list`` and
   a ``QUOTA_EXCEEDED`` answer raises :class:`~provisioner.errors.CapacityError`.
 - **Notices.** Zone operations filtered by ``operationType="compute.instances.preempted"`` in
   every zone the job uses, each delivered once; plus a list fallback every
-  :data:`LIST_FALLBACK_S` for VMs that vanished otherwise.
+  :data:`provisioner.timing.LIST_FALLBACK_S` for VMs that vanished otherwise.
 
 Rule for callers: ``settings.project`` must be set; call :meth:`GcpDriver.list` at start to
 adopt the VMs a previous daemon launched (it also tells the driver which zones to watch).
@@ -45,6 +45,7 @@ from provisioner.drivers.base import (PENDING, PREEMPTED, RUNNING, STOPPING, TER
                                       TERMINATED_NOTICE, Instance, LaunchRequest, LaunchResult,
                                       Notice)
 from provisioner.errors import CapacityError, CredentialsError, DriverError
+from provisioner.timing import LIST_FALLBACK_S
 
 if TYPE_CHECKING:
     from provisioner.config import GcpSettings
@@ -58,9 +59,6 @@ META_TOKEN = "spotring-token"  # the raw token (a label value is lowercased and 
 META_ENV_PREFIX = "spotring-env-"
 PREEMPTED_FILTER = 'operationType="compute.instances.preempted"'
 
-#: The list fallback runs at most every 30 s: preemption operations arrive within seconds;
-#: the fallback only catches VMs deleted some other way. (Candidate for provisioner/timing.py.)
-LIST_FALLBACK_S = 30.0
 #: Seconds to wait for an insert operation: GCE answers stockouts within a few seconds.
 OPERATION_TIMEOUT_S = 120.0
 
