@@ -23,6 +23,12 @@ from pricing.errors import CredentialsError, SourceError
 #: rides out bursts of about 20 s without making a daemon tick slower than its interval.
 MAX_ATTEMPTS = 8
 
+#: Error codes with which AWS rejects the credentials themselves (missing, wrong, expired).
+REJECTED_CREDENTIAL_CODES = frozenset({
+    "AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken",
+    "SignatureDoesNotMatch",
+})
+
 CREDENTIALS_HELP = (
     "no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
     "(or run on an instance with a role), or use --source trace"
@@ -57,8 +63,7 @@ def translate_errors(what: str) -> Iterator[None]:
         raise SourceError(f"{what}: cannot reach AWS endpoint: {exc}") from None
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
-        if code in ("AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId",
-                    "ExpiredToken", "SignatureDoesNotMatch"):
+        if code in REJECTED_CREDENTIAL_CODES:
             raise CredentialsError(f"{what}: AWS rejected the credentials ({code}); "
                                    f"{CREDENTIALS_HELP}") from None
         raise

@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from pricing.model import Offering
-from pricing.sources.boto import CREDENTIALS_HELP, make_client
+from pricing.sources.boto import CREDENTIALS_HELP, REJECTED_CREDENTIAL_CODES, make_client
 from provisioner.drivers.aws_notices import parse_message
 from provisioner.drivers.base import (PENDING, PREEMPTED, RUNNING, STOPPING, TERMINATED,
                                       TERMINATED_NOTICE, Instance, LaunchRequest, LaunchResult,
@@ -84,10 +84,8 @@ CAPACITY_CODES = frozenset({
     "UnfulfillableCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
     "VcpuLimitExceeded", "InsufficientFreeAddressesInSubnet",
 })
-CREDENTIAL_CODES = frozenset({
-    "AuthFailure", "UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken",
-    "SignatureDoesNotMatch", "UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
-})
+CREDENTIAL_CODES = REJECTED_CREDENTIAL_CODES | {
+    "UnauthorizedOperation", "AccessDenied", "AccessDeniedException"}
 _STATE_MAP = {"pending": PENDING, "running": RUNNING, "stopping": STOPPING, "stopped": STOPPING,
               "shutting-down": STOPPING, "terminated": TERMINATED}
 _NOT_FOUND = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
