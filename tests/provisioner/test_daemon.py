@@ -246,3 +246,34 @@ def test_plans_only_offerings_the_driver_can_place(world):
     live = st.live_instances()
     assert live and {r.offering.zone for r in live} == {allowed}
     assert {q.offering.zone for q in d.quotes} == {allowed}
+
+
+def test_offering_out_of_capacity_is_planned_around_not_flapped(world):
+    """A launch refused for capacity must not come back in the next plans: the optimiser is
+    told, so the fleet settles in another zone instead of being drained as surplus and
+    relaunched every round (the reconciler's redirect alone made the next plan re-target the
+    full offering, drain the redirected instance and redirect again)."""
+    from provisioner.errors import CapacityError
+
+    d, clock, drv, st = world()
+    real_launch = drv.launch
+    refused = []
+
+    def launch(req):
+        if req.offering.zone == "local-1a":
+            refused.append(req.offering)
+            raise CapacityError(req.offering.key, "InsufficientInstanceCapacity (test)")
+        return real_launch(req)
+
+    drv.launch = launch
+    d.poll_prices(); d.plan_and_reconcile()
+    for _ in range(6):
+        clock.advance(60)
+        d.poll_prices(); d.watch_notices(); d.plan_and_reconcile()
+    assert refused, "the plan never tried the refused zone: the test proves nothing"
+    live = st.live_instances()
+    assert len(live) == 3 and all(r.offering.zone != "local-1a" for r in live)
+    assert not [e for e in st.events(kinds=["drain"])], "a healthy instance was drained"
+    assert len(st.instances()) == 3, "instances were launched and removed again"
+    # ...and the plan itself (what the dashboard and the decision log show) says so
+    assert not [k for k in st.decisions()[-1][1] if "/local-1a/" in k]
