@@ -14,8 +14,12 @@ only moves data between them and the outside world, writing to :class:`~provisio
 - A notice marks the instance draining, asks the ring's coordinator to drain it (it leaves
   at its next step boundary) and re-plans at once, so the replacement launch runs in
   parallel with the drain; the zone is avoided for ``zone_avoid_ttl_s``.
-- An offering that answers "no capacity" is skipped for ``capacity_ttl_s`` and the launch
-  fails over to another zone.
+- An offering that answers "no capacity" is skipped for ``capacity_ttl_s``: the optimiser
+  may keep what the offering holds but not grow it (as in a zone that just revoked), so the
+  plan itself moves elsewhere instead of re-targeting it every round (the reconciler's
+  redirect alone made the next plan drain the redirected instance as surplus and redirect
+  again, a launch and a drain every round), and the round re-plans at once so the launch
+  fails over in the same round rather than a ``plan_s`` later.
 - Samples/s measured per worker flow into the :class:`~provisioner.throughput.ThroughputModel`
   the next plan uses (the closed loop).
 
@@ -49,6 +53,10 @@ from provisioner.timing import Intervals, TtlCache
 log = logging.getLogger(__name__)
 
 JOB_IDS = ("poll_prices", "watch_notices", "plan_and_reconcile", "record_metrics")
+#: Re-plans within one round after launches refused for capacity: each one adds the refused
+#: offerings to the unavailable set, so the third finds a zone with room or gives up until the
+#: next round (a stockout seldom spans more than a zone or two of a region).
+CAPACITY_REPLANS = 2
 
 
 @dataclass(frozen=True)
@@ -313,13 +321,23 @@ class Daemon:
         return not was_draining
 
     def plan_and_reconcile(self, reason: str = "periodic") -> None:
-        """Solve for the target fleet and apply the reconciler's actions."""
+        """Solve for the target fleet and apply the reconciler's actions; when a launch is
+        refused for capacity, plan again at once (up to :data:`CAPACITY_REPLANS` times)."""
+        for attempt in range(CAPACITY_REPLANS + 1):
+            if not self._plan_round(reason if attempt == 0 else f"{reason}; capacity failover",
+                                    final=attempt == CAPACITY_REPLANS):
+                return
+
+    def _plan_round(self, reason: str, final: bool = True) -> bool:
+        """One solve and its actions; True when a launch was refused for capacity. The plan is
+        recorded as a decision after its actions, unless a launch was refused and a re-plan
+        follows (``final`` false): the log holds one decision per round, the one acted on."""
         if self.stopping.is_set():
-            return
+            return False
         from provisioner.optimizer import build_problem, solve
 
         if self._job_over():
-            return  # the job is over: nothing to launch or replace
+            return False  # the job is over: nothing to launch or replace
         with self._lock:
             now = self.now()
             t = now.timestamp()
@@ -327,26 +345,25 @@ class Daemon:
             live = self.state.live_instances()
             current = Counter(r.offering for r in live if r.draining_since is None)
             avoid = self.avoid.members()
+            unavailable = self.unavailable.members()
+            caps = dict(self.available)
+            for off in unavailable:  # out of capacity: keep what it holds, no more
+                caps[off] = min(caps.get(off, current[off]), current[off])
             try:
                 problem = build_problem(self.settings, self.quotes, self._risks(),
                                         current=current, throughput=self.throughput, now=now,
                                         avoid=[f"{r}/{z}" for _c, r, z in avoid],
-                                        available=self.available)
+                                        available=caps)
                 plan = solve(problem, time_limit_s=self.settings.optimizer.time_limit_s)
             except InfeasibleError as exc:
                 self.state.record_event(t, "plan-failed", detail=str(exc))
-                return
+                return False
             targets = {o: n for o, n in plan.counts.items() if n > 0}
-            if targets != self._last_targets:
-                self.plan_text = plan.explain()
-                self.state.record_decision(t, targets, f"{reason}: {self.plan_text}")
-                self._last_targets = targets
             held = [Held(r.id, r.offering, r.launched_at, True, r.draining_since is not None)
                     for r in live]
             prices = {o: p for o, (_t, p) in self._price_points().items()}
             alternatives = sorted(prices, key=lambda o: (prices[o], o))
-            actions = reconcile(targets, held, avoid_zones=avoid,
-                                unavailable=self.unavailable.members(),
+            actions = reconcile(targets, held, avoid_zones=avoid, unavailable=unavailable,
                                 alternatives=alternatives, limits=self.limits)
             for note in actions.notes:
                 self.state.record_event(t, "reconcile-note", detail=note)
@@ -355,8 +372,14 @@ class Daemon:
                                 actions.terminations[0].reason)
             for d in actions.drains:
                 self._drain(d.instance_id, d.offering, d.reason)
+            refused = False
             for launch in actions.launches:
-                self._launch(launch.offering, launch.count, launch.reason, prices)
+                refused |= not self._launch(launch.offering, launch.count, launch.reason, prices)
+            if targets != self._last_targets and (final or not refused):
+                self.plan_text = plan.explain()
+                self.state.record_decision(t, targets, f"{reason}: {self.plan_text}")
+                self._last_targets = targets
+            return refused
 
     def _job_over(self) -> bool:
         """True once the ring finished, or a member left because the job is complete (the
@@ -403,9 +426,11 @@ class Daemon:
             self.state.record_event(self._ts(), "terminated", iid, detail=reason)
 
     def _launch(self, offering: Offering, count: int, reason: str,
-                prices: Mapping[Offering, float]) -> None:
+                prices: Mapping[Offering, float]) -> bool:
+        """Launch through the driver with a write-ahead intent; False when refused for
+        capacity (the offering joins :attr:`unavailable`), True otherwise."""
         if self.stopping.is_set():
-            return
+            return True
         t = self._ts()
         token = f"{self.job_id}-{uuid.uuid4().hex[:16]}"
         self.state.begin_launch(token, offering, count, t)
@@ -419,12 +444,12 @@ class Daemon:
             self.unavailable.add(offering)
             self.state.abandon_intent(token, self._ts(), f"no capacity: {exc}")
             self.state.record_event(self._ts(), "no-capacity", offering=offering, detail=str(exc))
-            return
+            return False
         except DriverError as exc:
             self.state.abandon_intent(token, self._ts(), f"failed: {exc}")
             self.state.record_event(self._ts(), "launch-failed", offering=offering,
                                     detail=str(exc))
-            return
+            return True
         t = self._ts()
         if offering in prices:
             self.state.record_price(offering, t, prices[offering])
@@ -433,6 +458,7 @@ class Daemon:
             self.state.record_event(t, "launch", inst.id, inst.offering, reason)
         for err in res.errors:
             self.state.record_event(t, "launch-error", offering=offering, detail=err)
+        return True
 
     def record_metrics(self) -> None:
         """Fleet, cost, spend and samples/s: to the state, Prometheus and the throughput model."""

@@ -1,0 +1,119 @@
+"""End to end over HTTP: the daemon (its apscheduler jobs running) on the real GCP driver
+against the local Compute Engine fake (tests/fakes/gcp_world.py). It launches a SPOT fleet
+labelled with the job; a preemption (the ``compute.instances.preempted`` operation the driver
+watches) closes the instance and a replacement is launched in another zone within 5 s (notice
+period shortened to 0.3 s); a stocked-out zone gives CapacityError, the daemon records
+'no-capacity' and launches elsewhere; ``stop("terminate")`` leaves nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from pricing.model import Offering  # noqa: E402
+from provisioner.drivers.gcp import split_instance_type  # noqa: E402
+from tests.fakes.gcp_world import ZONES, GcpWorld, build_daemon  # noqa: E402
+from tests.fakes.local_coordinator import FakeCoordinator  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def world():
+    with GcpWorld() as w:
+        yield w
+
+
+def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def assert_cloud_matches_state(world, job, d):
+    """The fake holds exactly the state's live instances, each a SPOT VM of its offering."""
+    rows = {r.id: r for r in d.state.live_instances()}
+    cloud = world.instances(job)
+    assert set(cloud) == set(rows)
+    for iid, vm in cloud.items():
+        off = rows[iid].offering
+        assert off.zone == iid.split("/")[0] == vm["zone"].rsplit("/", 1)[-1]
+        sched = vm["scheduling"]
+        assert sched["provisioningModel"] == "SPOT"
+        assert sched["instanceTerminationAction"] == "DELETE"
+        assert vm["labels"]["spotring-job"] == job
+        meta = {i["key"]: i["value"] for i in vm["metadata"]["items"]}
+        assert meta["spotring-offering"] == off.key
+        machine, gpu, count = split_instance_type(off.instance_type)
+        assert vm["machineType"] == f"zones/{off.zone}/machineTypes/{machine}"
+        if gpu is not None:  # N1 + guest accelerator: the GPU the offering names
+            assert vm["guestAccelerators"] == [{
+                "acceleratorType": f"zones/{off.zone}/acceleratorTypes/{gpu}",
+                "acceleratorCount": count}]
+    return rows
+
+
+def test_fleet_preemption_replacement_and_terminate(world, tmp_path):
+    job = "e2e-gcp-preempt"
+    coord = FakeCoordinator()
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite", coordinator=coord)
+    d.start()
+    try:
+        live = assert_cloud_matches_state(world, job, d)
+        assert len(live) == 3
+        assert any(split_instance_type(r.offering.instance_type)[1] for r in live.values()), \
+            "the plan holds no N1+GPU type: the guestAccelerators check proved nothing"
+        coord.speeds = {i: 400.0 for i in live}
+        victim = sorted(live)[0]
+        revoked_zone = live[victim].offering.zone
+
+        world.preempt(victim)
+        replaced = wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}
+                            and len(d.state.live_instances()) == 3, timeout_s=5.0)
+        assert replaced, "the preempted VM was not closed and replaced within 5 s"
+        rows = assert_cloud_matches_state(world, job, d)
+        new = [r for r in rows.values() if r.id not in live]
+        assert len(new) == 1 and new[0].offering.zone != revoked_zone
+        killed = d.state.events(kinds=["killed"])
+        assert [(e.instance_id, e.detail) for e in killed] == [(victim, "gcp-operations")]
+        assert d.notice_to_launch_s, "the replacement did not come from the notice"
+        closed = {r.id: r for r in d.state.instances()}[victim]
+        assert closed.ended_at is not None
+    finally:
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
+
+
+def test_stockout_fails_over_and_records_no_capacity(world, tmp_path):
+    job = "e2e-gcp-stockout"
+    cheapest = ZONES[0]  # the plan's first choice (see gcp_world.market)
+    world.stockout(cheapest)
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite")
+    try:
+        d.start()  # plan_s is 600: the failover happens within the start round itself
+        refused = d.state.events(kinds=["no-capacity"])
+        assert refused and all(Offering.from_key(e.offering).zone == cheapest for e in refused)
+        assert "ZONE_RESOURCE_POOL_EXHAUSTED" in refused[0].detail
+        rows = assert_cloud_matches_state(world, job, d)
+        assert len(rows) == 3, "the fleet did not fail over to the other zones"
+        assert all(r.offering.zone != cheapest for r in rows.values())
+        assert "capacity failover" in d.state.decisions()[-1][2]
+        for _ in range(3):  # later rounds keep the fleet where it is: no drain-and-relaunch
+            d.plan_and_reconcile("test")
+        assert {r.id for r in d.state.live_instances()} == set(rows)
+        assert not d.state.events(kinds=["drain"]) and len(d.state.instances()) == 3
+        assert not [k for k in d.state.decisions()[-1][1] if f"/{cheapest}/" in k]
+    finally:
+        world.stockout(cheapest, on=False)
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
