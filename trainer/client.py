@@ -154,10 +154,12 @@ class Heartbeat:
             try:
                 self.beat()
                 gen = self.generation
-                self.latest = int(self._store.add(mb.LATEST, 0))
-                if gen:
-                    broken = self._store.add(mb.k_broken(gen), 0) > 0
-                    self._broken_gen, self._broken = gen, broken
+                if gen:  # one round trip; the coordinator creates broken/<n> before gen/<n>
+                    latest, broken = self._store.multi_get([mb.LATEST, mb.k_broken(gen)])
+                    self.latest = int(latest)
+                    self._broken_gen, self._broken = gen, int(broken) > 0
+                else:
+                    self.latest = int(self._store.add(mb.LATEST, 0))
                 self.polled_at = time.monotonic()
                 stats = self.stats
                 if stats is not None and stats != self._stats_sent:

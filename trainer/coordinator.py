@@ -11,6 +11,13 @@ form the next generation (when nobody answers, the roll call waits up to the hea
 timeout before dropping everyone, which would stop the job). A dropped member that wakes up is refused (logged as ``refused``)
 and must join again as a new member.
 
+One tick reads everything it watches (the join counter, every member's heartbeat, the
+report counters, ``stats``, the running generation's ``broken`` and ``formedn`` counters) in
+ONE ``multi_get`` round trip: every watched counter is created (``add(key, 0)``) the first
+time it is watched, because ``multi_get`` waits for missing keys. A counter read outside the
+snapshot costs its own round trip. On a 2-core machine the coordinator's polling competes
+with the workers for CPU, so its cost per tick matters (it was ~8 round trips).
+
 It is embeddable (the provisioner daemon calls :meth:`Coordinator.start` / :meth:`stop` and
 :meth:`drain` by worker name) and runs standalone as ``python -m trainer coordinator``.
 
@@ -40,6 +47,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 20.0  # a joiner that starts a handshake and never finishes is forgotten
 SPEED_POLL_S = 0.5  # how often members' reported samples/s are read
 REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
+DRAINS, DONES = "drains", "dones"  # counters workers bump after a drain request / when done
 
 
 @dataclass
@@ -102,6 +110,8 @@ class Coordinator:
         self._done_count = 0
         self._done: set[int] = set()
         self._last_speed_poll = 0.0
+        self._made: set[str] = set()  # counters known to exist (multi_get needs them)
+        self._snap: dict[str, bytes] = {}  # this tick's values of the watched keys
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -111,6 +121,8 @@ class Coordinator:
                                timeout=datetime.timedelta(seconds=30))
         self._store.add(mb.LATEST, 0)
         self._store.add(mb.IDS, 0)
+        self._store.add(DRAINS, 0)
+        self._store.add(DONES, 0)
         self._store.set(mb.STATS, "{}")
         self._thread = threading.Thread(target=self._run, name="spotring-coordinator",
                                         daemon=True)
@@ -195,8 +207,43 @@ class Coordinator:
                 log.exception("coordinator tick failed")
             self._stopping.wait(self._poll_s)
 
+    def _watched(self) -> list[str]:
+        """The counters one tick reads (created here the first time they are watched)."""
+        keys = [mb.IDS, DRAINS, DONES]
+        keys += [mb.k_heartbeat(m) for m in self._tracked]
+        keys += [mb.k_heartbeat(m) for m in self._dropped]
+        if self._plan is not None and self._plan.members:
+            gen = self._plan.generation
+            keys += [mb.k_broken(gen), f"formedn/{gen}"]
+            if self._formed_gen > 0:
+                keys.append(mb.k_broken(self._formed_gen))
+        store = self._store
+        assert store is not None
+        for k in keys:
+            if k not in self._made:
+                store.add(k, 0)
+                self._made.add(k)
+        return keys
+
+    def _count(self, key: str) -> int:
+        """A counter's value: from this tick's snapshot, else one round trip."""
+        v = self._snap.get(key)
+        if v is None:
+            assert self._store is not None
+            return int(self._store.add(key, 0))
+        return int(v)
+
     def _tick(self) -> None:
-        assert self._store is not None
+        store = self._store
+        assert store is not None
+        keys = self._watched() + [mb.STATS]
+        self._snap = dict(zip(keys, store.multi_get(keys), strict=True))
+        try:
+            self._tick_on_snapshot()
+        finally:
+            self._snap = {}
+
+    def _tick_on_snapshot(self) -> None:
         self._poll_joins()
         self._poll_heartbeats()
         self._poll_reports()
@@ -206,7 +253,7 @@ class Coordinator:
         store = self._store
         assert store is not None
         now = self._clock()
-        top = store.add(mb.IDS, 0)
+        top = self._count(mb.IDS)
         for i in range(self._scan_from, top + 1):
             self._unseen.setdefault(i, now)
         self._scan_from = top + 1
@@ -244,14 +291,14 @@ class Coordinator:
         assert store is not None
         now = self._clock()
         for t in self._tracked.values():
-            v = store.add(mb.k_heartbeat(t.member_id), 0)
+            v = self._count(mb.k_heartbeat(t.member_id))
             if v != t.hb:
                 t.hb, t.hb_seen = v, now
         for i, (name, when, last) in list(self._dropped.items()):
             if now - when > REFUSED_WATCH_S:
                 del self._dropped[i]
                 continue
-            v = store.add(mb.k_heartbeat(i), 0)
+            v = self._count(mb.k_heartbeat(i))
             if v != last:
                 del self._dropped[i]
                 self._event("refused", name, detail=f"member {i} woke up after being dropped; "
@@ -260,7 +307,7 @@ class Coordinator:
     def _poll_reports(self) -> None:
         store = self._store
         assert store is not None
-        drains = store.add("drains", 0)
+        drains = self._count(DRAINS)
         if drains != self._drain_count:
             self._drain_count = drains
             for t in self._tracked.values():
@@ -268,7 +315,7 @@ class Coordinator:
                     self._draining[t.member_id] = store.get(mb.k_drain(t.member_id)).decode()
                     t.state = "draining"
                     self._event("drain", t.name, detail=self._draining[t.member_id])
-        done = store.add("dones", 0)
+        done = self._count(DONES)
         if done != self._done_count:
             self._done_count = done
             for t in list(self._tracked.values()):
@@ -277,7 +324,7 @@ class Coordinator:
                     self._event("leave", t.name, detail="finished: "
                                 + store.get(mb.k_done(t.member_id)).decode())
         try:
-            s = json.loads(store.get(mb.STATS))
+            s = json.loads(self._snap.get(mb.STATS) or store.get(mb.STATS))
         except ValueError:
             s = {}
         for k, v in s.items():
@@ -322,18 +369,18 @@ class Coordinator:
             self._event("leave", t.name, detail=f"joiner {i} left before joining: "
                         f"{self._draining.pop(i)}")
         if plan is not None and plan.members:
-            broken = store.add(mb.k_broken(plan.generation), 0) > 0 or (
+            broken = self._count(mb.k_broken(plan.generation)) > 0 or (
                 # the running generation broke while the next one was forming: its members
                 # would wait for a dead peer in the new group, so recover now
                 not self._formed and self._formed_gen > 0
-                and store.add(mb.k_broken(self._formed_gen), 0) > 0)
+                and self._count(mb.k_broken(self._formed_gen)) > 0)
             dead_members = [m for m in plan.members if m in dead_now]
             if broken or dead_members:
                 self._recover(plan, dead_members, "collective failed" if broken
                               else "heartbeat stopped")
                 return
             if not self._formed:
-                if store.add(f"formedn/{plan.generation}", 0) >= len(plan.members):
+                if self._count(f"formedn/{plan.generation}") >= len(plan.members):
                     self._on_formed(plan)
                 else:
                     return
@@ -384,6 +431,9 @@ class Coordinator:
     def _publish(self, new: Plan) -> None:
         store = self._store
         assert store is not None
+        for k in (mb.k_broken(new.generation), f"formedn/{new.generation}"):
+            store.add(k, 0)  # before gen/latest moves: members multi_get broken/<n>
+            self._made.add(k)
         store.set(mb.k_plan(new.generation), new.to_json())
         store.add(mb.LATEST, new.generation - store.add(mb.LATEST, 0))
         self._plan = new

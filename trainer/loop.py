@@ -274,6 +274,7 @@ class _Member:
         self.pending: _Pending | None = None
         self.buf: torch.Tensor | None = None
         self.nparams = 0
+        self.grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # (param, its view)
 
     def _broken(self, generation: int) -> bool:
         """Is ``generation`` declared broken? The heartbeat thread's cached answer while it
@@ -405,9 +406,12 @@ class _Member:
         params = [p for p in self.w.job.model.parameters() if p.requires_grad]  # type: ignore
         self.nparams = sum(p.numel() for p in params)
         self.buf = torch.zeros(self.nparams + world * ROW, dtype=torch.float32)
+        self.grads = []
         o = 0
         for p in params:
-            p.grad = self.buf[o : o + p.numel()].view_as(p)
+            view = self.buf[o : o + p.numel()].view_as(p)
+            p.grad = view
+            self.grads.append((p, view))
             o += p.numel()
 
     # -- one step -----------------------------------------------------------------------
@@ -431,21 +435,20 @@ class _Member:
         self.pending = _Pending(w.step, w.cursor.epoch, ids.tolist())
         t0 = time.perf_counter()
         buf.zero_()
-        params = [p for p in job.model.parameters() if p.requires_grad]
         loss_v = 0.0
-        job.model.train()
+        if not job.model.training:  # evaluate() may leave it in eval mode
+            job.model.train()
         if b > 0:
             x, y = job.batch(ids)
             loss = job.loss_fn(job.model(x), y)
             loss.backward()
             loss_v = float(loss.detach())
-            o = 0
-            for p in params:  # autograd accumulates in place; copy if it did not
-                view = buf[o : o + p.numel()].view_as(p)
-                if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad)
-                p.grad = view
-                o += p.numel()
+            for p, view in self.grads:  # autograd accumulates in place; copy if it did not
+                g = p.grad
+                if g is not view:
+                    if g is not None and g.data_ptr() != view.data_ptr():
+                        view.copy_(g)
+                    p.grad = view
             buf[: self.nparams].mul_(b / total)
         w._slow(time.perf_counter() - t0, b)
         compute_s = time.perf_counter() - t0
@@ -476,6 +479,7 @@ class _Member:
         self._plan_sizes(plan, timings)
         if w.cursor.epoch != epoch_before and self.rank == 0 and job.evaluate is not None:
             w.accuracy = float(job.evaluate(job.model).get("accuracy", float("nan")))
+            job.model.train()
         w.append(w.cfg.metrics_file, {
             "t": time.time(), "step": w.step, "generation": plan.generation, "world": world,
             "batch": b, "compute_s": round(compute_s, 6), "wait_s": round(wait_s, 6),

@@ -7,8 +7,10 @@ failed collective hangs or fails (torch issues #55967, #119196). A broken group 
 destroyed while the process runs (its destructor joins worker threads that may still be
 blocked until the collective timeout); it is parked in :data:`_GRAVEYARD` instead.
 
-Waiting is abortable: :func:`wait` waits on the work's future in slices and, between slices,
-asks ``should_abort()`` (the caller checks the coordinator's ``broken/<n>`` counter). A
+Waiting is abortable: :func:`wait` waits on the work in slices (``Work.wait(timeout)``, which
+blocks in C++ without the GIL and leaves the work running when a slice runs out; a future
+callback and a Python event cost ~0.5 ms more per step here) and, between slices, asks
+``should_abort()`` (the caller checks the coordinator's ``broken/<n>`` counter). A
 member whose neighbour died therefore stops waiting within one slice even when gloo itself
 would block until its timeout. Group construction runs in a helper thread for the same
 reason (a peer of the new generation may die before connecting).
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _GRAVEYARD: list[Any] = []
 WAIT_SLICE_S = 0.05
+_SLICE = datetime.timedelta(seconds=WAIT_SLICE_S)
 
 
 class RingBroken(Exception):
@@ -95,27 +98,42 @@ def form_group(
     return _run_abortable(build, should_abort, f"form g{generation}")
 
 
-def wait(work: Any, should_abort: Callable[[], bool], what: str) -> None:
+def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True
+         ) -> None:
     """Wait for ``work`` (a collective's handle) to finish, abandoning it on abort.
 
-    Raises :class:`RingBroken` when the collective fails (a peer died, the gloo timeout
-    passed) or ``should_abort()`` turns true while waiting.
+    ``sliced``: wait with ``Work.wait(timeout)`` slices (gloo: a slice that runs out leaves
+    the work running); False waits on the work's future instead (NCCL's ``wait(timeout)``
+    may abort the communicator when it runs out). Raises :class:`RingBroken` when the
+    collective fails (a peer died, the gloo timeout passed) or ``should_abort()`` turns true
+    while waiting.
     """
-    done = threading.Event()
-    fut = work.get_future()
-    fut.add_done_callback(lambda _f: done.set())
-    while not done.wait(WAIT_SLICE_S):
-        if should_abort():
-            raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+    if sliced:
+        while True:
+            try:
+                work.wait(_SLICE)  # blocks without the GIL; raises when the slice runs out
+                return
+            except Exception:  # noqa: BLE001 - a slice that ran out, or the collective failed
+                if work.is_completed():
+                    break  # failed (or finished right after the slice ran out): ask below
+            if should_abort():
+                raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+    else:
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _f: done.set())
+        while not done.wait(WAIT_SLICE_S):
+            if should_abort():
+                raise RingBroken(f"{what}: aborted (the generation was declared broken)")
     try:
-        work.wait()
+        work.wait()  # returns at once: the work is completed
     except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
         raise RingBroken(f"{what}: {e}") from e
 
 
 def allreduce(pg: Any, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
     """Sum ``tensor`` in place over the group. Raises :class:`RingBroken` on failure."""
-    wait(pg.allreduce([tensor]), should_abort, "allreduce")
+    wait(pg.allreduce([tensor]), should_abort, "allreduce",
+         sliced=isinstance(pg, dist.ProcessGroupGloo))
 
 
 def broadcast(pg: Any, tensor: torch.Tensor, src: int, should_abort: Callable[[], bool]) -> None:
@@ -123,4 +141,5 @@ def broadcast(pg: Any, tensor: torch.Tensor, src: int, should_abort: Callable[[]
     opts = dist.BroadcastOptions()
     opts.rootRank = src
     opts.rootTensor = 0
-    wait(pg.broadcast([tensor], opts), should_abort, "broadcast")
+    wait(pg.broadcast([tensor], opts), should_abort, "broadcast",
+         sliced=isinstance(pg, dist.ProcessGroupGloo))
