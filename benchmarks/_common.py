@@ -245,7 +245,11 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     equal-batch ring that heterogeneity-aware sizing is measured against. The job file is
     built with ``trainer.job.load_job`` exactly as a spotring worker builds it; each step takes
     ``global_batch`` random sample ids (seeded by the step number, so a restarted run
-    continues the same stream) split evenly over the ranks.
+    continues the same stream) split evenly over the ranks. ``--epoch-loop`` instead walks the
+    job's epochs exactly as a spotring worker does (the seeded per-epoch order of
+    :mod:`trainer.sampler`, the short last step of an epoch) and runs the job's ``evaluate``
+    on rank 0 at every epoch end (its time is the metrics key ``eval_s``): the same work as a
+    spotring ring of equal workers, so a ratio against it measures the ring's overhead only.
     """
     ap = argparse.ArgumentParser(description="baseline worker (run under torchrun)")
     ap.add_argument("--job", default=str(DEFAULT_JOB))
@@ -256,12 +260,16 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ckpt", default=None, help="save after every step / load at start")
     ap.add_argument("--metrics-file", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epoch-loop", action="store_true",
+                    help="walk the job's epochs as a spotring worker does (seeded order, short "
+                    "last step) and evaluate on rank 0 at each epoch end (metrics key eval_s)")
     args = ap.parse_args(argv)
 
     import torch
     import torch.distributed as dist
 
     from trainer.job import load_job
+    from trainer.sampler import CursorState, epoch_order, scale_sizes
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -286,10 +294,19 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     hi = lo + sizes[rank]
     metrics = open(args.metrics_file, "a") if rank == 0 else None
     per_sample: list[float] = []
+    cursor = CursorState()
+    order = epoch_order(args.seed, 0, n)
     dist.barrier()
     while not args.steps or step < args.steps:
-        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        ids = torch.randint(0, n, (global_batch,), generator=gen)[lo:hi]
+        samples = global_batch
+        if args.epoch_loop:  # the spotring worker's data walk: same order, short last step
+            samples = cursor.step_total(n, global_batch)
+            part = scale_sizes(sizes, samples)
+            start = cursor.cursor + sum(part[:rank])
+            ids = order[start : start + part[rank]]
+        else:
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            ids = torch.randint(0, n, (global_batch,), generator=gen)[lo:hi]
         t0 = time.perf_counter()
         x, y = job.batch(ids)
         opt.zero_grad(set_to_none=True)
@@ -312,6 +329,15 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
                 o += p.numel()
         opt.step()
         step += 1
+        eval_s = 0.0
+        if args.epoch_loop:
+            cursor = cursor.advance(n, samples)
+            if cursor.cursor == 0:  # an epoch ended: rank 0 evaluates, as spotring's does
+                order = epoch_order(args.seed, cursor.epoch, n)
+                if rank == 0 and job.evaluate is not None:
+                    t_eval = time.perf_counter()
+                    job.evaluate(model)
+                    eval_s = time.perf_counter() - t_eval
         if args.ckpt and rank == 0:
             tmp = args.ckpt + ".tmp"
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
@@ -320,8 +346,8 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
             step_s = time.perf_counter() - t0
             metrics.write(json.dumps({
                 "t": time.time(), "step": step, "generation": 0, "world": world,
-                "batch": sizes[rank], "compute_s": step_s - wait_s, "wait_s": wait_s,
-                "step_s": step_s, "samples": global_batch, "loss": loss.item(),
+                "batch": int(ids.numel()), "compute_s": step_s - wait_s, "wait_s": wait_s,
+                "step_s": step_s, "samples": samples, "loss": loss.item(), "eval_s": eval_s,
             }) + "\n")
             metrics.flush()
     dist.barrier()
