@@ -49,7 +49,7 @@ def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
                 horizon = out[ref].completion_h
         if horizon is None:
             horizon = (world.end - world.start) / 3600
-        r = hindsight(world, params, work=work, horizon_h=horizon, slot_s=tick_s)
+        r = hindsight(world, params, work=work, horizon_h=horizon)
         r.deadline_h = deadline_h
         out["hindsight"] = r
     return out

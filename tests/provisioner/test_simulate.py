@@ -78,14 +78,18 @@ def test_cheapest_first_restarts_from_checkpoint_in_the_next_zone_after_backoff(
 
 def test_spotring_loses_at_most_one_step_on_a_revocation():
     # Same trace: spotring paces the work to finish by its own deadline, work / the nominal
-    # 100/s = 7,200 s. It holds a, loses one 1-s step of 100/s at 0.75 h, re-plans at once
-    # away from a (avoided) and finishes in b by 7,200 s, before cheapest-first's 8,160 s;
-    # its only loss is that one step.
+    # 100/s = 7,200 s. It holds a (two instances for the first 10 minutes: one instance's
+    # hazard-discounted rate is a hair below the pace, then one), loses one 1-s step of
+    # 100/s at 0.75 h, re-plans at once away from a (avoided) and finishes in b by 7,200 s,
+    # before cheapest-first's 8,160 s; its only loss is that one step.
     world = two_zone_world((0.75, 9.0))
     r = simulate_policy(world, "spotring", params(), work=720_000)
     assert r.revocations == 1 and r.work_lost == pytest.approx(100)
     assert r.completion_h <= 7200 / 3600 + 1e-9
-    assert r.cost >= 0.75 * 1.0 + (2.0 - 0.75) * 1.5 - 1e-9  # a until 0.75 h, then b only
+    # cost = every sample paid at its zone's price per sample (no boot): a ran 2 x 600 s +
+    # 1 x 2,100 s = 330,000 samples ($1 per 360,000, the lost step included), b the other
+    # 720,000 - 329,900 = 390,100 ($1.5 per 360,000)
+    assert r.cost == pytest.approx((330_000 * 1.0 + 390_100 * 1.5) / 360_000, rel=1e-9)
 
 
 def test_static_spot_waits_in_its_zone():
@@ -153,3 +157,72 @@ def test_availability_is_combined_with_a_price_series_of_the_same_type_and_says_
     assert world.price[A].at(at(1).timestamp()) == 0.9
     assert world.available(A, at(1).timestamp()) == 4  # a 1-node trace's 1 = capacity up to max
     assert any("combined with the spot prices of aws/us-east-1/use1-az2" in n for n in world.notes)
+
+
+def test_hindsight_charges_the_ring_of_the_fleet_it_runs():
+    # One zone at $1/h, 100 samples/s per instance; a 12.5 MB gradient on 10 Gb/s and a
+    # global batch of 20 make a ring of 2 deliver 200 / 1.1 = 181.8/s (t_comm = 0.01 s). 360,000
+    # samples within 0.6 h: one instance all the time (216,000) and a second for the rest at
+    # its marginal 81.8/s: 144,000 / (81.8 x 3,600) = 0.4889 h. Cost 0.6 + 0.4889 = $1.0889.
+    world = two_zone_world(None)
+    p = params(model_mb=12.5, global_batch=20, max_size=2, size=2)
+    bound = hindsight(world, p, work=360_000, horizon_h=0.6)
+    second = 144_000 / (3600 * (200 / 1.1 - 100))
+    assert bound.status == "optimal"
+    assert bound.cost == pytest.approx(0.6 + second, rel=1e-6)
+    # a real ring of 2 pays for both instances all the way: $1.10 for 0.55 h
+    r = simulate_policy(world, "static-spot", p, work=360_000)
+    assert r.completion_h == pytest.approx(0.55) and r.cost == pytest.approx(1.1)
+    assert r.cost >= bound.cost
+
+
+def test_hindsight_uses_capacity_present_for_part_of_a_decision_period():
+    # a ($1) is there for the first 15 minutes only, b costs $1.5; one instance at a time.
+    # Half an instance-hour of work: 0.25 h of a + 0.25 h of b = $0.625, which an online
+    # schedule reaches (a, then b), so the bound must use a for 900 s, not round it away
+    # with 600 s slots (which gave $0.667, above what a real schedule pays).
+    world = two_zone_world((0.25, 9.0))
+    p = params(max_size=1)
+    bound = hindsight(world, p, work=180_000, horizon_h=1.0)
+    assert bound.cost == pytest.approx(0.625, rel=1e-6)
+    for name in ("spotring", "cheapest-first", "static-spot", "on-demand"):
+        r = simulate_policy(world, name, p, work=180_000)
+        if r.completion_h is not None and r.completion_h <= 1.0:
+            assert r.cost >= bound.cost - 1e-9, name
+
+
+BIG = Offering("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "spot")
+
+
+def test_spotring_takes_the_fleet_cheapest_per_sample_not_per_hour():
+    # p3.2xlarge spot $1/h at 100/s ($2.78 per 1M), p3.8xlarge spot $12/h at 3,000/s ($1.11 per
+    # 1M). The job's pace (1 x 100/s) is kept most cheaply per hour by one small instance,
+    # and 2x or 4x the pace by 2 or 4 of them; per sample the big one is 2.5x cheaper.
+    # Without a deadline spotring runs the big one: 1.08e6 samples in 360 s for $1.20.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), 12.0, 20.0))
+    av = (Availability(A, at(0), 100), Availability(BIG, at(0), 100),
+          Availability(A, at(10), 100), Availability(BIG, at(10), 100))
+    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": 3000.0})
+    world = build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+    r = simulate_policy(world, "spotring", params(max_size=16), work=1.08e6)
+    assert r.completion_h == pytest.approx(360 / 3600)
+    assert r.cost == pytest.approx(1.2, rel=1e-6)
+
+
+def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_margin():
+    # One zone at $1/h (on-demand $4/h), gone from 0.25 h to 1.5 h; 720,000 samples at the
+    # job's pace of 100/s set its own deadline, 2 h. Done by 0.25 h: 2 x 600 s + 1 x 300 s at
+    # 100/s less the step lost = 149,900. At 1.5 h, 570,100 left in 0.5 h needs 317/s: 4
+    # spot instances; at 1.667 h (389,900 done) 275/s: 3, done at 1.667 h + 1,100 s = 1.972 h.
+    # Spot alone still makes the pace, so no on-demand: every sample paid at spot's $1 per
+    # 360,000 (the lost step too): $2.0003. With the same 2 h as the user's (hard)
+    # deadline, the safety margin (a quarter of it, 0.5 h) buys on-demand during the outage.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(0.25), 0), Availability(A, at(1.5), 100),
+          Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    soft = simulate_policy(world, "spotring", params(), work=720_000)
+    assert soft.completion_h == pytest.approx(5400 / 3600 + 600 / 3600 + 330_100 / 300 / 3600)
+    assert soft.cost == pytest.approx(720_100 / 360_000, rel=1e-9)
+    hard = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
+    assert hard.deadline_met and hard.cost > soft.cost + 0.5
