@@ -233,7 +233,10 @@ class Spotring:
         target = max(left / (hours * 3600), 1e-9)
         od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
                       default=0.0) * p.max_size
-        safety = min(p.safety_hours, 0.25 * deadline_s / 3600)  # short jobs: a quarter of it
+        # The user's deadline is hard: keep Uniform Progress' on-demand safety margin. The
+        # job's own pace is soft: on-demand only once spot alone can no longer make it.
+        safety = (0.0 if v.deadline_s is None
+                  else min(p.safety_hours, 0.25 * deadline_s / 3600))  # short jobs: a quarter
         floor = deadline_floor(target, left, hours, od_rate, safety)
         kind = "deadline"
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
@@ -257,18 +260,48 @@ class Spotring:
                 break
             except InfeasibleError:
                 continue
-        if plan is not None and p.work_per_dollar_steps and floor <= 0.0:
-            # most useful work per dollar: a bigger fleet is taken when it is cheaper per sample
-            for k in p.work_per_dollar_steps:
+        if plan is not None and floor <= 0.0:
+            # most useful work per dollar: a bigger fleet is taken when it is cheaper per sample;
+            # the rates tried are multiples of the pace and the rate of the cheapest fleet per
+            # sample of one offering that keeps the pace (e.g. one 8-GPU instance whose
+            # samples cost a third of what the cheapest-per-hour small fleet's do)
+            tries = [(target * k, prob) for k in p.work_per_dollar_steps]
+            best_one = _per_sample_fleet(prob.candidates, target, p)
+            if best_one is not None:  # priced in that offering's region (the ring is in one
+                # region anyway; the held fleet stays in the problem for the churn term)
+                rate, region = best_one
+                tries.append((rate, replace(prob, candidates=tuple(
+                    c for c in prob.candidates if c.offering.region == region or c.current))))
+            for rate, base in sorted(tries, key=lambda rp: rp[0]):
                 try:
-                    bigger = solve(replace(prob, target_samples_per_s=target * k),
-                                   time_limit_s=1.0)
+                    bigger = solve(replace(base, target_samples_per_s=rate), time_limit_s=1.0)
                 except InfeasibleError:
-                    break
+                    continue
                 if bigger.throughput > 0 and (bigger.cost_per_hour / bigger.throughput
                                               < 0.98 * plan.cost_per_hour / max(plan.throughput, 1e-9)):
                     plan = bigger
         return Decision(dict(plan.counts))
+
+
+def _per_sample_fleet(cands, target: float, p: Params) -> tuple[float, str] | None:
+    """(rate, region) of the fleet of one offering with the lowest cost per useful sample
+    that keeps ``target`` (its smallest such ring: ring efficiency only falls with size), or
+    None when no single offering can. Pure; the optimiser then prices that rate with every
+    constraint (zone share, churn, mixes)."""
+    best: tuple[float, float, str] | None = None
+    for c in cands:
+        s = c.useful
+        if s <= 0 or c.price_per_hour <= 0:
+            continue
+        most = p.max_size if c.max_count is None else min(p.max_size, c.max_count)
+        for n in range(1, most + 1):
+            rate = n * s * ring_efficiency(n, n * s, p.model_mb, p.global_batch, 10.0)
+            if rate >= target:
+                per_sample = n * c.price_per_hour / rate
+                if best is None or per_sample < best[0]:
+                    best = (per_sample, rate, c.offering.region)
+                break
+    return None if best is None else (best[1], best[2])
 
 
 def online_hazards(lifetimes: tuple[Lifetime, ...], offerings, t: float,
