@@ -10,8 +10,12 @@ zones just failed them, the progress made; never future prices or availability (
 - ``spotring``: our optimiser with the deadline objective: the user's deadline, else its own
   (the work at the baselines' nominal rate less ``rate_tolerance``), paced uniformly: the
   rate that finishes on time is recomputed at every decision, so spot capacity missing now
-  is made up later; on-demand only when the slack falls below the safety margin. Among the
-  fleets that keep pace it prefers more useful work per dollar (``work_per_dollar_steps``).
+  is made up later. A user's deadline is hard: on-demand once the slack falls below the
+  safety margin (Uniform Progress' safety net). Its own is soft: on-demand only once spot
+  alone can no longer make it (no margin). Among the fleets that keep pace it takes the
+  one with the most useful work per dollar: multiples of the pace
+  (``work_per_dollar_steps``) and the cheapest fleet per sample of a single offering (one
+  big instance can beat many small ones 3x per sample while costing more per hour).
   Hot reconfiguration (a revocation costs the ring one step plus re-form time); hazards
   learned online from the revocations observed so far.
 - ``on-demand``: N on-demand instances of the job's type, cheapest region.
