@@ -20,6 +20,10 @@ SDKs lazily): ``InstancesClient.insert/delete/aggregated_list`` and
   existing name is success) instead of doubling.
 - **Capacity.** An insert whose operation ends in ``ZONE_RESOURCE_POOL_EXHAUSTED`` (stockout) or
   a ``QUOTA_EXCEEDED`` answer raises :class:`~provisioner.errors.CapacityError`.
+- **Never an untracked VM.** Once one VM of a launch is in, a later failure (capacity or any
+  other) returns what was launched with the error in ``LaunchResult.errors``; an insert whose
+  operation is still running after :data:`OPERATION_TIMEOUT_S` counts as launched (pending):
+  GCE accepted it, and if it fails after all the list fallback reports the VM gone.
 - **Notices.** Zone operations filtered by ``operationType="compute.instances.preempted"`` in
   every zone the job uses, each delivered once; plus a list fallback every
   :data:`provisioner.timing.LIST_FALLBACK_S` for VMs that vanished otherwise.
@@ -30,6 +34,7 @@ adopt the VMs a previous daemon launched (it also tells the driver which zones t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -119,6 +124,8 @@ def _edge(what: str, offering_key: str | None = None) -> Iterator[None]:
         raise DriverError(f"{what}: {exc.code} {exc.message}") from None
     except exceptions.RetryError as exc:
         raise DriverError(f"{what}: gave up after retries: {exc.cause or exc}") from None
+    except concurrent.futures.TimeoutError as exc:  # an operation's result(timeout=...)
+        raise DriverError(f"{what}: {exc}") from None
 
 
 def split_instance_type(instance_type: str) -> tuple[str, str | None, int]:
@@ -176,6 +183,13 @@ class GcpDriver:
         with _edge("creating the Compute Engine client"):
             self._instances = compute_v1.InstancesClient(**kwargs)
             self._operations = compute_v1.ZoneOperationsClient(**kwargs)
+        # The operation an insert returns is polled through a ZoneOperationsClient the SDK
+        # builds itself, with the default endpoint and not our client_options (so with
+        # `api_endpoint` set, waiting on an insert still running went to compute.googleapis.com);
+        # hand it ours, through the cache the generated transport reads first.
+        services = getattr(self._instances.transport, "_extended_operations_services", None)
+        if isinstance(services, dict):
+            services["zone_operations"] = self._operations
         self._compute = compute_v1
         self._now = now
         self._monotonic = monotonic
@@ -261,7 +275,10 @@ class GcpDriver:
                         operation.result(timeout=OPERATION_TIMEOUT_S)
                     except exceptions.Conflict:
                         log.info("gcp launch %s/%s exists already (retried launch)", off.zone, name)
-            except CapacityError as exc:
+                    except concurrent.futures.TimeoutError:
+                        log.warning("gcp launch %s/%s: insert still running after %.0f s; "
+                                    "counted as launched", off.zone, name, OPERATION_TIMEOUT_S)
+            except DriverError as exc:  # CapacityError included
                 if not launched:
                     raise
                 errors.append(str(exc))

@@ -13,11 +13,12 @@ thing). It implements what the driver calls and no more:
 - insert honours ``requestId`` (a retried insert returns the first operation) and answers
   409 for an existing name; operations complete synchronously (status ``DONE``).
 
-Fault injection: :meth:`GcpFake.fail_next` answers the next matching requests with an HTTP
-error (429, 503, 403 quota...); :meth:`GcpFake.stockout` makes inserts in a zone end in a
-``ZONE_RESOURCE_POOL_EXHAUSTED`` operation; :meth:`GcpFake.preempt` deletes an instance and
-records a ``compute.instances.preempted`` operation, as a SPOT VM with termination action
-DELETE does.
+Fault injection: :meth:`GcpFake.fail_next` answers the next matching requests (after letting
+``after`` of them through) with an HTTP error (429, 503, 403 quota...);
+:meth:`GcpFake.stockout` makes inserts in a zone end in a ``ZONE_RESOURCE_POOL_EXHAUSTED``
+operation; :meth:`GcpFake.slow_inserts` leaves a zone's insert operations ``RUNNING`` (the VM
+``PROVISIONING``) until turned off; :meth:`GcpFake.preempt` deletes an instance and records a
+``compute.instances.preempted`` operation, as a SPOT VM with termination action DELETE does.
 
 Rule for callers: use it as a context manager (``with GcpFake() as fake``); it serves on an
 ephemeral port from a daemon thread and is thread-safe.
@@ -74,6 +75,7 @@ class GcpFake:
         self.operations: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.by_request_id: dict[str, dict[str, Any]] = {}
         self.stockout_zones: set[str] = set()
+        self.slow_zones: set[str] = set()
         self.failures: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self._ids = itertools.count(1000)
@@ -97,16 +99,34 @@ class GcpFake:
     # -- controls -----------------------------------------------------------------------------
 
     def fail_next(self, status: int, *, method: str | None = None, path_contains: str = "",
-                  times: int = 1, reason: str = "", message: str = "injected") -> None:
-        """Answer the next ``times`` requests matching method/path with HTTP ``status``."""
+                  times: int = 1, reason: str = "", message: str = "injected",
+                  after: int = 0) -> None:
+        """Answer the next ``times`` requests matching method/path with HTTP ``status``, once
+        ``after`` matching requests have been served normally."""
         with self.lock:
             self.failures.append(dict(status=status, method=method, path=path_contains,
-                                      times=times, reason=reason, message=message))
+                                      times=times, reason=reason, message=message, after=after))
 
     def stockout(self, zone: str, on: bool = True) -> None:
         """Make inserts in ``zone`` fail with ZONE_RESOURCE_POOL_EXHAUSTED (or stop that)."""
         with self.lock:
             (self.stockout_zones.add if on else self.stockout_zones.discard)(zone)
+
+    def slow_inserts(self, zone: str, on: bool = True) -> None:
+        """Leave inserts in ``zone`` running (VM ``PROVISIONING``, operation ``RUNNING``); off:
+        finish those waiting (VM ``RUNNING``, operation ``DONE``)."""
+        with self.lock:
+            if on:
+                self.slow_zones.add(zone)
+                return
+            self.slow_zones.discard(zone)
+            for (_p, z), ops in self.operations.items():
+                for op in ops:
+                    if z == zone and op["status"] == "RUNNING":
+                        op.update(status="DONE", progress=100, endTime=_now())
+            for (_p, z, _n), inst in self.instances.items():
+                if z == zone and inst["status"] == "PROVISIONING":
+                    inst["status"] = "RUNNING"
 
     def preempt(self, project: str, zone: str, name: str) -> None:
         """Take a SPOT VM back: delete it and record a compute.instances.preempted operation."""
@@ -122,17 +142,20 @@ class GcpFake:
     # -- internals ----------------------------------------------------------------------------
 
     def _operation(self, project: str, zone: str, kind: str, inst: dict[str, Any],
-                   error: tuple[int, str, str] | None = None) -> dict[str, Any]:
+                   error: tuple[int, str, str] | None = None,
+                   done: bool = True) -> dict[str, Any]:
         op_id = str(next(self._ids))
         op: dict[str, Any] = {
             "kind": "compute#operation", "id": op_id, "name": f"operation-{op_id}",
             "zone": f"{self.endpoint}/compute/v1/projects/{project}/zones/{zone}",
             "operationType": kind, "targetLink": inst.get("selfLink", ""),
-            "targetId": inst.get("id", ""), "status": "DONE", "progress": 100,
-            "insertTime": _now(), "startTime": _now(), "endTime": _now(),
+            "targetId": inst.get("id", ""), "status": "DONE" if done else "RUNNING",
+            "progress": 100 if done else 0, "insertTime": _now(), "startTime": _now(),
             "selfLink": f"{self.endpoint}/compute/v1/projects/{project}/zones/{zone}/operations/"
                         f"operation-{op_id}",
         }
+        if done:
+            op["endTime"] = _now()
         if error is not None:
             status, code, message = error
             op["error"] = {"errors": [{"code": code, "message": message}]}
@@ -145,6 +168,9 @@ class GcpFake:
         with self.lock:
             for f in self.failures:
                 if (f["method"] in (None, method)) and f["path"] in path:
+                    if f["after"] > 0:
+                        f["after"] -= 1
+                        return None
                     f["times"] -= 1
                     if f["times"] <= 0:
                         self.failures.remove(f)
@@ -247,8 +273,11 @@ def _handler(fake: GcpFake) -> type[BaseHTTPRequestHandler]:
                         503, "ZONE_RESOURCE_POOL_EXHAUSTED",
                         f"The zone '{zone}' does not have enough resources available"))
                 else:
+                    slow = zone in fake.slow_zones
+                    if slow:
+                        inst["status"] = "PROVISIONING"
                     fake.instances[(project, zone, name)] = inst
-                    op = fake._operation(project, zone, "insert", inst)
+                    op = fake._operation(project, zone, "insert", inst, done=not slow)
                 if request_id:
                     fake.by_request_id[request_id] = op
             return self._send(200, op)

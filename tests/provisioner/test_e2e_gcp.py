@@ -117,3 +117,35 @@ def test_stockout_fails_over_and_records_no_capacity(world, tmp_path):
         d.stop("terminate")
     assert world.instances(job) == {}
     assert not d.errors
+
+
+def test_failed_or_slow_inserts_leave_no_untracked_vm(world, tmp_path, monkeypatch):
+    """A launch of two VMs whose second insert fails, and an insert still running when the
+    driver stops waiting: every VM in the cloud is one the state holds (none paid for
+    untracked until a restart), and the fleet fills up."""
+    import provisioner.drivers.gcp as gcp
+
+    job = "e2e-gcp-partial"
+    monkeypatch.setattr(gcp, "OPERATION_TIMEOUT_S", 0.5)
+    # The plan's first launch is two VMs in zone -a: the first goes in, the second gets a 500.
+    world.fake.fail_next(500, method="POST", path_contains=f"/zones/{ZONES[0]}/instances",
+                         after=1, message="backend broke")
+    world.fake.slow_inserts(ZONES[1])  # zone -b's insert is still running after 0.5 s
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite")
+    try:
+        d.start()
+        errors = d.state.events(kinds=["launch-error"])
+        assert [e.detail for e in errors if "backend broke" in e.detail], errors
+        rows = assert_cloud_matches_state(world, job, d)
+        assert {r.offering.zone for r in rows.values()} == {ZONES[0], ZONES[1]}
+        assert {vm["status"] for vm in world.instances(job).values()} == {"RUNNING",
+                                                                          "PROVISIONING"}
+        world.fake.slow_inserts(ZONES[1], on=False)
+        d.plan_and_reconcile("test")  # the VM the 500 refused is launched again
+        assert len(assert_cloud_matches_state(world, job, d)) == 3
+    finally:
+        world.fake.slow_inserts(ZONES[1], on=False)
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
