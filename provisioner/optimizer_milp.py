@@ -241,14 +241,24 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False,
     a = coo_matrix((data, (ri, ci)), shape=(len(model.rows), nv)).tocsr()
     cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
     options = {"time_limit": max(time_limit_s, 1e-3), "disp": False, "mip_rel_gap": 1e-4}
-    if cutoff is None or relax:
-        return milp(model.c, constraints=cons, bounds=Bounds(model.lb, model.solver_ub),
-                    integrality=np.zeros(nv) if relax else model.integrality, options=options)
-    with warnings.catch_warnings():  # scipy passes HiGHS's objective_bound on, with a warning
+    bounds = Bounds(model.lb, model.solver_ub)
+    if relax:
+        return milp(model.c, constraints=cons, bounds=bounds, integrality=np.zeros(nv),
+                    options=options)
+    options.update(_MIP_OPTIONS)
+    if cutoff is not None:
+        options["objective_bound"] = float(cutoff)
+    with warnings.catch_warnings():  # scipy passes HiGHS's own options on, with a warning
         warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
-        return milp(model.c, constraints=cons, bounds=Bounds(model.lb, model.solver_ub),
-                    integrality=model.integrality,
-                    options={**options, "objective_bound": float(cutoff)})
+        return milp(model.c, constraints=cons, bounds=bounds, integrality=model.integrality,
+                    options=options)
+
+
+#: HiGHS options for every MILP. Feasibility jump is a primal heuristic only (it finds a
+#: first incumbent; the search and its proof of optimality do not depend on it); on the
+#: region MILPs here (~40 integers, 5-20 rows, solved at the root) it was half of HiGHS's
+#: time: 1,000-offering benchmark models, median 18 -> 9 ms per MILP, same optima.
+_MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 
 
 def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:
