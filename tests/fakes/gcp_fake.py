@@ -21,7 +21,8 @@ operation; :meth:`GcpFake.slow_inserts` leaves a zone's insert operations ``RUNN
 ``compute.instances.preempted`` operation, as a SPOT VM with termination action DELETE does.
 
 Rule for callers: use it as a context manager (``with GcpFake() as fake``); it serves on an
-ephemeral port from a daemon thread and is thread-safe.
+ephemeral port from a daemon thread (the scaffold of :mod:`tests.fakes.http_fake`) and is
+thread-safe.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import json
 import re
 import threading
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tests.fakes.http_fake import HttpFake, JsonHandler
 
 _TERM = re.compile(r'([A-Za-z][\w.\-]*)\s*(=|!=|eq|ne)\s*"?([^"\s)]+)"?')
 _ZONE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
@@ -66,7 +69,7 @@ def matches(resource: dict[str, Any], filter_text: str | None) -> bool:
     return True
 
 
-class GcpFake:
+class GcpFake(HttpFake):
     """The fake's state and controls; :attr:`endpoint` is the URL to point the client at."""
 
     def __init__(self) -> None:
@@ -79,22 +82,9 @@ class GcpFake:
         self.failures: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self._ids = itertools.count(1000)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> "GcpFake":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler(self)
 
     # -- controls -----------------------------------------------------------------------------
 
@@ -192,19 +182,8 @@ def _page(items: list[dict[str, Any]], query: dict[str, list[str]]) -> tuple[lis
 
 
 def _handler(fake: GcpFake) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:  # quiet
-            return
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def _dispatch(self, method: str) -> None:
             url = urlparse(self.path)

@@ -10,16 +10,18 @@ it, so request paths, paging and the JSON mapping are exercised for real. It ser
   (``pageToken`` is the offset), so the client's pager must follow ``nextPageToken``.
 
 ``fail_next(path_part, status)`` answers the next request whose path contains ``path_part``
-with an HTTP error. Use as a context manager; it serves from a daemon thread on port 0.
+with an HTTP error. Use as a context manager; it serves from a daemon thread on port 0 (the
+scaffold of :mod:`tests.fakes.http_fake`).
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tests.fakes.http_fake import HttpFake, JsonHandler
 
 COMPUTE_SERVICE = "services/6F81-5844-456A"
 
@@ -44,7 +46,7 @@ def sku(description: str, usage: str, regions: list[str], usd: float, unit: str 
     }
 
 
-class GcpCatalogFake:
+class GcpCatalogFake(HttpFake):
     """Zones, machine and accelerator types, and Compute Engine SKUs of one project."""
 
     def __init__(self, *, zones: dict[str, str], machine_types: dict[str, list[dict]],
@@ -57,12 +59,6 @@ class GcpCatalogFake:
         self.requests: list[str] = []
         self._fail: list[tuple[str, int]] = []
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def endpoint(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def fail_next(self, path_part: str, status: int) -> None:
         with self._lock:
@@ -98,28 +94,12 @@ class GcpCatalogFake:
             return 200, body
         return 404, {"error": {"code": 404, "message": f"no route {path}", "status": "NOT_FOUND"}}
 
-    def __enter__(self) -> "GcpCatalogFake":
+    def handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 url = urlparse(self.path)
-                status, body = fake._answer(url.path, parse_qs(url.query))
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(*fake._answer(url.path, parse_qs(url.query)))
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
+        return Handler
