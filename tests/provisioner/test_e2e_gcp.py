@@ -3,7 +3,9 @@ against the local Compute Engine fake (tests/fakes/gcp_world.py). It launches a 
 labelled with the job; a preemption (the ``compute.instances.preempted`` operation the driver
 watches) closes the instance and a replacement is launched in another zone within 5 s (notice
 period shortened to 0.3 s); a stocked-out zone gives CapacityError, the daemon records
-'no-capacity' and launches elsewhere; ``stop("terminate")`` leaves nothing."""
+'no-capacity' and launches elsewhere in the same round, without flapping after; a failed or
+slow insert leaves no VM the state does not hold; a restart adopts the fleet and deletes a
+stray; ``stop("terminate")`` leaves nothing."""
 
 from __future__ import annotations
 
@@ -149,3 +151,26 @@ def test_failed_or_slow_inserts_leave_no_untracked_vm(world, tmp_path, monkeypat
         d.stop("terminate")
     assert world.instances(job) == {}
     assert not d.errors
+
+
+def test_restart_adopts_the_fleet_and_deletes_a_stray(world, tmp_path):
+    """A new daemon on the same state finds its VMs by label and token and keeps them; a VM
+    labelled with the job that no known launch made is deleted."""
+    from provisioner.drivers.base import LaunchRequest
+    from tests.fakes.gcp_world import market
+
+    job = "e2e-gcp-restart"
+    settings = world.settings(job)
+    d = build_daemon(world, settings, tmp_path / "state.sqlite")
+    d.recover(); d.poll_prices(); d.plan_and_reconcile("start")
+    fleet = {r.id for r in d.state.live_instances()}
+    assert len(fleet) == 3
+    d.state.close()
+    stray = world.driver(settings).launch(LaunchRequest(
+        market().quotes[0].offering, 1, job, "unknown-token")).instances[0].id
+    d2 = build_daemon(world, settings, tmp_path / "state.sqlite")
+    d2.recover()
+    assert {r.id for r in d2.state.live_instances()} == fleet
+    assert set(world.instances(job)) == fleet and stray not in fleet
+    d2.stop("terminate")
+    assert world.instances(job) == {}
