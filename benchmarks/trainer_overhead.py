@@ -1,137 +1,188 @@
 """Benchmark: the elastic ring's steady-state cost against plain DistributedDataParallel (issue 3).
 
 Design. The same job (examples/digits.py), global batch and number of processes run as a
-spotring ring (``python -m trainer worker`` processes around an in-process coordinator) and
-as plain ``torch.nn.parallel.DistributedDataParallel`` ranks under the real ``torchrun``
-(``benchmarks/_common.py --mode ddp --epoch-loop``). Both do the same work: the baseline
-walks the job's epochs as a spotring worker does (same seeded order, the short last step of
-each epoch) and runs the job's ``evaluate`` on rank 0 at each epoch end, as spotring's rank 0
-does. Both write one metrics line per step.
+spotring ring (a ``python -m trainer coordinator`` process and ``python -m trainer worker``
+processes) and as plain ``torch.nn.parallel.DistributedDataParallel`` ranks under the real
+``torchrun`` (``benchmarks/_common.py --mode ddp --epoch-loop``). Both do the same work: the
+baseline walks the job's epochs as a spotring worker does (same seeded order, the short last
+step of each epoch) and runs the job's ``evaluate`` on rank 0 at each epoch end, as
+spotring's rank 0 does. Both write one metrics line per step.
 
-Measure. A run's steady rate is the samples of steps ``--skip`` .. ``--steps`` over the time
-between their completions (default 20 .. 200: 180 steady steps, several seconds, not one).
-``--rounds`` (default 5) pairs are run in ABBA order (DDP then spotring, spotring then DDP,
-...), so a drift of the shared machine's load during the run favours neither side; each
-round gives one ratio and ``ddp_ratio`` is their median. The spread is reported
-(``ratios``, ``ratio_min``, ``ratio_max``).
+Measure. On a shared 2-core machine the other tenants' load moves by the second, and two
+separate runs of a few seconds each differed by 2x here. So both systems are started once
+and run in turns: every process of one side (for spotring the coordinator too) is stopped
+with SIGSTOP while the other side runs for ``--slice`` seconds (default 3: ~150 steps), then
+they swap. Turns come in ABBA order (DDP, spotring, spotring, DDP, ...) after ``--warmup``
+slices each, so a drift of the load favours neither side. A slice's rate is the samples of
+the steps completed in it, the first one left out (it contains the pause), over the time
+from that first completion to the last. Slices are paired in order (pair k = turns 2k and
+2k+1); each pair gives one ratio; ``ddp_ratio`` is the median of ``--pairs`` (default 6)
+pair ratios. Heartbeat and collective timeouts are far longer than a slice, so the ring
+never notices its pauses.
 
 Figures (one JSON line on stdout): ``ddp_ratio`` = steady samples/s of spotring / of DDP
-(goal >= 0.98), the two median rates, every round's ratio, and ``ddp_ratio_train_only``:
-the same ratio against DDP with its evaluation time taken out of its elapsed time (the
-baseline as it was measured before 2026-11-22 03:00, when it skipped the job's evaluation
-that spotring runs; a stricter figure, for comparison).
+(goal >= 0.98); ``ratios`` (one per pair), ``ratio_min``, ``ratio_max``; ``pooled_ratio``:
+all of spotring's slices against all of DDP's; the median rates; ``steady_steps``: steps
+counted per side; and ``ddp_ratio_train_only``: the same median against DDP with its
+evaluation time taken out (the comparison as it was made before 2026-11-22 03:00, when the
+baseline skipped the job's evaluation that spotring runs; stricter, for comparison).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import statistics
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from _common import (
-    DEFAULT_JOB, Ring, digits_env, emit, read_jsonl, setup_logging, steps_by_number, stop,
+    DEFAULT_JOB, PYTHON, digits_env, emit, free_port, read_jsonl, setup_logging, spawn, stop,
     torchrun, wait_for,
 )
 
 log = logging.getLogger("benchmarks.overhead")
 
 
-def window_rate(recs: dict[int, dict], skip: int, steps: int, exclude: str = "") -> float:
-    """Samples/s over steps ``skip .. steps``: samples of steps after ``skip`` divided by the
-    time from step ``skip``'s completion to step ``steps``'s (``exclude``: a per-step key of
-    seconds taken out of that time, e.g. ``eval_s``)."""
-    window = [recs[s] for s in range(skip, steps + 1) if s in recs]
-    if len(window) < 2:
-        raise SystemExit(f"only {len(window)} steps in the window {skip}..{steps}")
-    done = sum(r["samples"] for r in window[1:])
-    took = window[-1]["t"] - window[0]["t"]
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def signal_all(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to every process of ``procs`` and their descendants."""
+    for proc in procs:
+        for pid in descendants(proc.pid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def slice_rate(recs: list[dict], t0: float, t1: float, exclude: str = "") -> tuple[float, int]:
+    """Samples/s of the steps completed in ``[t0, t1)``, the first left out (it holds the
+    pause before the slice); ``exclude``: a per-step key of seconds taken out of the time.
+    Returns (rate, steps counted)."""
+    inside = sorted((r for r in recs if t0 <= r["t"] < t1), key=lambda r: r["t"])
+    if len(inside) < 3:
+        raise SystemExit(f"only {len(inside)} steps in a {t1 - t0:.1f}s slice; raise --slice")
+    counted = inside[1:]
+    took = counted[-1]["t"] - inside[0]["t"]
     if exclude:
-        took -= sum(float(r.get(exclude, 0.0)) for r in window[1:])
-    return done / took
-
-
-def spotring_rate(workdir: Path, job: Path, workers: int, global_batch: int, steps: int,
-                  skip: int, timeout: float) -> float:
-    """Steady samples/s of a spotring ring of ``workers`` equal workers."""
-    names = [f"w{k}" for k in range(workers)]
-    with Ring(workdir, job, digits_env(global_batch, steps + 10), initial_world=workers) as ring:
-        for n in names:
-            ring.add_worker(n)
-        ring.wait_step(steps, timeout)
-    return window_rate(steps_by_number(read_jsonl(workdir / f"{names[0]}.jsonl")), skip, steps)
-
-
-def ddp_rate(workdir: Path, job: Path, workers: int, global_batch: int, steps: int, skip: int,
-             timeout: float) -> tuple[float, float]:
-    """Steady samples/s of plain DDP under torchrun (same job, batch, processes and epoch
-    walk); and the same with its evaluation time taken out."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    metrics = workdir / "ddp.jsonl"
-    proc = torchrun(workers, ["--mode", "ddp", "--epoch-loop", "--global-batch",
-                              str(global_batch), "--steps", str(steps), "--job", str(job),
-                              "--metrics-file", str(metrics)],
-                    workdir / "ddp.log")
-    try:
-        wait_for(lambda: proc.poll() is not None, timeout, "the DDP baseline")
-    finally:
-        stop([proc])
-    recs = steps_by_number(read_jsonl(metrics))
-    if len(recs) < steps:
-        raise SystemExit(f"DDP baseline ran {len(recs)} of {steps} steps; see {workdir}/ddp.log")
-    return window_rate(recs, skip, steps), window_rate(recs, skip, steps, exclude="eval_s")
+        took -= sum(float(r.get(exclude, 0.0)) for r in counted)
+    return sum(r["samples"] for r in counted) / took, len(counted)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--global-batch", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--skip", type=int, default=20, help="warm-up steps left out of the rate")
-    ap.add_argument("--rounds", type=int, default=5, help="ABBA-ordered pairs; median ratio")
+    ap.add_argument("--slice", type=float, default=3.0, help="seconds per turn")
+    ap.add_argument("--pairs", type=int, default=6, help="measured pairs of turns (ABBA)")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured turns per side first")
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--timeout", type=float, default=180.0)
+    ap.add_argument("--timeout", type=float, default=180.0, help="boot timeout (s)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     setup_logging(args.verbose)
-    if args.workers < 1 or args.steps <= args.skip + 2 or args.rounds < 1:
-        ap.error("--workers >= 1, --rounds >= 1 and --steps > --skip + 2")
+    if args.workers < 1 or args.pairs < 1 or args.slice < 0.5 or args.warmup < 0:
+        ap.error("--workers >= 1, --pairs >= 1, --slice >= 0.5, --warmup >= 0")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-overhead-"))
-    ratios, ratios_train, spot, ddp = [], [], [], []
-    for r in range(args.rounds):
-        order = ("ddp", "ring") if r % 2 == 0 else ("ring", "ddp")  # ABBA: drifts cancel
-        got: dict[str, tuple[float, float]] = {}
-        for side in order:
+    workdir.mkdir(parents=True, exist_ok=True)
+    steps_needed = int((args.pairs + args.warmup + 2) * args.slice * 200) + 1000
+    env = digits_env(args.global_batch, steps_needed)
+    token = workdir / "token"
+    token.write_bytes(os.urandom(16).hex().encode())
+    port = free_port()
+    names = [f"w{k}" for k in range(args.workers)]
+    ring = [spawn([PYTHON, "-m", "trainer", "--log-level", "WARNING", "coordinator",
+                   "--host", "127.0.0.1", "--port", str(port), "--token-file", str(token),
+                   "--heartbeat-timeout", "120", "--initial-world", str(args.workers)],
+                  workdir / "coordinator.log")]
+    ring += [spawn([PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
+                    "--coordinator", f"127.0.0.1:{port}", "--token-file", str(token),
+                    "--job", str(args.job), "--name", n, "--collective-timeout", "120",
+                    "--metrics-file", str(workdir / f"{n}.jsonl")],
+                   workdir / f"{n}.log", env) for n in names]
+    ddp_metrics = workdir / "ddp.jsonl"
+    ddp = [torchrun(args.workers, ["--mode", "ddp", "--epoch-loop", "--global-batch",
+                                   str(args.global_batch), "--job", str(args.job),
+                                   "--metrics-file", str(ddp_metrics)], workdir / "ddp.log")]
+    sides = {"ring": ring, "ddp": ddp}
+    files = {"ring": workdir / f"{names[0]}.jsonl", "ddp": ddp_metrics}
+    try:
+        for side, path in files.items():  # both boot at once, then take turns
+            wait_for(lambda p=path: len(read_jsonl(p)) >= 20, args.timeout,
+                     f"{side} to run 20 steps (logs in {workdir})")
+        signal_all(ring, signal.SIGSTOP)
+        turns = ["ddp", "ring"] * args.warmup
+        for k in range(args.pairs):
+            turns += ["ddp", "ring"] if k % 2 == 0 else ["ring", "ddp"]
+        running = "ddp"
+        slices: list[tuple[str, float, float]] = []
+        for side in turns:
+            if side != running:
+                signal_all(sides[running], signal.SIGSTOP)
+                signal_all(sides[side], signal.SIGCONT)
+                running = side
+            t0 = time.time()
+            time.sleep(args.slice)
+            slices.append((side, t0, time.time()))
+        signal_all(sides[running], signal.SIGSTOP)
+        recs = {side: read_jsonl(path) for side, path in files.items()}
+    finally:
+        for procs in sides.values():
+            signal_all(procs, signal.SIGCONT)
+            stop(procs, signal.SIGKILL, grace=5.0)
+    measured = slices[2 * args.warmup:]
+    ratios, ratios_train, rates = [], [], {"ring": [], "ddp": []}
+    totals = {"ring": [0.0, 0], "ddp": [0.0, 0]}
+    for k in range(args.pairs):
+        got = {}
+        for side, t0, t1 in measured[2 * k: 2 * k + 2]:
+            rate, n = slice_rate(recs[side], t0, t1)
+            got[side] = rate
             if side == "ddp":
-                got["ddp"] = ddp_rate(workdir / f"ddp{r}", args.job, args.workers,
-                                      args.global_batch, args.steps, args.skip, args.timeout)
-            else:
-                s = spotring_rate(workdir / f"ring{r}", args.job, args.workers,
-                                  args.global_batch, args.steps, args.skip, args.timeout)
-                got["ring"] = (s, s)
-        s, (d, d_train) = got["ring"][0], got["ddp"]
-        log.info("round %d (%s first): spotring %.1f samples/s, ddp %.1f (%.1f without its "
-                 "evaluation): ratio %.3f", r, order[0], s, d, d_train, s / d)
-        spot.append(s)
-        ddp.append(d)
-        ratios.append(s / d)
-        ratios_train.append(s / d_train)
+                got["ddp_train"] = slice_rate(recs[side], t0, t1, exclude="eval_s")[0]
+            rates[side].append(rate)
+            totals[side][0] += rate * n
+            totals[side][1] += n
+        ratios.append(got["ring"] / got["ddp"])
+        ratios_train.append(got["ring"] / got["ddp_train"])
+        log.info("pair %d: spotring %.1f samples/s, ddp %.1f (%.1f without its evaluation): "
+                 "ratio %.3f", k, got["ring"], got["ddp"], got["ddp_train"], ratios[-1])
+    # pooled: each side's samples over its time (a rate-weighted mean over its slices)
+    pooled = {s: totals[s][0] / totals[s][1] for s in totals}
     emit({
         "benchmark": "trainer_overhead",
         "workers": args.workers,
         "global_batch": args.global_batch,
-        "steps": args.steps,
-        "steady_steps": args.steps - args.skip,
-        "rounds": args.rounds,
+        "slice_s": args.slice,
+        "pairs": args.pairs,
         "ddp_ratio": round(statistics.median(ratios), 3),
         "ratios": [round(x, 3) for x in ratios],
         "ratio_min": round(min(ratios), 3),
         "ratio_max": round(max(ratios), 3),
+        "pooled_ratio": round(pooled["ring"] / pooled["ddp"], 3),
         "ddp_ratio_train_only": round(statistics.median(ratios_train), 3),
-        "spotring_samples_per_s": round(statistics.median(spot), 1),
-        "ddp_samples_per_s": round(statistics.median(ddp), 1),
+        "spotring_samples_per_s": round(statistics.median(rates["ring"]), 1),
+        "ddp_samples_per_s": round(statistics.median(rates["ddp"]), 1),
+        "steady_steps": {s: totals[s][1] for s in totals},
         "workdir": str(workdir),
     })
     return 0
