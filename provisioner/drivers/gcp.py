@@ -126,6 +126,9 @@ def _edge(what: str, offering_key: str | None = None) -> Iterator[None]:
         raise DriverError(f"{what}: gave up after retries: {exc.cause or exc}") from None
     except concurrent.futures.TimeoutError as exc:  # an operation's result(timeout=...)
         raise DriverError(f"{what}: {exc}") from None
+    except OSError as exc:  # requests' ConnectionError/Timeout: the API never answered
+        raise DriverError(f"{what}: cannot reach the Compute API ({type(exc).__name__}: "
+                          f"{exc}); check the network and [gcp] api_endpoint") from None
 
 
 def split_instance_type(instance_type: str) -> tuple[str, str | None, int]:

@@ -174,3 +174,15 @@ def test_restart_adopts_the_fleet_and_deletes_a_stray(world, tmp_path):
     assert set(world.instances(job)) == fleet and stray not in fleet
     d2.stop("terminate")
     assert world.instances(job) == {}
+
+
+def test_unreachable_api_is_a_driver_error(world):
+    """No answer at the endpoint (connection refused) is a DriverError naming the setting, not
+    a raw requests exception escaping the driver's error edge."""
+    from provisioner.config import parse_settings
+    from provisioner.errors import DriverError
+
+    settings = parse_settings({"cloud": {"driver": "gcp"}, "gcp": {
+        "project": "spotring-e2e", "api_endpoint": "http://127.0.0.1:9"}})
+    with pytest.raises(DriverError, match=r"cannot reach the Compute API.*api_endpoint"):
+        world.driver(settings).list("e2e-gcp-unreachable")
