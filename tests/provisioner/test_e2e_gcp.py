@@ -16,11 +16,14 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 
 from pricing.model import Offering  # noqa: E402
-from provisioner.drivers.gcp import split_instance_type  # noqa: E402
-from tests.fakes.gcp_world import ZONES, GcpWorld, build_daemon  # noqa: E402
+from tests.fakes.gcp_world import L4_TYPE, V100_TYPE, ZONES, GcpWorld, build_daemon  # noqa: E402
 from tests.fakes.local_coordinator import FakeCoordinator  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+#: offering instance type -> the VM's machine type and guest accelerator (name, count)
+EXPECTED_VM = {V100_TYPE: ("n1-standard-8", "nvidia-tesla-v100", 1),
+               L4_TYPE: ("g2-standard-8", None, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +55,14 @@ def assert_cloud_matches_state(world, job, d):
         assert vm["labels"]["spotring-job"] == job
         meta = {i["key"]: i["value"] for i in vm["metadata"]["items"]}
         assert meta["spotring-offering"] == off.key
-        machine, gpu, count = split_instance_type(off.instance_type)
+        machine, gpu, count = EXPECTED_VM[off.instance_type]
         assert vm["machineType"] == f"zones/{off.zone}/machineTypes/{machine}"
         if gpu is not None:  # N1 + guest accelerator: the GPU the offering names
             assert vm["guestAccelerators"] == [{
                 "acceleratorType": f"zones/{off.zone}/acceleratorTypes/{gpu}",
                 "acceleratorCount": count}]
+        else:  # the GPU comes with the machine type
+            assert "guestAccelerators" not in vm
     return rows
 
 
@@ -70,7 +75,7 @@ def test_fleet_preemption_replacement_and_terminate(world, tmp_path):
     try:
         live = assert_cloud_matches_state(world, job, d)
         assert len(live) == 3
-        assert any(split_instance_type(r.offering.instance_type)[1] for r in live.values()), \
+        assert any(r.offering.instance_type == V100_TYPE for r in live.values()), \
             "the plan holds no N1+GPU type: the guestAccelerators check proved nothing"
         coord.speeds = {i: 400.0 for i in live}
         victim = sorted(live)[0]
