@@ -259,8 +259,8 @@ class State:
                     (t, json.dumps({o.key: n for o, n in targets.items()}), reason))
 
     def decisions(self, limit: int = 100) -> list[tuple[float, dict[str, int], str]]:
-        rows = self._rows("SELECT t, targets, reason FROM decisions ORDER BY t DESC LIMIT ?",
-                          (limit,))
+        rows = self._rows("SELECT t, targets, reason FROM decisions"
+                          " ORDER BY t DESC, rowid DESC LIMIT ?", (limit,))
         return [(t, json.loads(targets), reason) for t, targets, reason in reversed(rows)]
 
     def record_event(self, t: float, kind: str, instance_id: str | None = None,
