@@ -80,7 +80,8 @@ import numpy as np
 from pricing.model import Offering, PriceQuote, RiskEstimate, utc
 from provisioner.errors import InfeasibleError
 from provisioner.optimizer_milp import (_block_lp_bounds, _build, _binding, _link, _Model,  # noqa: F401
-                                        _prune, _repair, _row_ok, _run, _solve_model)
+                                        _prune, _repair, _row_ok, _run, _solve_model,
+                                        family_of)
 from provisioner.throughput import ThroughputModel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,11 +93,6 @@ __all__ = ["Candidate", "Problem", "Plan", "ThroughputModel", "solve", "build_pr
 log = logging.getLogger(__name__)
 
 KINDS = ("max-throughput", "min-cost", "deadline")
-
-
-def family_of(instance_type: str) -> str:
-    """Instance family: ``p3`` for ``p3.2xlarge``, ``a2`` for ``a2-highgpu-1g``."""
-    return instance_type.replace("-", ".").split(".", 1)[0]
 
 
 @dataclass(frozen=True)
