@@ -234,13 +234,16 @@ class Spotring:
             deadline_s = v.work / (nominal * (1.0 - p.rate_tolerance))
         left = max(v.work - v.done, 0.0)
         hours = max((v.start + deadline_s - v.t) / 3600, 1e-6)
-        target = max(left / (hours * 3600), 1e-9)
         od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
                       default=0.0) * p.max_size
-        # The user's deadline is hard: keep Uniform Progress' on-demand safety margin. The
-        # job's own pace is soft: on-demand only once spot alone can no longer make it.
+        # The user's deadline is hard: keep Uniform Progress' on-demand safety margin, as
+        # time: the pace aims at the deadline less the margin, so a run on pace never eats
+        # into it (pacing to the deadline itself made the margin buy on-demand in the last
+        # hours of every run). The job's own pace is soft: no margin, on-demand only once
+        # spot alone can no longer make it.
         safety = (0.0 if v.deadline_s is None
                   else min(p.safety_hours, 0.25 * deadline_s / 3600))  # short jobs: a quarter
+        target = max(left / (max(hours - safety, 0.5 * hours) * 3600), 1e-9)
         floor = deadline_floor(target, left, hours, od_rate, safety)
         kind = "deadline"
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand

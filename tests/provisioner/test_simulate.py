@@ -226,3 +226,17 @@ def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_m
     assert soft.cost == pytest.approx(720_100 / 360_000, rel=1e-9)
     hard = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
     assert hard.deadline_met and hard.cost > soft.cost + 0.5
+
+
+def test_spotring_on_pace_for_a_hard_deadline_buys_no_on_demand():
+    # Spot $1/h always there, on-demand $4/h; 720,000 samples at 100/s per instance with a
+    # 2 h deadline: the safety margin (a quarter of it, 0.5 h) is kept as time, so the pace
+    # aims at 1.5 h and a run on that pace never falls inside the margin: every sample on
+    # spot, $1 per 360,000 = $2.00. (Pacing to 2 h itself put the last ~40 minutes inside
+    # the margin: on-demand bought with nothing late.)
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    r = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
+    assert r.deadline_met and r.completion_h <= 1.5 + 1e-9
+    assert r.cost == pytest.approx(2.0, rel=1e-9)
