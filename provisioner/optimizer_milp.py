@@ -253,9 +253,10 @@ def _run(model: _Model, time_limit_s: float, relax: bool = False,
     cons = [LinearConstraint(a, np.array(lo), np.array(hi))] if model.rows else []
     options = {"time_limit": max(time_limit_s, 1e-3), "disp": False, "mip_rel_gap": 1e-4}
     bounds = Bounds(model.lb, model.solver_ub)
-    if relax:
+    if relax:  # an LP: HiGHS's presolve costs more than it saves on these (block LP of
+        # 1,000 offerings 11.5 -> 8.8 ms CPU, 10,000: 133 -> 93 ms; the same optimum)
         return milp(model.c, constraints=cons, bounds=bounds, integrality=np.zeros(nv),
-                    options=options)
+                    options={**options, "presolve": False})
     options.update(_MIP_OPTIONS)
     if cutoff is not None:
         options["objective_bound"] = float(cutoff)
