@@ -29,7 +29,9 @@ R is increasing in S, so "R >= T" is the *linear* constraint S >= T / (1 - T t_c
 (impossible when T t_comm >= B: the ring's communication caps it). t_comm depends on N;
 we solve with the fewest instances that could reach T as the guess for N and re-solve
 with a larger guess until the fleet found is no bigger than the guess (then the term used
-bounds the real one); the last resort, N = max_size, is always valid. The link is guessed
+bounds the real one); the last resort, N = max_size, is always valid. A re-solve is skipped
+when the fleet found already meets the next guess's (stricter) row: optimal under the
+looser row, it is optimal under that one too, so the pass would return it again. The link is guessed
 from the zone cap and max_regions and checked on the answer the same way.
 
 Objectives (all minimise):
@@ -79,9 +81,9 @@ import numpy as np
 
 from pricing.model import Offering, PriceQuote, RiskEstimate, utc
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer_milp import (_block_lp_bounds, _build, _binding, _link, _Model,  # noqa: F401
-                                        _prune, _repair, _row_ok, _run, _solve_model,
-                                        family_of)
+from provisioner.optimizer_milp import (_block_lp_bounds, _build, _binding, _current,  # noqa: F401
+                                        _link, _Model, _prune, _repair, _row_ok, _run,
+                                        _solve_model, family_of)
 from provisioner.throughput import ThroughputModel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -209,7 +211,7 @@ def ring_efficiency(n: int, raw_samples_per_s: float, model_mb: float, global_ba
 
 
 def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
-    """Solve ``problem`` within ``time_limit_s`` (per MILP call; at most three calls).
+    """Solve ``problem`` within ``time_limit_s`` per pass (a pass: one region search).
 
     Returns a :class:`Plan`; its ``status`` is ``"optimal"``, ``"time-limit"`` (best integer
     fleet found in time), ``"fallback-lp"`` (rounded LP relaxation) or ``"empty"`` (nothing
@@ -232,16 +234,18 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
     n_guess = problem.max_size
     if ring_matters:  # optimistic first guess: the fewest of the fastest instances
         fastest = max(c.useful for c in cands)
-        n_guess = min(problem.max_size, max(1, problem.min_size,
-                                            math.ceil((problem.target_samples_per_s or 0.0) / fastest)))
+        n_guess = min(problem.max_size, max(1, problem.min_size, math.ceil(
+            (problem.target_samples_per_s or 0.0) / fastest)))
     best: tuple[_Model, np.ndarray, str] | None = None
-    for attempt in range(4):
+    attempt = 0
+    while best is None:  # after attempt 3 only a slower link can ask for another pass
         if attempt == 3:
             n_guess = problem.max_size  # always a valid bound on 2(N-1)/N
         found = _solve_model(problem, cands, n_guess, gbps, time_limit_s)
         if found is None:
             if n_guess < problem.max_size and ring_matters:
                 n_guess = problem.max_size
+                attempt += 1
                 continue
             raise InfeasibleError(_diagnose(problem, cands, problem.max_size, gbps, time_limit_s))
         model, x, status = found
@@ -250,11 +254,21 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
         if not ring_matters or (n_found <= n_guess and new_gbps >= gbps):
             best = (model, x, status)  # the ring term used bounds the one of this fleet
             break
-        n_guess = max(n_guess + 1, n_found)
+        attempt += 1
+        n_guess = problem.max_size if attempt >= 3 else max(n_guess + 1, n_found)
         gbps = min(gbps, new_gbps)
         if problem.max_regions == 1:  # re-solve in the region found (and where we hold)
             keep = {c.offering.region for c in model.cands}
             cands = [c for c in cands if c.offering.region in keep or c.current]
+        # The next pass asks for more (a larger ring, maybe a slower link), so the fleet just
+        # found, optimal under a looser target row, is optimal for it too if it meets it:
+        # keep it instead of solving again (the same fleet, up to ties and the MIP gap).
+        try:
+            again = _build(problem, model.cands, n_guess, gbps, current=_current(cands))
+        except InfeasibleError:  # the ring cannot carry the target: the next pass says so
+            continue
+        if n_found <= n_guess and _row_ok(again, x):
+            best = (again, x, status)
     assert best is not None
     model, x, status = best
     return _plan(problem, model, x, status, pruned, (time.perf_counter() - t0) * 1000)
