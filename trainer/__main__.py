@@ -41,8 +41,9 @@ def _address(text: str) -> tuple[str, int]:
 
 def _fault(text: str) -> tuple[str, int]:
     action, sep, step = text.partition("@")
-    if action not in ("kill", "stop", "term") or not sep or not step.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected kill@STEP, stop@STEP or term@STEP")
+    if action not in ("kill", "stop", "term", "freeze") or not sep or not step.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected kill@STEP, stop@STEP, term@STEP or freeze@STEP")
     return action, int(step)
 
 
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-rejoin", action="store_true",
                    help="exit instead of joining again after being dropped")
     w.add_argument("--fault", type=_fault, action="append", default=[],
-                   help=argparse.SUPPRESS)  # test aid: kill@STEP | stop@STEP | term@STEP
+                   help=argparse.SUPPRESS)  # test aid: kill|stop|term|freeze @STEP
     return p
 
 

@@ -110,6 +110,7 @@ class Coordinator:
         self._done_count = 0
         self._done: set[int] = set()
         self._last_speed_poll = 0.0
+        self._reforms = mb.Reforms()  # same-set re-forms in a row (see mb.reform_or_drop)
         self._made: set[str] = set()  # counters known to exist (multi_get needs them)
         self._snap: dict[str, bytes] = {}  # this tick's values of the watched keys
 
@@ -417,6 +418,25 @@ class Coordinator:
                  for i in self._ready if i not in dead]
         draining = [m for m in self._draining if m in plan.members]
         reason = f"{why}; dropped {dead}" if dead else f"{why}; every member answered"
+        if dead or mb.next_plan(plan, ready, draining, []) is not None:
+            self._reforms = mb.Reforms()
+        else:  # the same set again: members that answer but never form must not loop it
+            started = [m for m in plan.members
+                       if store.check([mb.k_forming(plan.generation, m)])]
+            formed = [m for m in plan.members
+                      if store.check([mb.k_formed(plan.generation, m)])]
+            self._reforms, stuck = mb.reform_or_drop(
+                self._reforms, plan, started, formed, int(self._stats.get("step", 0) or 0))
+            if stuck:
+                dead = sorted(stuck)
+                why = (f"answered the roll call but never completed forming generation "
+                       f"{plan.generation} ({mb.MAX_SAME_REFORMS} re-forms of the same set)")
+                reason = f"{reason}; dropped {dead}: {why}"
+                log.warning("dropping members %s: %s", dead, why)
+            elif self._reforms.count > mb.MAX_SAME_REFORMS:
+                log.error("re-forming members %s for the %d-th time in a row: every member "
+                          "answers and formed, yet the generation breaks",
+                          list(plan.members), self._reforms.count)
         new = mb.next_plan(plan, ready, draining, dead, reason=reason)
         if new is None:  # everyone answered and nothing else changed: re-form the same set
             new = Plan(generation=plan.generation + 1, members=plan.members, names=plan.names,

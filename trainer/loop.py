@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,7 @@ class WorkerConfig:
     connect_budget_s: float = 60.0
     heartbeat_s: float = 0.05
     profile_steps: int = 3
-    faults: tuple[tuple[str, int], ...] = ()  # ("kill"|"stop"|"term", first step >= this)
+    faults: tuple[tuple[str, int], ...] = ()  # (kill|stop|term|freeze, first step >= this)
     rejoin: bool = True
     boot_idle: bool = False  # the process started under SCHED_IDLE: restore after profiling
 
@@ -248,6 +249,8 @@ class Worker:
             if at <= self.step and (action, at) not in self._fired:
                 self._fired.add((action, at))
                 log.warning("fault injector: %s at step %d", action, at)
+                if action == "freeze":  # a wedged main thread; the heartbeat thread goes on
+                    threading.Event().wait()
                 os.kill(os.getpid(), FAULTS[action])
 
     def append(self, path: Path | None, record: dict[str, Any]) -> None:
@@ -343,6 +346,8 @@ class _Member:
                 log.error("the ring lost every member holding the state: %s", plan.reason)
                 return "lost"
             if self.was_member:
+                if self._drained_between(current, plan.generation):
+                    return "drained"
                 log.warning("refused: dropped from the ring at generation %d (%s)",
                             plan.generation, plan.reason)
                 return "refused"
@@ -355,10 +360,25 @@ class _Member:
             self._report_broken(plan.generation, e)
         return None
 
+    def _drained_between(self, current: int, latest: int) -> bool:
+        """Was this member drained by a generation after ``current`` and before ``latest``?
+
+        A member whose step broke reads only the newest plan; when a drain plan was
+        published in between (a drain and a kill in the same step), the newest plan no
+        longer names it at all, and without this look back a drained member would take
+        itself for a dropped one and join again as a new member.
+        """
+        for gen in range(current + 1, latest):
+            if self.id in mb.Plan.from_json(self.store.get(mb.k_plan(gen))).drained:
+                log.info("drained at generation %d; leaving", gen)
+                return True
+        return False
+
     def _form(self, plan: mb.Plan, rank: int) -> None:
         w, cfg = self.w, self.w.cfg
         gen = plan.generation
         t0 = time.perf_counter()
+        self.store.set(mb.k_forming(gen, self.id), "")  # the coordinator's roll calls read it
         self.pg = ring.form_group(self.store, gen, rank, len(plan.members),
                                   cfg.collective_timeout_s, lambda: self._broken(gen))
         self.rank = rank

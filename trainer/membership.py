@@ -21,8 +21,9 @@ Protocol (all keys live in the coordinator's ``TCPStore``):
 * ``broken/<n>``: counter; a member whose collective failed (or the coordinator, when a
   member's heartbeat stops) bumps it; every member of generation ``n`` then abandons its
   collective, and the coordinator takes a roll call before publishing ``n + 1``.
-* ``formed/<n>/<id>``: a member's report after forming generation ``n`` (checksum of its
-  parameters, step, discarded steps).
+* ``forming/<n>/<id>``: a member starts forming generation ``n``; ``formed/<n>/<id>``: its
+  report after forming it (checksum of its parameters, step, discarded steps). A member
+  that answers roll calls but never forms is found by these (:func:`reform_or_drop`).
 * ``stats``, ``speed/<id>``, ``done/<id>``, ``finished``: progress reports; the counters
   ``drains``, ``dones`` and ``formedn/<n>`` tell the coordinator when to look.
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 # -- key names ------------------------------------------------------------------------------
@@ -76,6 +77,10 @@ def k_plan(generation: int) -> str:
 
 def k_broken(generation: int) -> str:
     return f"broken/{generation}"
+
+
+def k_forming(generation: int, member_id: int) -> str:
+    return f"forming/{generation}/{member_id}"
 
 
 def k_formed(generation: int, member_id: int) -> str:
@@ -233,6 +238,63 @@ def next_plan(
         priors={member_key(j.name, j.member_id): j.samples_per_s for j in ready},
         reason=reason,
     )
+
+
+MAX_SAME_REFORMS = 3  # re-forms of one unchanged set, with no step between, before dropping
+
+
+@dataclass(frozen=True)
+class Reforms:
+    """Recoveries in a row that re-formed the same members because every one of them
+    answered the roll call, with no step committed in between.
+
+    ``members``: the set re-formed; ``count``: how many times in a row; ``step``: the ring's
+    newest committed step at the last one.
+    """
+
+    members: tuple[int, ...] = ()
+    count: int = 0
+    step: int = -1
+
+
+def reform_or_drop(
+    history: Reforms,
+    plan: Plan,
+    started: Collection[int],
+    formed: Collection[int],
+    step: int,
+    *,
+    limit: int = MAX_SAME_REFORMS,
+) -> tuple[Reforms, tuple[int, ...]]:
+    """Decide a recovery of ``plan`` in which every member answered the roll call and
+    nothing else changes (the same set would form the next generation again).
+
+    ``started`` / ``formed``: the members that reported starting / completing the forming
+    of ``plan``'s generation; ``step``: the ring's newest committed step. A re-form counts
+    one more when it is the same set as the last one and no step was committed since;
+    otherwise the count starts again at 1. Once the count passes ``limit``, the members
+    that answer the roll call but never complete forming are dropped (they must join again
+    as new members) and the count starts over: those that never even started forming, or
+    else those that started but never completed while others did. When that singles out
+    nobody, or everybody (nothing tells who is at fault), nobody is dropped (the caller
+    re-forms again and logs it).
+
+    Returns ``(history, drop)``: the new history and the member ids to drop (``()``: re-form
+    the same set). Never mutates its inputs.
+    """
+    if limit < 1:
+        raise ValueError(f"limit: {limit}; need at least 1 re-form before dropping")
+    members = tuple(sorted(plan.members))
+    same = history.members == members and history.step == step
+    count = history.count + 1 if same else 1
+    if count <= limit:
+        return Reforms(members, count, step), ()
+    drop = tuple(m for m in plan.members if m not in set(started))
+    if not drop and formed:
+        drop = tuple(m for m in plan.members if m not in set(formed))
+    if not drop or len(drop) == len(plan.members):
+        return Reforms(members, count, step), ()
+    return Reforms(), drop
 
 
 @dataclass(frozen=True)

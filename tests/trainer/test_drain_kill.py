@@ -17,8 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from torch.distributed import TCPStore
 
 from tests.trainer.ringutil import Ring
+from trainer import membership as mb
+from trainer.loop import _Member
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,3 +43,37 @@ def test_drain_and_kill_in_one_step_the_survivor_goes_on(tmp_path: Path,
         assert ring.procs["s"].wait(10) == 0
     finally:
         ring.close()
+
+
+def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: Path) -> None:
+    """The loop behind the report: a member whose heartbeat goes on while its main thread is
+    wedged answers every roll call, so the same set was re-formed forever. After
+    MAX_SAME_REFORMS re-forms it is dropped (it never started forming) and the ring goes on.
+    """
+    ring = Ring(tmp_path, job="examples/digits.py", env={"DIGITS_EPOCHS": "1"},
+                initial_world=2, heartbeat_timeout_s=30.0, rollcall_s=0.3)
+    try:
+        ring.worker("f", "--fault", "freeze@4", "--collective-timeout", "1")
+        ring.worker("s", "--collective-timeout", "1")
+        ring.wait_for("the survivor to finish", lambda: ring.coord.stats().get("finished"), 60)
+        reforms = [e for e in ring.events("generation")
+                   if "every member answered" in e["detail"]]
+        assert mb.MAX_SAME_REFORMS <= len(reforms) <= mb.MAX_SAME_REFORMS + 1, reforms
+        lost = ring.events("lost")
+        assert [e["name"] for e in lost] == ["f"], lost
+        assert "never completed forming" in lost[0]["detail"]
+        assert ring.procs["s"].wait(10) == 0
+        assert ring.procs["f"].poll() is None  # still wedged: dropped, not waited for
+    finally:
+        ring.close()
+
+
+def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining() -> None:
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set(mb.k_plan(5), mb.Plan(5, (1, 2), ("s", "x"), drained=(3,)).to_json())
+    store.set(mb.k_plan(6), mb.Plan(6, (1,), ("s",), lost=(2,)).to_json())
+    x = _Member(None, store, 3, None)  # type: ignore[arg-type]
+    assert x._drained_between(4, 7)  # drained at 5; it reads 7 after its step broke
+    assert not x._drained_between(5, 7)
+    y = _Member(None, store, 2, None)  # type: ignore[arg-type]
+    assert not y._drained_between(4, 7)  # lost, not drained: it must join again
