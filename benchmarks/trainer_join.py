@@ -23,7 +23,11 @@ one joined, at least ``--window`` seconds):
   what torchrun elastic does on any membership change.
 
 Figures (one JSON line on stdout): ``kept`` = spotring samples/s over the window / its steady
-samples/s just before (goal >= 0.99); ``max_pause_s`` = the longest gap between two step
+samples/s just before (goal >= 0.99); ``kept_boot`` = spotring samples/s from the moment the
+joiners are started until the first step of the new generation (that step included: the
+joiners' whole boot plus the switch, without the time after the join, when the joiner's CPU
+adds to the ring) / the same steady samples/s (stricter than ``kept`` whenever the bigger
+ring is faster); ``join_to_switch_s`` = that span; ``max_pause_s`` = the longest gap between two step
 completions in the window; ``switch_ms`` = the extra time of the step at the generation
 change over the median step; ``restart_ratio`` = samples spotring completed in the window /
 samples the checkpoint-restart baseline completed in the same window length (a step redone
@@ -94,8 +98,17 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
     in_window = [(g, a, b) for g, a, b in gaps if t_join <= b["t"] < t_join + args.window]
     switches = [g for g, a, b in in_window if b["generation"] != a["generation"]]
     median_step = statistics.median(steady) if steady else 0.0
+    # kept_boot: from the joiners' start to the first step of the new generation, included
+    gen0 = max((r["generation"] for r in ordered if r["t"] < t_join), default=0)
+    switch = next((r for r in ordered if r["t"] >= t_join and r["generation"] > gen0), None)
+    boot = None
+    if switch is not None and switch["t"] > t_join:
+        done = sum(r["samples"] for r in ordered if t_join <= r["t"] <= switch["t"])
+        boot = done / (switch["t"] - t_join)
     return {
         "kept": before and during / before,
+        "kept_boot": boot / before if boot is not None and before else None,
+        "boot_s": switch["t"] - t_join if switch is not None else None,
         "samples": samples_between(recs, t_join, t_join + args.window),
         "max_pause_s": max((g for g, _, _ in in_window), default=0.0),
         "switch_ms": (max(switches) - median_step) * 1e3 if switches else None,
@@ -171,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         "joiners": args.joiners,
         "window_s": args.window,
         "kept": round(spot["kept"], 3),
+        "kept_boot": None if spot["kept_boot"] is None else round(spot["kept_boot"], 3),
+        "join_to_switch_s": None if spot["boot_s"] is None else round(spot["boot_s"], 2),
         "max_pause_s": round(spot["max_pause_s"], 3),
         "switch_ms": None if spot["switch_ms"] is None else round(spot["switch_ms"], 1),
         "step_ms": round(spot["step_ms"], 1),
