@@ -110,10 +110,16 @@ class Candidate:
     max_count: int | None = None
     current: int = 0
 
+    def __post_init__(self) -> None:
+        # computed once: the solver reads it a few times per candidate per pass (not a
+        # field, so equality, hashing and replace() are those of the fields alone)
+        object.__setattr__(self, "_useful", self.samples_per_s * max(
+            0.0, 1.0 - self.hazard_per_hour * self.loss_hours))
+
     @property
     def useful(self) -> float:
         """Useful samples/s of one instance: raw minus the expected loss to revocations."""
-        return self.samples_per_s * max(0.0, 1.0 - self.hazard_per_hour * self.loss_hours)
+        return self._useful  # type: ignore[attr-defined]
 
     @property
     def zone_key(self) -> str:

@@ -47,8 +47,7 @@ def _prune(p: Problem) -> tuple[list[Candidate], int]:
     for c in p.candidates:
         cap = c.max_count
         ub = max_size if cap is None or cap > max_size else max(cap, 0)
-        h = 1.0 - c.hazard_per_hour * c.loss_hours
-        u = c.samples_per_s * h if h > 0.0 else 0.0  # == c.useful
+        u = c.useful
         price = c.price_per_hour
         if c.current == 0 and (u <= 0 or ub <= 0 or price > budget):
             dropped += 1
@@ -106,8 +105,9 @@ class _Model:
 
 def _current(cands: Sequence[Candidate]) -> tuple[float, float]:
     """Cost per hour and useful samples/s of the fleet held now."""
-    return (sum(c.current * c.price_per_hour for c in cands),
-            sum(c.current * c.useful for c in cands))
+    held = [c for c in cands if c.current]
+    return (sum(c.current * c.price_per_hour for c in held),
+            sum(c.current * c.useful for c in held))
 
 
 def _removal(p: Problem, current: tuple[float, float]) -> float:
