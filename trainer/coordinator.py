@@ -1,15 +1,19 @@
 """The coordinator: the membership protocol of :mod:`trainer.membership` served over a TCPStore.
 
 Design: the coordinator owns a master ``torch.distributed.TCPStore`` and one background
-thread that polls it (every ``poll_s``): it answers join handshakes (HMAC challenge), watches
+thread that polls it (every ``poll_s`` while something is in flight, every
+``STEADY_POLL_S`` otherwise): it answers join handshakes (HMAC challenge), watches
 heartbeat counters with its own clock, collects drain requests and progress reports, and
 publishes generations. At most one generation is in flight: a new plan is published only
 after every member reported the previous one formed, except after a failure, which always
 wins. On a failure (a member bumped ``broken/<n>``, or a heartbeat stopped) it takes a roll
 call: members whose heartbeat does not move within ``rollcall_s`` are dropped, the others
 form the next generation (when nobody answers, the roll call waits up to the heartbeat
-timeout before dropping everyone, which would stop the job). A dropped member that wakes up is refused (logged as ``refused``)
-and must join again as a new member.
+timeout before dropping everyone, which would stop the job). A dropped member that wakes
+up is refused (logged as ``refused``) and must join again as a new member. A roll call that
+every member answers re-forms the same set; :func:`trainer.membership.reform_or_drop`
+bounds that (a member that answers but never forms is dropped after a few re-forms), so no
+member can keep the ring re-forming forever.
 
 One tick reads everything it watches (the join counter, every member's heartbeat, the
 report counters, ``stats``, the running generation's ``broken`` and ``formedn`` counters) in
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 20.0  # a joiner that starts a handshake and never finishes is forgotten
 SPEED_POLL_S = 0.5  # how often members' reported samples/s are read
 REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
+STEADY_POLL_S = 0.05  # tick period while nothing is in flight: a kill is seen 30 ms later at
+# worst (members abandon a broken collective on their own); the ticks' CPU is the workers'
 DRAINS, DONES = "drains", "dones"  # counters workers bump after a drain request / when done
 
 
@@ -206,7 +212,13 @@ class Coordinator:
                     self._tick()
             except Exception:  # noqa: BLE001 - keep serving; the error is logged
                 log.exception("coordinator tick failed")
-            self._stopping.wait(self._poll_s)
+            self._stopping.wait(self._poll_s if self._busy() else max(self._poll_s,
+                                                                       STEADY_POLL_S))
+
+    def _busy(self) -> bool:
+        """Is anything in flight (a generation forming, a join, a drain)? Then tick fast."""
+        return bool(not self._formed or self._unseen or self._handshakes or self._ready
+                    or self._draining)
 
     def _watched(self) -> list[str]:
         """The counters one tick reads (created here the first time they are watched)."""
