@@ -10,11 +10,13 @@ back to a line through the origin (``a_i = 0``) while one batch size only has be
     a_i + c_i * b_i = T   for every member i,     sum_i b_i = B,     b_i >= 1
 
 (continuous "water filling": members whose share would fall below one sample are pinned at
-one and the rest re-solved), rounds to integers that keep ``sum b_i = B`` exactly (largest
-remainder, ties by member name), and refines online with a damped controller: the new sizes
-move a fraction ``damping`` of the way from the previous sizes toward the target, and sizes
-are kept when the predicted step time would improve by less than ``deadband`` (hysteresis,
-so measurement noise cannot make the sizes flap). When the members differ from the previous
+one and the rest re-solved), rounds to integers that keep ``sum b_i = B`` exactly (floors,
+then each remaining sample to the member that would finish earliest with it, ties by member
+name: rounding for the step time, so the slowest member never keeps a sample a faster one
+could take), and refines online with a damped controller: the new sizes move a fraction
+``damping`` of the way from the previous sizes toward the target, and sizes are kept when
+the predicted step time would improve by less than ``deadband`` (hysteresis, so measurement
+noise cannot make the sizes flap). When the members differ from the previous
 plan (a generation change) the target is taken at once, using the fits of the survivors and
 ``priors`` (samples per second, e.g. from a joiner's profiling steps) for the joiners.
 
@@ -237,31 +239,33 @@ def solve_continuous(lines: Mapping[str, LinearFit], global_batch: float) -> dic
         pinned.update(low)
 
 
-def _round(values: Mapping[str, float], total: int) -> dict[str, int]:
-    """Largest-remainder rounding of ``values`` (each >= 1, sum == total) to integers."""
-    names = sorted(values)
-    base = {m: max(1, math.floor(values[m])) for m in names}
-    left = total - sum(base.values())
-    # Order by remainder (largest first), then name, so the result is deterministic.
-    if left > 0:
-        order = sorted(names, key=lambda m: (-(values[m] - math.floor(values[m])), m))
-        for k in range(left):
-            base[order[k % len(order)]] += 1
-    elif left < 0:
-        order = sorted(names, key=lambda m: (values[m] - math.floor(values[m]), m))
-        k = 0
-        while left < 0:
-            m = order[k % len(order)]
-            if base[m] > 1:
-                base[m] -= 1
-                left += 1
-            k += 1
-    return base
-
-
 def makespan(lines: Mapping[str, LinearFit], sizes: Mapping[str, int]) -> float:
     """Predicted step compute time: the slowest member's ``a_i + c_i b_i``."""
     return max(lines[m].time(sizes[m]) for m in sorted(sizes))
+
+
+def _round_minimax(
+    lines: Mapping[str, LinearFit], values: Mapping[str, float], total: int
+) -> dict[str, int]:
+    """Integer sizes near ``values`` (each >= 1, sum ``total``), rounded for the step time.
+
+    Starts from the floors of ``values`` (at least 1), then hands each remaining sample to
+    the member that would finish earliest with it, or takes surplus samples from the member
+    that finishes last (ties: the faster member gets the sample, then by name). Unlike
+    rounding by remainders, this never leaves the slowest member a sample it would have lost
+    to a faster one.
+    """
+    sizes = {m: max(1, math.floor(values[m])) for m in sorted(values)}
+    # Ties in time (float rounding) go to the member with the smaller per-sample cost, so
+    # a faster member never ends up with fewer samples than a slower one.
+    while sum(sizes.values()) > total:  # only possible through the max(1, .) above
+        m = max((m for m in sorted(sizes) if sizes[m] > 1),
+                key=lambda m: (lines[m].time(sizes[m]), lines[m].per_sample_s))
+        sizes[m] -= 1
+    while sum(sizes.values()) < total:
+        m = min(sorted(sizes), key=lambda m: (lines[m].time(sizes[m] + 1), lines[m].per_sample_s))
+        sizes[m] += 1
+    return sizes
 
 
 def optimal_sizes(lines: Mapping[str, LinearFit], global_batch: int) -> dict[str, int]:
@@ -271,15 +275,7 @@ def optimal_sizes(lines: Mapping[str, LinearFit], global_batch: int) -> dict[str
     to the member that would finish earliest with it (ties by name). Used as the reference
     optimum by tests and benchmarks.
     """
-    cont = solve_continuous(lines, global_batch)
-    sizes = {m: max(1, math.floor(v)) for m, v in cont.items()}
-    while sum(sizes.values()) > global_batch:  # only possible through the max(1, .) above
-        m = max((m for m in sorted(sizes) if sizes[m] > 1), key=lambda m: lines[m].time(sizes[m]))
-        sizes[m] -= 1
-    while sum(sizes.values()) < global_batch:
-        m = min(sorted(sizes), key=lambda m: lines[m].time(sizes[m] + 1))
-        sizes[m] += 1
-    return sizes
+    return _round_minimax(lines, solve_continuous(lines, global_batch), global_batch)
 
 
 def equal_sizes(members: Sequence[str], global_batch: int) -> dict[str, int]:
@@ -448,7 +444,7 @@ def plan_batches(
         if all(abs(target[m] - prev[m]) <= 1.0 for m in names):
             sizes = optimal_sizes(active, global_batch)  # close: take the integer optimum
         else:
-            sizes = _round(moved, global_batch)
+            sizes = _round_minimax(active, moved, global_batch)
         t_prev, t_new = makespan(active, prev), makespan(active, sizes)
         if t_prev <= t_new * (1.0 + deadband):
             sizes = prev
