@@ -1,4 +1,6 @@
-"""A real gloo ring of unequal workers: the fitted local batches converge to the speed ratio.
+"""A real gloo ring of unequal workers, and the emulated devices of benchmarks/trainer_hetero.py.
+
+The ring: the fitted local batches converge to the speed ratio.
 
 Two ``python -m trainer worker`` processes train examples/digits.py through an in-process
 coordinator, one of them slowed 4x (``--slowdown 4``). With equal batches the fast worker would
@@ -6,6 +8,11 @@ wait three quarters of every step; with sizes fitted by :mod:`trainer.batching` 
 their compute at about the same time and the fast one takes most of the global batch.
 The machine is shared, so the checks use medians over the last steps and wide margins; the
 tight figures (<= 2 % from the optimum) are the benchmark's job (benchmarks/trainer_hetero.py).
+
+The devices: the benchmark's workers load that file as their job; it pads each training
+forward/backward to ``K x F x (A + C b)``. Tested with a fake clock (no timed assertions):
+the padding, that gradients are unchanged, that evaluation is never padded, which factor a
+process takes, and the default ``K``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import importlib.util
 
 import pytest
 
@@ -93,3 +102,93 @@ def test_fitted_batches_follow_the_speed_ratio(tmp_path):
     # Sizes settle: late steps move far less than the whole batch.
     moves = [abs(fast[a]["batch"] - fast[b]["batch"]) for a, b in zip(tail, tail[1:])]
     assert statistics.median(moves) <= GLOBAL_BATCH * 0.1, moves
+
+
+# -- the benchmark's emulated devices ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    spec = importlib.util.spec_from_file_location(
+        "bench_trainer_hetero", REPO / "benchmarks" / "trainer_hetero.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeClock:
+    """``time.perf_counter`` / ``time.sleep`` stand-in: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_pacer_sleeps_until_the_device_time_and_never_when_late(hetero, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(hetero, "time", clock)
+    pacer = hetero.Pacer(0.002, 0.0001, 4.0)
+    assert pacer.device_s(100) == pytest.approx(4.0 * (0.002 + 0.01))
+    pacer.start(100)
+    clock.now += 0.010  # the real compute took 10 ms of the 48 ms device time
+    pacer.finish()
+    assert clock.slept == [pytest.approx(0.038)]
+    pacer.start(100)
+    clock.now += 0.060  # real compute longer than the device: no sleep, no negative sleep
+    pacer.finish()
+    assert len(clock.slept) == 1
+    pacer.finish()  # no step in progress: nothing to pad
+    assert len(clock.slept) == 1
+    with pytest.raises(ValueError, match="factor"):
+        hetero.Pacer(0.002, 0.0001, 0.5)
+
+
+def test_paced_job_pads_training_steps_only_and_keeps_gradients(hetero, monkeypatch):
+    import torch
+
+    from trainer.job import load_job
+
+    clock = FakeClock()
+    monkeypatch.setattr(hetero, "time", clock)
+    plain = load_job(str(REPO / "examples" / "digits.py"), 0)
+    job = hetero.paced(load_job(str(REPO / "examples" / "digits.py"), 0),
+                       hetero.Pacer(0.002, 0.0001, 2.0))
+    ids = torch.arange(50)
+    for j in (plain, job):
+        j.model.zero_grad(set_to_none=True)
+        x, y = j.batch(ids)
+        j.loss_fn(j.model(x), y).backward()
+    assert clock.slept == [pytest.approx(2.0 * (0.002 + 0.005))]  # one pad, at the end
+    for p, q in zip(plain.model.parameters(), job.model.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    before = len(clock.slept)
+    assert 0.0 <= job.evaluate(job.model)["accuracy"] <= 1.0
+    assert len(clock.slept) == before  # evaluation is not a training step
+
+
+def test_make_job_takes_its_factor_from_name_or_rank(hetero, monkeypatch):
+    monkeypatch.setenv(hetero.ENV_DEVICE, "0.002,0.0001")
+    monkeypatch.delenv(hetero.ENV_FACTOR, raising=False)
+    monkeypatch.setenv(hetero.ENV_FACTORS, "1.0,1.5,2.0,4.0")
+    monkeypatch.setenv("RANK", "2")
+    assert hetero.make_job(0).pacer.factor == 2.0
+    monkeypatch.setenv(hetero.ENV_FACTOR, "4.0")
+    assert hetero.make_job(0).pacer.factor == 4.0
+    monkeypatch.delenv(hetero.ENV_DEVICE)
+    assert not hasattr(hetero.make_job(0), "pacer")  # no device: the plain job
+
+
+def test_default_base_slowdown_keeps_the_cores_half_free_and_absorbs_sharing(hetero):
+    k = hetero.default_base_slowdown([1, 1.5, 2, 4], cores=2, load=0.0)
+    assert sum(1 / (k * f) for f in [1, 1.5, 2, 4]) <= 0.5 * 2  # CPU demand: half the cores
+    assert k >= 1.5 * 4 / 2  # 4 workers computing at once on 2 cores still fit
+    assert hetero.default_base_slowdown([1, 1.5, 2, 4], cores=2, load=4.0) == 6.0
+    assert hetero.default_base_slowdown([1, 2], cores=64, load=0.0) == 1.0
