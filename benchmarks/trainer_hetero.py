@@ -14,9 +14,9 @@ start computing together (right after each all-reduce). Measured here: with the 
 seconds per sample) the sharing slows each worker's real compute by 1.1-2.2x, differently
 per worker, and the sleep multiplies that by ``F``: the emulated speeds then depend on one
 another and no truth exists to measure sizes against. So by default (``--emulation pace``)
-each worker is an emulated *private device*, as a GPU is: this file is also the job that
-the workers load (``make_job``), which wraps ``--job`` and pads every forward/backward to
-the device's time::
+each worker is an emulated *private device*, as a GPU is (``benchmarks/device.py``, which
+the workers load as their job: it wraps ``--job`` and pads every forward/backward to the
+device's time)::
 
     t_i(b) = K x F_i x (A + C x b)
 
@@ -25,13 +25,10 @@ sample: the digits job's forward/backward on one core of this project's 2-vCPU m
 which measured 0.5-2.5 ms + 0.068-0.11 ms/sample between 02:39 and 03:03 UTC on
 2026-11-22, varying with the other tenants' load; a fixed figure keeps runs comparable).
 ``--device-ms host`` measures this host's line in the run instead (fastest of 9 runs at 6
-batch sizes, interleaved). ``K`` is
-``--base-slowdown``: every factor is multiplied by it so that the real CPU work of the ring
-stays well inside the cores and a worker's real compute, even slowed by sharing, ends
-before its device time does (default ``max(1, sum_i 1/F_i / (0.5 x cores), 1.5 (n + L) /
-cores)`` for ``n`` workers and ``L`` the load average before the ring starts: the ring's CPU
-demand is at most half the host, and all ``n`` computing at once next to the other tenants'
-load still fit, with a margin; 3 for the default ring on 2 idle cores, 6 at load 4). The
+batch sizes, interleaved). ``K`` is ``--base-slowdown`` (default
+``device.default_base_slowdown``: the ring's CPU demand at most half the host, and all
+workers computing at once next to the other tenants' load still inside their device time;
+3 for the default ring on 2 idle cores, 6 at load 4). The
 optimal sizes do not depend on ``K``. The padding sleeps in the backward pass of an identity
 placed on the model's input, i.e. after the last gradient is computed; the worker's
 ``--slowdown`` stays 1. The true speeds are then known exactly, independent of the
@@ -79,11 +76,9 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
-sys.path.append(str(Path(__file__).resolve().parent))  # _common, also when loaded as a job
+sys.path.append(str(Path(__file__).resolve().parent))  # _common, device
 
 import torch  # noqa: E402
 
@@ -91,109 +86,15 @@ from _common import (  # noqa: E402
     DEFAULT_JOB, Ring, digits_env, emit, read_jsonl, setup_logging, steady_rate, steps_by_number,
     stop, torchrun, wait_for,
 )
+from device import (  # noqa: E402
+    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, default_base_slowdown, device_env,
+)
 from trainer.batching import LinearFit, optimal_sizes  # noqa: E402
-from trainer.job import Job, load_job  # noqa: E402
+from trainer.job import load_job  # noqa: E402
 
 log = logging.getLogger("benchmarks.hetero")
 
-# The job's environment (set by main for the ring's workers and the baseline's ranks).
-ENV_JOB = "HETERO_JOB"  # the wrapped job file
-ENV_DEVICE = "HETERO_DEVICE"  # "fixed_s,per_sample_s" of the 1x device (K included)
-ENV_FACTOR = "HETERO_FACTOR"  # this worker's F_i (spotring workers)
-ENV_FACTORS = "HETERO_FACTORS"  # "F_0,F_1,..." by torchrun RANK (the baseline)
 CALIBRATION_SIZES = (8, 32, 64, 128, 256, 384)
-
-
-# -- the emulated device (runs inside the workers) -----------------------------------------
-
-
-class Pacer:
-    """Pads one forward/backward to a device time ``factor x (fixed_s + per_sample_s x b)``.
-
-    :meth:`start` is called when the batch is fetched (the start of the step's compute) and
-    :meth:`finish` at the end of the backward pass; it sleeps until the deadline (no sleep
-    when the real compute already took longer).
-    """
-
-    def __init__(self, fixed_s: float, per_sample_s: float, factor: float) -> None:
-        if fixed_s < 0 or per_sample_s <= 0 or factor < 1:
-            raise ValueError(f"device line fixed_s={fixed_s}, per_sample_s={per_sample_s}, "
-                             f"factor={factor}: need fixed_s >= 0, per_sample_s > 0, factor >= 1")
-        self.fixed_s, self.per_sample_s, self.factor = fixed_s, per_sample_s, factor
-        self.deadline: float | None = None
-
-    def device_s(self, batch: int) -> float:
-        """The emulated device's forward/backward seconds for ``batch`` samples."""
-        return self.factor * (self.fixed_s + self.per_sample_s * batch)
-
-    def start(self, batch: int) -> None:
-        self.deadline = time.perf_counter() + self.device_s(batch)
-
-    def finish(self) -> None:
-        if self.deadline is not None:
-            left = self.deadline - time.perf_counter()
-            self.deadline = None
-            if left > 0:
-                time.sleep(left)
-
-
-class _PaceAtInput(torch.autograd.Function):
-    """Identity on the model's input; its backward (the last node of the pass) pads."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, pacer: Pacer) -> torch.Tensor:
-        ctx.pacer = pacer
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.pacer.finish()
-        return grad, None
-
-
-@dataclass
-class PacedJob(Job):
-    """A :class:`trainer.job.Job` whose forward/backward takes its device's time."""
-
-    pacer: Pacer | None = None
-
-    def batch(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pacer is not None:
-            self.pacer.start(int(ids.numel()))
-        return super().batch(ids)
-
-
-def paced(job: Job, pacer: Pacer) -> PacedJob:
-    """``job`` on the emulated device ``pacer`` (same model, optimiser, data)."""
-
-    def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if not torch.is_grad_enabled() or pacer.deadline is None:
-            return None  # evaluation: not a training step
-        x = args[0].detach().requires_grad_(True)
-        return (_PaceAtInput.apply(x, pacer), *args[1:])
-
-    job.model.register_forward_pre_hook(hook)
-    return PacedJob(**{f.name: getattr(job, f.name) for f in fields(Job)}, pacer=pacer)
-
-
-def make_job(seed: int) -> Job:
-    """The job the ring's workers load: ``$HETERO_JOB`` on this process's emulated device.
-
-    The device comes from ``$HETERO_DEVICE`` and the factor from ``$HETERO_FACTOR`` (a
-    spotring worker) or ``$HETERO_FACTORS`` indexed by ``$RANK`` (a torchrun rank). Without
-    ``$HETERO_DEVICE`` the job is returned unchanged.
-    """
-    job = load_job(os.environ.get(ENV_JOB, str(DEFAULT_JOB)), seed)
-    device = os.environ.get(ENV_DEVICE)
-    if not device:
-        return job
-    fixed_s, per_sample_s = (float(v) for v in device.split(","))
-    if ENV_FACTOR in os.environ:
-        factor = float(os.environ[ENV_FACTOR])
-    else:
-        factor = [float(f) for f in os.environ[ENV_FACTORS].split(",")][int(os.environ["RANK"])]
-    return paced(job, Pacer(fixed_s, per_sample_s, factor))
-
 
 # -- the benchmark --------------------------------------------------------------------------
 
@@ -220,25 +121,6 @@ def calibrate(job_path: Path, sizes: tuple[int, ...] = CALIBRATION_SIZES, reps: 
     c = sum((b - mb) * (t - mt) for b, t in points) / sum((b - mb) ** 2 for b, _ in points)
     a = max(0.0, mt - c * mb)
     return LinearFit(a, (mt - a) / mb, len(points))
-
-
-def default_base_slowdown(factors: list[float], cores: int, load: float = 0.0) -> float:
-    """The default ``K``: the larger of two bounds, never below 1.
-
-    * The ring's real CPU demand, ``sum_i 1 / (K F_i)`` cores, is at most half the ``cores``.
-    * A worker's real compute still ends within its device time when all ``n`` workers
-      compute at once (they start together after each all-reduce) on the ``cores`` next to
-      ``load`` runnable processes of others (the 1-minute load average before the ring
-      starts): real compute then takes up to ``(n + load) / cores`` times its single-core
-      time; with a margin of 1.5, ``K >= 1.5 (n + load) / cores``.
-
-    The optimal sizes do not depend on ``K`` (it scales every device alike); only the step
-    time does.
-    """
-    cores = max(1, cores)
-    demand = sum(1.0 / f for f in factors) / (0.5 * cores)
-    sharing = 1.5 * (len(factors) + max(0.0, load)) / cores
-    return round(max(1.0, demand, sharing), 2)
 
 
 def distance(sizes: dict[str, int], opt: dict[str, int]) -> float:
@@ -305,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     env = digits_env(args.global_batch, args.steps + 10)
     job = args.job
     if pace:
-        job = Path(__file__).resolve()
-        env.update({ENV_JOB: str(args.job.resolve()),
-                    ENV_DEVICE: f"{k * line.fixed_s!r},{k * line.per_sample_s!r}"})
+        job = DEVICE_JOB
+        env.update(device_env(args.job, k * line.fixed_s, k * line.per_sample_s))
     t_start = time.monotonic()
     with Ring(workdir / "ring", job, env, initial_world=len(names)) as ring:
         for name in names:
@@ -325,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--steps", str(args.baseline_steps), "--job", str(job),
                  "--metrics-file", str(base_metrics)]
     if pace:
-        os.environ.update({ENV_JOB: env[ENV_JOB], ENV_DEVICE: env[ENV_DEVICE],
+        os.environ.update({ENV_JOB: env[ENV_JOB], ENV_LINE: env[ENV_LINE],
                            ENV_FACTORS: ",".join(repr(f) for f in factors)})
     else:
         base_args += ["--slowdowns", ",".join(repr(f) for f in effective)]

@@ -1,8 +1,22 @@
 """Benchmark: workers joining a running ring, against a checkpoint-restart baseline (issue 3).
 
-Design. Two phases in one run, same job (examples/digits.py), global batch, slowdown and
+Design. Two phases in one run, same job (examples/digits.py), global batch, devices and
 window (from the moment the joiners are started until ``--after`` seconds after the last
-one joined, at least ``--window`` seconds):
+one joined, at least ``--window`` seconds).
+
+Devices. By default (``--emulation pace``) every worker, the joiners and the baseline's
+ranks alike, computes on an emulated private device of the same speed
+(``benchmarks/device.py``): its forward/backward is padded to ``K x (A + C x b)``
+(``--device-ms A,C``, default 2 ms + 0.1 ms per sample, this host's single-core line for
+digits; ``K`` = ``--base-slowdown``, default ``device.default_base_slowdown`` for all the
+workers: 3 on two idle cores). A fleet's workers compute on devices of their own; on this
+host two workers sharing a core set each other's speed (measured 2026-11-24 on the idle
+machine: a ``--slowdown 2`` ring on CPU 0 drifted from 6.7k to 10k samples/s within 20 s
+with nothing else running), so without private devices the rate before the join is not a
+steady reference. The collectives, the state transfer, the joiner's boot and the
+coordinator stay real. ``--emulation sleep`` keeps the old emulation (each worker's
+``--slowdown`` on shared CPUs); ``device_fidelity`` reports measured compute / device time
+for the ring's first worker (1.0: the emulation held).
 
 * spotring: a ring of ``--workers`` runs until steady; then ``--joiners`` new
   ``python -m trainer worker`` processes start. They boot, build the job and profile
@@ -54,6 +68,9 @@ from _common import (
     DEFAULT_JOB, PYTHON, Ring, digits_env, emit, read_jsonl, samples_between, setup_logging,
     steps_by_number, stop, torchrun, wait_for,
 )
+from device import (
+    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_LINE, default_base_slowdown, device_env, fidelity,
+)
 
 log = logging.getLogger("benchmarks.join")
 
@@ -69,15 +86,19 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
     names = [f"w{k}" for k in range(args.workers)]
     joiners = [f"j{k}" for k in range(args.joiners)]
     env = digits_env(args.global_batch, 100_000)
-    with Ring(workdir, args.job, env, initial_world=args.workers) as ring:
+    job, slowdown = args.job, args.slowdown
+    if args.device:  # every worker on a private device of the same speed
+        env.update(args.device, **{ENV_FACTOR: "1"})
+        job, slowdown = DEVICE_JOB, 1.0
+    with Ring(workdir, job, env, initial_world=args.workers) as ring:
         pins = [c.strip() for c in args.pin.split(";")] if args.pin else ["", ""]
         for n in names:
-            ring.add_worker(n, args.slowdown, cpus=pins[0])
+            ring.add_worker(n, slowdown, cpus=pins[0])
         ring.wait_step(args.warm_steps, args.timeout)
         time.sleep(args.before)
         t_join = time.time()
         for j in joiners:
-            ring.add_worker(j, args.slowdown, nice=args.joiner_nice, cpus=pins[1],
+            ring.add_worker(j, slowdown, nice=args.joiner_nice, cpus=pins[1],
                             extra=() if args.no_boot_idle else ("--boot-idle",))
 
         def joined() -> bool:
@@ -89,6 +110,10 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
         window = max(args.window, time.time() - t_join + args.after)
         wait_for(lambda: time.time() > t_join + window, window + 10, "the join window")
         recs = steps_by_number(ring.metrics(names[0]))
+    fid = None
+    if args.device:
+        fixed_s, per_sample_s = (float(v) for v in args.device[ENV_LINE].split(","))
+        fid = fidelity(list(recs.values()), lambda b: fixed_s + per_sample_s * b)
     args.window = window  # the baseline is measured over the same window length
     ordered = sorted(recs.values(), key=lambda r: r["t"])
     before = samples_between(recs, t_join - args.before, t_join) / args.before
@@ -114,15 +139,21 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
         "switch_ms": (max(switches) - median_step) * 1e3 if switches else None,
         "steady_samples_per_s": before,
         "step_ms": median_step * 1e3,
+        "fidelity": fid,
     }
 
 
 def baseline_phase(args: argparse.Namespace, workdir: Path, boot_s: float) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     metrics, ckpt = workdir / "ckpt.jsonl", workdir / "ckpt.pt"
-    common = ["--mode", "equal", "--slowdowns", str(args.slowdown), "--global-batch",
-              str(args.global_batch), "--job", str(args.job), "--ckpt", str(ckpt),
+    common = ["--mode", "equal", "--global-batch", str(args.global_batch), "--ckpt", str(ckpt),
               "--metrics-file", str(metrics)]
+    if args.device:  # the same private devices, one per rank (torchrun passes os.environ on)
+        os.environ.update(args.device, **{ENV_FACTORS: ",".join(
+            ["1"] * (args.workers + args.joiners))})
+        common += ["--job", str(DEVICE_JOB)]
+    else:
+        common += ["--job", str(args.job), "--slowdowns", str(args.slowdown)]
     first = torchrun(args.workers, common, workdir / "first.log")
     second = None
     try:
@@ -150,8 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--joiners", type=int, default=1)
     ap.add_argument("--global-batch", type=int, default=256)
+    ap.add_argument("--emulation", choices=("pace", "sleep"), default="pace",
+                    help="pace: every worker on a private device K x (A + C b) (default); "
+                    "sleep: the workers' --slowdown on shared CPUs")
+    ap.add_argument("--device-ms", default="2,0.1", metavar="A,C",
+                    help="the device line in ms (fixed, per sample; default 2,0.1)")
+    ap.add_argument("--base-slowdown", type=float, default=None,
+                    help="K (default: device.default_base_slowdown for workers + joiners)")
     ap.add_argument("--slowdown", type=float, default=2.0,
-                    help="every worker's slowdown (sleep share leaves CPU for the others)")
+                    help="--emulation sleep: every worker's slowdown (its sleep share leaves "
+                    "CPU for the others)")
     ap.add_argument("--warm-steps", type=int, default=10)
     ap.add_argument("--before", type=float, default=3.0, help="seconds of steady rate measured")
     ap.add_argument("--window", type=float, default=10.0,
@@ -174,6 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     if args.workers < 1 or args.joiners < 1:
         ap.error("--workers and --joiners: at least 1")
+    load = os.getloadavg()[0]
+    k = None
+    args.device = None
+    if args.emulation == "pace":
+        try:
+            a_ms, c_ms = (float(v) for v in args.device_ms.split(","))
+        except ValueError:
+            ap.error(f"--device-ms {args.device_ms!r}: expected A,C in ms (e.g. 2,0.1)")
+        if a_ms < 0 or c_ms <= 0:
+            ap.error(f"--device-ms {args.device_ms!r}: need A >= 0 and C > 0")
+        k = args.base_slowdown if args.base_slowdown is not None else default_base_slowdown(
+            [1.0] * (args.workers + args.joiners), os.cpu_count() or 1, load)
+        if k < 1.0:
+            ap.error(f"--base-slowdown {k}: must be >= 1")
+        args.device = device_env(args.job, k * a_ms / 1e3, k * c_ms / 1e3)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-join-"))
     spot = spotring_phase(args, workdir / "ring")
     boot = agent_boot_s()
@@ -182,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "trainer_join",
         "workers": args.workers,
         "joiners": args.joiners,
+        "emulation": args.emulation,
+        "base_slowdown": k,
+        "device_fidelity": None if spot["fidelity"] is None else round(spot["fidelity"][0], 3),
+        "device_overrun": None if spot["fidelity"] is None else round(spot["fidelity"][1], 3),
+        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
         "window_s": args.window,
         "kept": round(spot["kept"], 3),
         "kept_boot": None if spot["kept_boot"] is None else round(spot["kept_boot"], 3),

@@ -1,4 +1,4 @@
-"""A real gloo ring of unequal workers, and the emulated devices of benchmarks/trainer_hetero.py.
+"""A real gloo ring of unequal workers, and the benchmarks' emulated devices (benchmarks/device.py).
 
 The ring: the fitted local batches converge to the speed ratio.
 
@@ -110,7 +110,7 @@ def test_fitted_batches_follow_the_speed_ratio(tmp_path):
 @pytest.fixture(scope="module")
 def hetero():
     spec = importlib.util.spec_from_file_location(
-        "bench_trainer_hetero", REPO / "benchmarks" / "trainer_hetero.py")
+        "bench_device", REPO / "benchmarks" / "device.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -175,14 +175,14 @@ def test_paced_job_pads_training_steps_only_and_keeps_gradients(hetero, monkeypa
 
 
 def test_make_job_takes_its_factor_from_name_or_rank(hetero, monkeypatch):
-    monkeypatch.setenv(hetero.ENV_DEVICE, "0.002,0.0001")
+    monkeypatch.setenv(hetero.ENV_LINE, "0.002,0.0001")
     monkeypatch.delenv(hetero.ENV_FACTOR, raising=False)
     monkeypatch.setenv(hetero.ENV_FACTORS, "1.0,1.5,2.0,4.0")
     monkeypatch.setenv("RANK", "2")
     assert hetero.make_job(0).pacer.factor == 2.0
     monkeypatch.setenv(hetero.ENV_FACTOR, "4.0")
     assert hetero.make_job(0).pacer.factor == 4.0
-    monkeypatch.delenv(hetero.ENV_DEVICE)
+    monkeypatch.delenv(hetero.ENV_LINE)
     assert not hasattr(hetero.make_job(0), "pacer")  # no device: the plain job
 
 
