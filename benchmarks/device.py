@@ -138,6 +138,21 @@ def make_job(seed: int) -> Job:
     return paced(job, Pacer(fixed_s, per_sample_s, factor))
 
 
+def parse_device_ms(text: str) -> tuple[float, float]:
+    """``"A,C"`` in ms (fixed, per sample) -> ``(A, C)`` in seconds.
+
+    Raises ``ValueError`` naming ``--device-ms`` and the fix when it is not two numbers with
+    ``A >= 0`` and ``C > 0``.
+    """
+    try:
+        a_ms, c_ms = (float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--device-ms {text!r}: expected A,C in ms (e.g. 2,0.1)") from None
+    if not (a_ms >= 0 and c_ms > 0):
+        raise ValueError(f"--device-ms {text!r}: need A >= 0 and C > 0 (e.g. 2,0.1)")
+    return a_ms / 1e3, c_ms / 1e3
+
+
 def device_env(job: Path, fixed_s: float, per_sample_s: float) -> dict[str, str]:
     """Environment that makes :data:`DEVICE_JOB` run ``job`` on the device line given (K
     included); add :data:`ENV_FACTOR` per worker or :data:`ENV_FACTORS` for torchrun ranks."""

@@ -88,6 +88,7 @@ from _common import (  # noqa: E402
 )
 from device import (  # noqa: E402
     DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, default_base_slowdown, device_env,
+    parse_device_ms,
 )
 from trainer.batching import LinearFit, optimal_sizes  # noqa: E402
 from trainer.job import load_job  # noqa: E402
@@ -165,12 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--base-slowdown {k}: must be >= 1")
     if args.device_ms != "host":
         try:
-            a_ms, c_ms = (float(v) for v in args.device_ms.split(","))
-        except ValueError:
-            ap.error(f"--device-ms {args.device_ms!r}: expected A,C in ms (e.g. 2,0.1) or host")
-        if a_ms < 0 or c_ms <= 0:
-            ap.error(f"--device-ms {args.device_ms!r}: need A >= 0 and C > 0")
-        line = LinearFit(a_ms / 1e3, c_ms / 1e3, 0)
+            line = LinearFit(*parse_device_ms(args.device_ms), 0)
+        except ValueError as e:
+            ap.error(f"{e}, or host")
     else:
         line = calibrate(args.job)
     log.info("1x device line %.3f ms + %.4f ms/sample; K=%.2f (%d cores)", line.fixed_s * 1e3,

@@ -70,6 +70,7 @@ from _common import (
 )
 from device import (
     DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_LINE, default_base_slowdown, device_env, fidelity,
+    parse_device_ms,
 )
 
 log = logging.getLogger("benchmarks.join")
@@ -218,16 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     args.device = None
     if args.emulation == "pace":
         try:
-            a_ms, c_ms = (float(v) for v in args.device_ms.split(","))
-        except ValueError:
-            ap.error(f"--device-ms {args.device_ms!r}: expected A,C in ms (e.g. 2,0.1)")
-        if a_ms < 0 or c_ms <= 0:
-            ap.error(f"--device-ms {args.device_ms!r}: need A >= 0 and C > 0")
+            fixed_s, per_sample_s = parse_device_ms(args.device_ms)
+        except ValueError as e:
+            ap.error(str(e))
         k = args.base_slowdown if args.base_slowdown is not None else default_base_slowdown(
             [1.0] * (args.workers + args.joiners), os.cpu_count() or 1, load)
         if k < 1.0:
             ap.error(f"--base-slowdown {k}: must be >= 1")
-        args.device = device_env(args.job, k * a_ms / 1e3, k * c_ms / 1e3)
+        args.device = device_env(args.job, k * fixed_s, k * per_sample_s)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-join-"))
     spot = spotring_phase(args, workdir / "ring")
     boot = agent_boot_s()

@@ -192,3 +192,18 @@ def test_default_base_slowdown_keeps_the_cores_half_free_and_absorbs_sharing(het
     assert k >= 1.5 * 4 / 2  # 4 workers computing at once on 2 cores still fit
     assert hetero.default_base_slowdown([1, 1.5, 2, 4], cores=2, load=4.0) == 6.0
     assert hetero.default_base_slowdown([1, 2], cores=64, load=0.0) == 1.0
+
+
+def test_parse_device_ms_names_the_flag_and_the_fix(hetero):
+    assert hetero.parse_device_ms("2,0.1") == pytest.approx((0.002, 0.0001))
+    for bad in ("2", "2,x", "-1,0.1", "2,0", "nan,0.1"):
+        with pytest.raises(ValueError, match=r"--device-ms .*e\.g\. 2,0\.1"):
+            hetero.parse_device_ms(bad)
+
+
+def test_fidelity_is_the_median_ratio_and_the_share_over_five_percent(hetero):
+    records = [{"batch": 10, "compute_s": t} for t in (1.0, 1.02, 1.10, 0.99)]
+    records.append({"batch": 0, "compute_s": 9.0})  # no samples: not a device step
+    median, over = hetero.fidelity(records, lambda b: 0.1 * b)
+    assert median == pytest.approx(1.02)
+    assert over == pytest.approx(0.25)
