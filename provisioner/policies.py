@@ -12,7 +12,10 @@ zones just failed them, the progress made; never future prices or availability (
   rate that finishes on time is recomputed at every decision, so spot capacity missing now
   is made up later. A user's deadline is hard: on-demand once the slack falls below the
   safety margin (Uniform Progress' safety net). Its own is soft: on-demand only once spot
-  alone can no longer make it (no margin). Among the fleets that keep pace it takes the
+  alone can no longer make it (no margin), and then only while every spot zone has failed
+  it lately (within ``avoid_s``): on-demand covers spot's gaps, it never replaces spot that
+  can be had (same instances, same speed, a third of the price); a target no fleet reaches
+  gets the fastest fleet. Among the fleets that keep pace it takes the
   one with the most useful work per dollar: multiples of the pace
   (``work_per_dollar_steps``) and the cheapest fleet per sample of a single offering (one
   big instance can beat many small ones 3x per sample while costing more per hour).
@@ -245,6 +248,14 @@ class Spotring:
                   else min(p.safety_hours, 0.25 * deadline_s / 3600))  # short jobs: a quarter
         target = max(left / (max(hours - safety, 0.5 * hours) * 3600), 1e-9)
         floor = deadline_floor(target, left, hours, od_rate, safety)
+        if v.deadline_s is None and floor > 0.0 and any(
+                c.offering.market == "spot" and c.max_count is None for c in cands):
+            # The job's own pace can no longer be kept even by on-demand at max_size (the
+            # soft floor is all or nothing at slack 0), but some spot zone has not failed
+            # us lately: spot runs the same instances as fast for a third of the price, so
+            # on-demand would buy no time, only cost. On-demand covers spot's gaps only:
+            # once every spot zone failed within avoid_s.
+            floor = 0.0
         kind = "deadline"
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             spot_only = tuple(c for c in cands if c.offering.market == "spot" or c.current)
@@ -255,7 +266,11 @@ class Spotring:
                        model_mb=p.model_mb, global_batch=p.global_batch, boot_s=p.boot_s,
                        reform_s=p.reform_s, churn_horizon_hours=p.churn_horizon_hours)
         plan = None
-        for scale in (1.0, 0.75, 0.5, 0.25, 0.0):
+        # Without a user's deadline, a target no fleet reaches (past its own deadline, or
+        # every spot zone capped after failing) gets the fastest fleet, not a fraction of the
+        # target (the job is late whatever it buys; the fractions made the fleet 15 -> 9 -> 16
+        # as the target grew on the 16-node trace). A user's deadline keeps the fractions.
+        for scale in ((1.0, 0.0) if v.deadline_s is None else (1.0, 0.75, 0.5, 0.25, 0.0)):
             try:
                 if scale == 0.0:  # nothing reachable: the most throughput the caps allow
                     prob = replace(prob, objective="max-throughput", target_samples_per_s=None,

@@ -240,3 +240,32 @@ def test_spotring_on_pace_for_a_hard_deadline_buys_no_on_demand():
     r = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
     assert r.deadline_met and r.completion_h <= 1.5 + 1e-9
     assert r.cost == pytest.approx(2.0, rel=1e-9)
+
+
+def _late_view(failed: dict) -> "View":
+    # 360,000 samples at the job's pace of 100/s set its own deadline at 1 h; at 0.9 h
+    # nothing is done: 360,000 left in 0.1 h. Even 4 on-demand instances (400/s) need 0.25 h,
+    # so the job's own deadline is lost whatever is bought.
+    from provisioner.policies import View
+    od = A.with_market("on-demand")
+    return View(t=3240.0, start=0.0, work=360_000, done=0.0, deadline_s=None,
+                prices={A: 1.0, od: 4.0}, held={}, failed=failed,
+                speed={"p3.2xlarge": 100.0}, running=False)
+
+
+def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
+    # Spot zone A has not failed lately: spot runs the same instances as fast for a quarter
+    # of the price, so the fastest fleet, 4 spot in A (max_size), not on-demand. (It bought
+    # 3 on-demand: the all-or-nothing soft floor at slack 0, at a quarter of a target that
+    # no fleet reaches.)
+    from provisioner.policies import Spotring
+    d = Spotring(params()).decide(_late_view({}))
+    assert dict(d.target) == {A: 4}
+
+
+def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
+    # Same, but A failed a launch 240 s ago (within avoid_s, 600 s): spot cannot be had now,
+    # so on-demand covers the gap, the fastest fleet: 4 on-demand.
+    from provisioner.policies import Spotring
+    d = Spotring(params()).decide(_late_view({A: 3000.0}))
+    assert dict(d.target) == {A.with_market("on-demand"): 4}
