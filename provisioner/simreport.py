@@ -29,13 +29,25 @@ ALL_POLICIES = tuple(POLICIES) + ("hindsight",)
 def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
             deadline_h: float | None, tick_s: float = 600.0, seed: int = 0) -> dict[str, Result]:
     """Simulate each named policy; hindsight last, over the deadline (or the completion time
-    of spotring, else of on-demand, else the whole trace). Raises UserError on a bad name or
-    on uniform-progress without a deadline."""
+    of spotring, else of on-demand, else the whole trace). Raises UserError on a bad name,
+    on uniform-progress without a deadline, and when on-demand or uniform-progress would run
+    with no on-demand price for the baselines' type."""
     for n in names:
         if n not in ALL_POLICIES:
             raise UserError(f"--policy {n!r}: unknown; choose from {', '.join(ALL_POLICIES)}")
     if "uniform-progress" in names and deadline_h is None:
         raise UserError("--policy uniform-progress needs --deadline HOURS (it is a deadline policy)")
+    od_users = [n for n in names if n in ("on-demand", "uniform-progress")]
+    od_types = sorted({o.instance_type for o in world.price if o.market == "on-demand"})
+    if od_users and params.itype not in od_types:
+        # checked before any policy runs (it used to fail half-way, as "on-demand: no
+        # on-demand price for p2.xlarge", after the policies before it had run)
+        raise UserError(
+            f"--policy {' and '.join(od_users)} need an on-demand price for {params.itype}, the "
+            f"baselines' instance type, and the traces hold none: pass --on-demand "
+            f"{params.itype}=USD_PER_HOUR (its list price), or --type one of the types that have "
+            f"one ({', '.join(od_types) or 'none'}), or leave {' and '.join(od_users)} out with "
+            f"--policy")
     out: dict[str, Result] = {}
     for n in names:
         if n != "hindsight":

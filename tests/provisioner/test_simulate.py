@@ -269,3 +269,17 @@ def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
     from provisioner.policies import Spotring
     d = Spotring(params()).decide(_late_view({A: 3000.0}))
     assert dict(d.target) == {A.with_market("on-demand"): 4}
+
+
+def test_a_baseline_type_without_an_on_demand_price_is_refused_up_front_with_the_fix():
+    # Spot prices only (no on-demand in the quotes, no --on-demand): the on-demand baseline
+    # cannot run; say so before any policy runs, naming the flag and the type.
+    from provisioner.simreport import run_all
+    quotes = (PriceQuote(A, at(0), 1.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    with pytest.raises(UserError, match=r"--on-demand p3\.2xlarge=USD_PER_HOUR"):
+        run_all(world, ["spotring", "on-demand", "hindsight"], params(), work=1000,
+                deadline_h=None)
+    r = run_all(world, ["spotring", "hindsight"], params(), work=360_000, deadline_h=None)
+    assert r["spotring"].cost == pytest.approx(1.0, rel=1e-3)  # 1 h of spot A at $1/h
