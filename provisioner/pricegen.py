@@ -145,7 +145,8 @@ def generate(params: GeneratorParams = GeneratorParams(), start: datetime = DEFA
 
 #: Spot prices used for availability-only traces: instance type -> (spot base, on-demand).
 FILL_PRICES = {"p3.2xlarge": (0.918, 3.06), "p3.16xlarge": (7.344, 24.48),
-               "p2.xlarge": (0.27, 0.90), "p2.16xlarge": (4.32, 14.40)}
+               "p2.xlarge": (0.27, 0.90), "p2.8xlarge": (2.16, 7.20),
+               "p2.16xlarge": (4.32, 14.40)}
 
 
 def fill_prices(snapshot: Snapshot, params: GeneratorParams = GeneratorParams()) -> Snapshot:

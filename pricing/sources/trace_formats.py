@@ -93,7 +93,7 @@ AZ_ID_REGIONS = {
 }
 #: Can't-Be-Late file-name tokens -> instance type.
 CANT_BE_LATE_TYPES = {"v100_1": "p3.2xlarge", "v100_8": "p3.16xlarge", "k80_1": "p2.xlarge",
-                      "k80_8": "p2.16xlarge", "intel_64": "r5.16xlarge", "c3-88": "c3-highcpu-88"}
+                      "k80_8": "p2.8xlarge", "intel_64": "r5.16xlarge", "c3-88": "c3-highcpu-88"}
 
 
 class _Offerings:

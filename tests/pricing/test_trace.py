@@ -233,3 +233,17 @@ def test_make_source_trace_replays_and_sanitizes(tmp_path, monkeypatch):
         make_source("trace")
     with pytest.raises(ValueError, match="source kind"):
         make_source("azure")
+
+
+def test_cant_be_late_tokens_name_types_with_that_gpu_and_count():
+    """``<gpu>_<n>`` in a Can't-Be-Late file name is n GPUs of that model (k80_8 is
+    p2.8xlarge, 8 K80s; p2.16xlarge has 16)."""
+    from pricing.catalog import canonical_gpu, gpu_for
+    from pricing.sources.trace_formats import CANT_BE_LATE_TYPES
+
+    for token, itype in CANT_BE_LATE_TYPES.items():
+        gpu, _, count = token.rpartition("_")
+        spec = gpu_for(itype)
+        if gpu in ("k80", "v100"):
+            assert spec is not None, itype
+            assert (spec.model, spec.count) == (canonical_gpu(gpu), int(count)), (token, itype)
