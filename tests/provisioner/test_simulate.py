@@ -81,9 +81,10 @@ def test_spotring_loses_at_most_one_step_on_a_revocation():
     # 100/s = 7,200 s. It holds a (two instances for the first 10 minutes: one instance's
     # hazard-discounted rate is a hair below the pace, then one), loses one 1-s step of
     # 100/s at 0.75 h, re-plans at once away from a (avoided) and finishes in b by 7,200 s,
-    # before cheapest-first's 8,160 s; its only loss is that one step.
+    # before cheapest-first's 8,160 s; its only loss is that one step. (No banking ahead of
+    # the line, bank_hours 0: that is tested on its own below.)
     world = two_zone_world((0.75, 9.0))
-    r = simulate_policy(world, "spotring", params(), work=720_000)
+    r = simulate_policy(world, "spotring", params(bank_hours=0.0), work=720_000)
     assert r.revocations == 1 and r.work_lost == pytest.approx(100)
     assert r.completion_h <= 7200 / 3600 + 1e-9
     # cost = every sample paid at its zone's price per sample (no boot): a ran 2 x 600 s +
@@ -283,3 +284,82 @@ def test_a_baseline_type_without_an_on_demand_price_is_refused_up_front_with_the
                 deadline_h=None)
     r = run_all(world, ["spotring", "hindsight"], params(), work=360_000, deadline_h=None)
     assert r["spotring"].cost == pytest.approx(1.0, rel=1e-3)  # 1 h of spot A at $1/h
+
+
+SMALL_B = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
+
+
+def _ahead_view(done: float, held: dict, t: float = 1800.0) -> "View":
+    # 360,000 samples at the job's pace (1 x 100/s) set its own deadline at 1 h; at 0.5 h the
+    # progress line is at 180,000. p3.2xlarge in A ($1/h, 100/s) failed a launch 100 s ago
+    # (so none can be had); p2.xlarge in the same zone does the same 100/s for $1.5/h: 1.5x
+    # the cost per sample (same hazard, same loss), beyond the 1.10 tolerance.
+    from provisioner.policies import View
+    return View(t=t, start=0.0, work=360_000, done=done, deadline_s=None,
+                prices={A: 1.0, SMALL_B: 1.5}, held=held, failed={A: t - 100.0},
+                speed={"p3.2xlarge": 100.0, "p2.xlarge": 100.0}, running=True)
+
+
+def test_spotring_ahead_of_its_line_waits_for_the_cheapest_per_sample_instead_of_buying_dearer():
+    # 200,000 done at 0.5 h: ahead of the line (180,000), so the work due is done and waiting
+    # for A is free: nothing bought (p2.xlarge would cost 1.5x per sample). 150,000 done:
+    # behind; 210,000 left in 1,800 s needs 116.7/s: 2 p2.xlarge.
+    from provisioner.policies import Spotring
+    assert dict(Spotring(params()).decide(_ahead_view(200_000, {})).target) == {}
+    assert dict(Spotring(params()).decide(_ahead_view(150_000, {})).target) == {SMALL_B: 2}
+
+
+def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line():
+    # Holding 1 p2.xlarge bought while behind: it goes only once the work is churn_horizon
+    # (0.1 h = 360 s) ahead of the line, 360,000 x 2,160 / 3,600 = 216,000 at 0.5 h, else it
+    # would be dropped at the line and booted again at the next tick. 200,000 done: kept
+    # (160,000 left in 1,800 s: 88.9/s, one); 220,000 done: dropped.
+    from provisioner.policies import Spotring
+    p = params(churn_horizon_hours=0.1)
+    assert dict(Spotring(p).decide(_ahead_view(200_000, {SMALL_B: 1})).target) == {SMALL_B: 1}
+    assert dict(Spotring(p).decide(_ahead_view(220_000, {SMALL_B: 1})).target) == {}
+
+
+class _Swap:
+    """Holds 4 small instances, then asks every time for one big one (out of capacity)."""
+
+    name, mode = "swap", "hot"
+
+    def __init__(self, p) -> None:
+        pass
+
+    def decide(self, v):
+        from provisioner.policies import Decision
+        return Decision({A: 4} if not v.held else {BIG: 1})
+
+
+def test_a_replacement_launch_without_capacity_keeps_every_instance_it_was_to_replace(monkeypatch):
+    # 4 x p3.2xlarge in A ($1/h, 100/s each) are held; from the first tick (600 s) the policy
+    # wants 1 p3.8xlarge (400/s) instead, in a zone with no capacity. Make before break: the
+    # missing launch was worth 400/s, so all 4 (400/s) stay: 1.44e6 samples at 400/s = 1 h,
+    # $4.00, 4 launches. (Keeping one per missing launch tore 3 down at every try.)
+    from provisioner.policies import POLICIES
+    monkeypatch.setitem(POLICIES, "swap", _Swap)
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), 2.0, 20.0))
+    av = (Availability(A, at(0), 100), Availability(BIG, at(0), 0),
+          Availability(A, at(10), 100), Availability(BIG, at(10), 0))
+    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": 400.0})
+    world = build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+    r = simulate_policy(world, "swap", params(max_size=16), work=1.44e6)
+    assert r.completion_h == pytest.approx(1.0)
+    assert r.cost == pytest.approx(4.0, rel=1e-9) and r.launches == 4
+
+
+def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_fallback():
+    # Same job, A free now (no failure), 200,000 done at 0.5 h: the pace needs 160,000 in
+    # 1,800 s = 88.9/s, one A. With p2.xlarge (1.5x per sample) what an outage of A would
+    # leave, spotring banks bank_hours (0.5 h) of its pace with A: due 360,000 x min(1,
+    # (1,800 + 1,800) / 3,600) = 360,000, 160,000 short, within the churn horizon (0.25 h =
+    # 900 s): 177.8/s, two A. With A the only hardware there is nothing to bank against: one.
+    from dataclasses import replace as dc_replace
+    from provisioner.policies import Spotring
+    p = params(bank_hours=0.5, churn_horizon_hours=0.25)
+    v = dc_replace(_ahead_view(200_000, {}), failed={})
+    assert dict(Spotring(p).decide(v).target) == {A: 2}
+    only_a = dc_replace(v, prices={A: 1.0})
+    assert dict(Spotring(p).decide(only_a).target) == {A: 1}
