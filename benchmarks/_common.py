@@ -91,9 +91,31 @@ def spawn(args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
     )
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
 def stop(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
-    """Send ``sig`` to each child's process group, wait ``grace`` s, then SIGKILL the rest."""
+    """Send ``sig`` to each child's process group, wait ``grace`` s, then SIGKILL the rest.
+
+    Descendants in sessions of their own are reached too: torchrun's agent starts every rank
+    with ``start_new_session``, so a SIGKILL to the agent's group alone left its ranks
+    training (and appending metrics) after the benchmark ended. They are collected before
+    anything is signalled and SIGKILLed at the end if still alive.
+    """
     procs = list(procs)
+    below = [d for p in procs if p.poll() is None for d in descendants(p.pid)[1:]]
     for p in procs:
         if p.poll() is None:
             try:
@@ -110,6 +132,11 @@ def stop(procs: Iterable[subprocess.Popen], sig: int = signal.SIGTERM, grace: fl
             except ProcessLookupError:
                 pass
             p.wait()
+    for pid in below:  # ranks in sessions of their own (torchrun): never left running
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05) -> None:

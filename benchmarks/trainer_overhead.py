@@ -41,26 +41,12 @@ import time
 from pathlib import Path
 
 from _common import (
-    DEFAULT_JOB, PYTHON, digits_env, emit, free_port, read_jsonl, setup_logging, spawn, stop,
+    DEFAULT_JOB, PYTHON, descendants, digits_env, emit, free_port, read_jsonl, setup_logging,
+    spawn, stop,
     torchrun, wait_for,
 )
 
 log = logging.getLogger("benchmarks.overhead")
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from /proc's children lists)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-    return out
 
 
 def signal_all(procs: list[subprocess.Popen], sig: int) -> None:
