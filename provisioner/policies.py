@@ -268,17 +268,16 @@ class Spotring:
             spot_only = tuple(c for c in cands if c.offering.market == "spot" or c.current)
             cands = [c for c in spot_only] or cands
             line_s = deadline_s - safety * 3600
-            good = _ahead_offerings(cands, v, line_s, p.ahead_tolerance,
-                                    p.churn_horizon_hours * 3600)
             cheap = _good_offerings(cands, p.ahead_tolerance)
+            good = _ahead_offerings(cheap, v, line_s, p.churn_horizon_hours * 3600)
             if p.bank_hours > 0 and line_s > 0 and any(
                     c.max_count is None and c.offering in cheap for c in cands) and any(
                     c.offering.market == "spot" and c.offering not in cheap for c in cands):
                 # the cheapest capacity per sample is there, and dearer spot is what an
                 # outage of it would leave: bank bank_hours of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
-                due = v.work * min(1.0, (max(v.t - v.start, 0.0) + p.bank_hours * 3600) / line_s)
-                bank = (due - v.done) / (p.churn_horizon_hours * 3600)
+                bank = ((_due(v, line_s, p.bank_hours * 3600) - v.done)
+                        / (p.churn_horizon_hours * 3600))
                 if bank > target:
                     target, good = bank, cheap
             if good is not None:
@@ -333,24 +332,29 @@ class Spotring:
         return Decision(dict(plan.counts))
 
 
-def _ahead_offerings(cands, v: View, line_s: float, tolerance: float,
-                     lead_s: float) -> set | None:
-    """The offerings worth buying while ahead of the progress line, else None (behind).
+def _due(v: View, line_s: float, lead_s: float = 0.0) -> float:
+    """Samples due ``lead_s`` from now on the progress line that reaches ``v.work`` at
+    ``line_s`` after the start (Uniform Progress' line)."""
+    return v.work * min(1.0, (max(v.t - v.start, 0.0) + lead_s) / line_s)
+
+
+def _ahead_offerings(good: set, v: View, line_s: float, lead_s: float) -> set | None:
+    """``good`` (the offerings worth buying while ahead of the progress line, from
+    :func:`_good_offerings`) when ahead, else None (behind).
 
     Ahead: done >= work x elapsed / ``line_s`` (Uniform Progress' line to the deadline less
     the safety margin; for the job's own pace, to its own deadline). Then the work due now is
     done, and waiting for the cheapest capacity per sample costs nothing, so only offerings
-    whose cost per sample is within ``tolerance`` of the best priced one (held, free
+    whose cost per sample is within the tolerance of the best priced one (held, free
     or out of capacity) are worth buying: on aws-10-26-2022 p2.xlarge ($0.94 per 1M samples)
     kept the pace while p3.2xlarge ($0.64) was out, and its boots and premium were a third of
     spotring's excess over hindsight. Behind the line, every offering may help catch up."""
-    good = _good_offerings(cands, tolerance)
     if not good or line_s <= 0:
         return None
     # hysteresis: a fleet holding worse offerings (bought while behind) lets them go only
     # once ``lead_s`` ahead of the line, else they would go and be booted again every tick
     lead = lead_s if any(n > 0 and o not in good for o, n in v.held.items()) else 0.0
-    if v.done < v.work * min(1.0, (max(v.t - v.start, 0.0) + lead) / line_s):
+    if v.done < _due(v, line_s, lead):
         return None
     return good
 
