@@ -178,10 +178,18 @@ def default_base_slowdown(factors: list[float], cores: int, load: float = 0.0) -
     return round(max(1.0, demand, sharing), 2)
 
 
+OVERRUN = 1.05  # a step measured more than 5 % over its device time: the emulation did not hold
+
+
+def device_ratios(records: list[dict[str, Any]], device_s) -> list[float]:
+    """Measured compute / device time of each of one worker's metrics records that had
+    samples; ``device_s(batch)`` is that worker's device time."""
+    return [r["compute_s"] / device_s(r["batch"]) for r in records if r.get("batch")]
+
+
 def fidelity(records: list[dict[str, Any]], device_s) -> tuple[float, float]:
-    """``(median measured compute / device time, share of steps more than 5 % over)`` for one
-    worker's metrics records; ``device_s(batch)`` is that worker's device time."""
-    ratios = sorted(r["compute_s"] / device_s(r["batch"]) for r in records if r.get("batch"))
+    """``(median of device_ratios, share of steps over OVERRUN)`` for one worker's records."""
+    ratios = sorted(device_ratios(records, device_s))
     if not ratios:
         return float("nan"), 0.0
-    return ratios[len(ratios) // 2], sum(r > 1.05 for r in ratios) / len(ratios)
+    return ratios[len(ratios) // 2], sum(r > OVERRUN for r in ratios) / len(ratios)

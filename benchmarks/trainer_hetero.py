@@ -87,8 +87,8 @@ from _common import (  # noqa: E402
     stop, torchrun, wait_for,
 )
 from device import (  # noqa: E402
-    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, default_base_slowdown, device_env,
-    parse_device_ms,
+    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, OVERRUN, default_base_slowdown,
+    device_env, device_ratios, parse_device_ms,
 )
 from trainer.batching import LinearFit, optimal_sizes  # noqa: E402
 from trainer.job import load_job  # noqa: E402
@@ -256,9 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     idle_no_eval = [records[n][s]["wait_s"] / records[n][s]["step_s"]
                     for n in names for s in late if s not in after_eval
                     and records[n][s].get("step_s")]
-    ratio = {n: [records[n][s]["compute_s"] / truth[n].time(records[n][s]["batch"])
-                 for s in late if records[n][s]["batch"] > 0] for n in names}
-    overrun = statistics.fmean(r > 1.05 for n in names for r in ratio[n])
+    ratio = {n: device_ratios([records[n][s] for s in late], truth[n].time) for n in names}
+    overrun = statistics.fmean(r > OVERRUN for n in names for r in ratio[n])
     if overrun > 0.1:
         log.warning("the emulated devices did not hold: real compute overran the device time "
                     "in %.0f%% of the steps (load %.1f); raise --base-slowdown", 100 * overrun,

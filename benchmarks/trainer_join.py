@@ -69,7 +69,7 @@ from _common import (
     steps_by_number, stop, torchrun, wait_for,
 )
 from device import (
-    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_LINE, default_base_slowdown, device_env, fidelity,
+    DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, default_base_slowdown, device_env, fidelity,
     parse_device_ms,
 )
 
@@ -113,7 +113,7 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
         recs = steps_by_number(ring.metrics(names[0]))
     fid = None
     if args.device:
-        fixed_s, per_sample_s = (float(v) for v in args.device[ENV_LINE].split(","))
+        fixed_s, per_sample_s = args.line
         fid = fidelity(list(recs.values()), lambda b: fixed_s + per_sample_s * b)
     args.window = window  # the baseline is measured over the same window length
     ordered = sorted(recs.values(), key=lambda r: r["t"])
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             [1.0] * (args.workers + args.joiners), os.cpu_count() or 1, load)
         if k < 1.0:
             ap.error(f"--base-slowdown {k}: must be >= 1")
-        args.device = device_env(args.job, k * fixed_s, k * per_sample_s)
+        args.line = (k * fixed_s, k * per_sample_s)
+        args.device = device_env(args.job, *args.line)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-join-"))
     spot = spotring_phase(args, workdir / "ring")
     boot = agent_boot_s()
