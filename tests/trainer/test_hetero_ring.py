@@ -93,10 +93,13 @@ def test_fitted_batches_follow_the_speed_ratio(tmp_path):
         assert fast[s]["batch"] >= 1 and slw[s]["batch"] >= 1
     tail = [s for s in steps[-12:] if fast[s]["samples"] == GLOBAL_BATCH]
     # The fast worker takes most of the batch: equal sizes would be 1.0; the optimum is 4
-    # plus 3 a/c (the fixed cost per step a counts 4x on the slow one), about 5-9 here...
+    # plus 3 a/c (the fixed cost per step a counts 4x on the slow one). a/c is the machine's
+    # (5-9 on a quiet one, 20 seen on a loaded CI host), so no fixed upper bound here: taking
+    # too much is caught by the compute balance below...
     ratio = statistics.median(fast[s]["batch"] / slw[s]["batch"] for s in tail)
-    assert 2.5 <= ratio <= 20.0, ratio
-    # ...and the two finish their compute together (equal sizes would give 0.25).
+    assert ratio >= 2.5, ratio
+    # ...the two finish their compute together (equal sizes would give 0.25, a fast worker
+    # that took too much more than 2).
     finish = statistics.median(fast[s]["compute_s"] / slw[s]["compute_s"] for s in tail)
     assert 0.5 <= finish <= 2.0, finish
     # Sizes settle: late steps move far less than the whole batch.
