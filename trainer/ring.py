@@ -136,6 +136,26 @@ def allreduce(pg: Any, tensor: torch.Tensor, should_abort: Callable[[], bool]) -
          sliced=isinstance(pg, dist.ProcessGroupGloo))
 
 
+def send(pg: Any, tensors: list[tuple[torch.Tensor, int, int]],
+         should_abort: Callable[[], bool]) -> None:
+    """Send each ``(tensor, dst, tag)`` point-to-point, all posted at once, and wait for all.
+
+    The waits run whole on a helper thread (bounded by the group's timeout): gloo closes the
+    pair when a ``Work.wait(timeout)`` slice of a send or receive runs out, so the sliced wait
+    of the collectives cannot serve here. Raises :class:`RingBroken` when a peer dies, the
+    group's timeout passes, or ``should_abort()`` turns true while waiting.
+    """
+    works = [(pg.send([t], dst, tag), dst) for t, dst, tag in tensors]
+    for work, dst in works:
+        _run_abortable(work.wait, should_abort, f"send to rank {dst}")
+
+
+def recv(pg: Any, tensor: torch.Tensor, src: int, tag: int,
+         should_abort: Callable[[], bool]) -> None:
+    """Receive ``tensor`` in place from rank ``src`` (waits as :func:`send`)."""
+    _run_abortable(pg.recv([tensor], src, tag).wait, should_abort, f"recv from rank {src}")
+
+
 def broadcast(pg: Any, tensor: torch.Tensor, src: int, should_abort: Callable[[], bool]) -> None:
     """Broadcast ``tensor`` in place from rank ``src``. Raises :class:`RingBroken`."""
     opts = dist.BroadcastOptions()

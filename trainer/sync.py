@@ -4,10 +4,12 @@ Design: the state is one picklable dict (parameters, optimiser state, step, epoc
 cursor, RNG states, the batch planner's speed model and sizes). After a generation forms,
 its members all-reduce a tiny table (each rank fills its own row: committed step, fresh
 flag). The source is the lowest rank holding the highest committed step (with the commit
-rule, members can differ by at most the one step that completed on some members only). When
-any member is fresh or the steps differ, the source serialises the state with
-``torch.save`` into memory and broadcasts its length and bytes over the new group; every
-member loads the same bytes, so all hold bitwise-identical parameters afterwards.
+rule, members can differ by at most the one step that completed on some members only). The
+members that lack that step (joiners, and after a failure any member one step behind) are
+the receivers: the source serialises the state with ``torch.save`` into memory once and
+sends its length and bytes point-to-point to each receiver, all sends posted at once. The
+members that already hold the step receive nothing and go straight on; with the commit rule
+the same step means the same bits, so all hold bitwise-identical parameters afterwards.
 
 Rule for callers: call :func:`sync_state` on every member of a new generation, right after
 the group forms and before the first step.
@@ -28,6 +30,8 @@ import torch
 from trainer import ring
 
 log = logging.getLogger(__name__)
+
+_TAG_LENGTH, _TAG_STATE = 1, 2  # point-to-point tags of the state's length and bytes
 
 
 def checksum(model: torch.nn.Module) -> str:
@@ -81,33 +85,42 @@ def sync_state(
 
     ``step``: this member's committed step (ignored when ``fresh``). ``initial``: the first
     generation of the job, where every member is fresh and rank 0's freshly built state is
-    the one everybody takes. ``get_state`` builds the
-    state dict (called on the source only). Returns ``(state, src, nbytes)``: the state this
-    member must load (None when this member already holds the newest step: with the commit
-    rule, the same step means the same bits), the source rank and the bytes sent. Raises :class:`ring.RingBroken` on failure.
+    the one everybody takes. ``get_state`` builds the state dict (called on the source only,
+    and only when some member lacks the newest step). Returns ``(state, src, nbytes)``: the
+    state this member must load (None when it already holds the newest step: with the commit
+    rule, the same step means the same bits), the source rank, and the state bytes this
+    member sent (the source: the sum over its receivers) or received (0 for the others).
+    Raises :class:`ring.RingBroken` on failure.
     """
     table = torch.zeros(world, 2, dtype=torch.float64)
     table[rank, 0] = -1 if fresh else step
     table[rank, 1] = 1 if fresh else 0
     ring.allreduce(pg, table, should_abort)
     steps = [int(s) for s in table[:, 0].tolist()]
-    any_fresh = bool(table[:, 1].sum().item() > 0)
+    fresh_ranks = [bool(f) for f in table[:, 1].tolist()]
     best = max(steps)
     if best < 0 and initial:
         best = steps[0]
     elif best < 0:
         raise ring.RingBroken("no member of the new generation holds the training state")
     src = steps.index(best)
-    if not any_fresh and min(steps) == best:
+    receivers = [r for r in range(world)
+                 if r != src and (fresh_ranks[r] or steps[r] != best)]
+    if not receivers:
         return None, src, 0
+    if rank == src:
+        payload = dumps(get_state())
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+        ring.send(pg, [(t, dst, tag) for dst in receivers
+                       for t, tag in ((length, _TAG_LENGTH), (payload, _TAG_STATE))],
+                  should_abort)
+        log.info("state sent", extra={"src": src, "to": receivers,
+                                      "bytes": payload.numel(), "steps": steps})
+        return None, src, payload.numel() * len(receivers)
+    if rank not in receivers:
+        return None, src, 0  # holds the newest step already: nothing travels to it
     length = torch.zeros(1, dtype=torch.int64)
-    payload = dumps(get_state()) if rank == src else None
-    if payload is not None:
-        length[0] = payload.numel()
-    ring.broadcast(pg, length, src, should_abort)
-    data = payload if payload is not None else torch.empty(int(length.item()), dtype=torch.uint8)
-    ring.broadcast(pg, data, src, should_abort)
-    log.info("state synced", extra={"src": src, "bytes": int(length.item()), "steps": steps})
-    if not fresh and step == best:
-        return None, src, int(length.item())  # this member already holds these bits
-    return loads(data), src, int(length.item())
+    ring.recv(pg, length, src, _TAG_LENGTH, should_abort)
+    data = torch.empty(int(length.item()), dtype=torch.uint8)
+    ring.recv(pg, data, src, _TAG_STATE, should_abort)
+    return loads(data), src, data.numel()
