@@ -407,10 +407,9 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     cur = _current(cands)
     remove = _removal(p, cur)
     deadline = time.perf_counter() + limit
-    raw = None
     if p.target_samples_per_s and p.objective != "max-throughput":
-        try:
-            raw = _raw_target(p.target_samples_per_s, _t_comm(n_guess, p, gbps), p, "target")
+        try:  # a target no fleet can reach: the caller reports the infeasible row
+            _raw_target(p.target_samples_per_s, _t_comm(n_guess, p, gbps), p, "target")
         except InfeasibleError:
             return None
 
@@ -450,7 +449,7 @@ def _block_lp_bounds(models: Mapping[str, _Model], limit: float) -> dict[str, fl
     a penalised slack on every lower-bounded row keeps an infeasible block from making the
     whole LP infeasible (a block that needs its slack gets bound None: infeasible).
     """
-    cs, lbs, ubs, rows, slack_of = [], [], [], [], {}
+    cs, lbs, ubs, rows = [], [], [], []
     off = 0
     big = 1e6 * (1.0 + max((float(np.abs(m.c).max()) for m in models.values()), default=1.0))
     keys = list(models)
