@@ -96,10 +96,10 @@ class Params:
     # plan with the lower cost per useful sample (the design's "useful work per dollar")
     ahead_tolerance: float = 1.10  # spotring ahead of its progress line buys only offerings
     # whose cost per sample is within this factor of the best one priced (held or not)
-    bank_hours: float = 4.0  # while the cheapest hardware per sample is free and dearer spot
-    # is the alternative, spotring gets this far ahead of its line with it (within the churn
-    # horizon), to wait through its outages (aws-10-26-2022: 2 / 4 / 8 h -> 1.090 / 1.078 /
-    # 1.094x hindsight; 0 -> 1.117x)
+    bank_hours: float | None = None  # while the cheapest hardware per sample is free and
+    # dearer spot is the alternative, spotring gets this far ahead of its line with it (within
+    # the churn horizon), to wait through its outages. None: learned online from the outages
+    # of that hardware seen so far (OutageLog.bank_s); a number fixes it (0: no banking)
 
 
 def _cheapest(prices: Mapping[Offering, float], itype: str, market: str,
@@ -211,6 +211,38 @@ class UniformProgress:
         return Decision({od[0]: self.p.size} if od else {})
 
 
+@dataclass
+class OutageLog:
+    """The outages of the cheapest hardware per sample, as a policy sees them (pure).
+
+    An outage starts at a failure of that hardware (a revocation or a launch that found no
+    capacity) while none of it is held, and ends at the next decision that holds some again.
+    Only what was observable by then is used: the online counterpart of a fixed knob.
+    """
+
+    since: float | None = None
+    back: float = float("-inf")  # when the last outage ended: older failures are its own
+    lengths: list[float] = field(default_factory=list)
+
+    def observe(self, t: float, held: bool, last_failure: float | None) -> None:
+        """One decision at ``t``: whether the hardware is held, and its newest failure."""
+        if held:
+            if self.since is not None:
+                self.lengths.append(t - self.since)
+                self.since, self.back = None, t
+        elif self.since is None and last_failure is not None and last_failure > self.back:
+            self.since = last_failure
+
+    def bank_s(self, t: float) -> float:
+        """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
+        outages seen (the one still running counted at its length so far): the expected
+        length of the outage that a moment spent out of the hardware belongs to, which is
+        what a bank spent waiting has to cover. 0 before any outage is seen."""
+        ds = self.lengths + ([t - self.since] if self.since is not None else [])
+        total = sum(ds)
+        return sum(d * d for d in ds) / total if total > 0 else 0.0
+
+
 class Spotring:
     """Our optimiser with hot reconfiguration."""
 
@@ -219,6 +251,7 @@ class Spotring:
     def __init__(self, p: Params, default_hazard: float = 0.1) -> None:
         self.p = p
         self.default_hazard = default_hazard
+        self.outages = OutageLog()
 
     def decide(self, v: View) -> Decision:
         p = self.p
@@ -270,13 +303,18 @@ class Spotring:
             line_s = deadline_s - safety * 3600
             cheap = _good_offerings(cands, p.ahead_tolerance)
             good = _ahead_offerings(cheap, v, line_s, p.churn_horizon_hours * 3600)
-            if p.bank_hours > 0 and line_s > 0 and any(
+            fails = [v.failed[o] for o in cheap if o in v.failed]
+            self.outages.observe(v.t, any(v.held.get(o, 0) > 0 for o in cheap),
+                                 max(fails) if fails else None)
+            bank_s = (self.outages.bank_s(v.t) if p.bank_hours is None
+                      else p.bank_hours * 3600)
+            if bank_s > 0 and line_s > 0 and any(
                     c.max_count is None and c.offering in cheap for c in cands) and any(
                     c.offering.market == "spot" and c.offering not in cheap for c in cands):
                 # the cheapest capacity per sample is there, and dearer spot is what an
-                # outage of it would leave: bank bank_hours of the pace with the cheap one
+                # outage of it would leave: bank bank_s of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
-                bank = ((_due(v, line_s, p.bank_hours * 3600) - v.done)
+                bank = ((_due(v, line_s, bank_s) - v.done)
                         / (p.churn_horizon_hours * 3600))
                 if bank > target:
                     target, good = bank, cheap

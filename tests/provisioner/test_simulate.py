@@ -363,3 +363,36 @@ def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_f
     assert dict(Spotring(p).decide(v).target) == {A: 2}
     only_a = dc_replace(v, prices={A: 1.0})
     assert dict(Spotring(p).decide(only_a).target) == {A: 1}
+
+
+def test_spotring_learns_the_bank_from_the_outages_it_saw():
+    # bank_hours None (the default): the bank is learned. Before any outage of A is seen
+    # there is nothing to bank for: one A keeps the pace. After a 0.5 h outage the learned
+    # bank is 0.5 h (1,800^2 / 1,800 s) and the decision is the fixed 0.5 h one above: two A.
+    from dataclasses import replace as dc_replace
+    from provisioner.policies import Spotring
+    p = params(churn_horizon_hours=0.25)
+    assert p.bank_hours is None
+    v = dc_replace(_ahead_view(200_000, {}), failed={})
+    assert dict(Spotring(p).decide(v).target) == {A: 1}
+    seen = Spotring(p)
+    seen.outages.lengths.append(1800.0)
+    assert dict(seen.decide(v).target) == {A: 2}
+
+
+def test_outage_log_measures_outages_from_failure_to_holding_again():
+    from provisioner.policies import OutageLog
+    log = OutageLog()
+    log.observe(0.0, held=True, last_failure=None)
+    assert log.bank_s(0.0) == 0.0  # nothing seen: no bank
+    log.observe(100.0, held=False, last_failure=90.0)  # revoked at 90 s: out since then
+    log.observe(200.0, held=False, last_failure=150.0)  # a failed relaunch: the same outage
+    assert log.bank_s(1890.0) == pytest.approx(1800.0)  # the running one counts so far
+    log.observe(3690.0, held=True, last_failure=150.0)  # back: 3,600 s
+    log.observe(4000.0, held=False, last_failure=150.0)  # not held, but no new failure
+    assert log.lengths == [3600.0] and log.since is None
+    log.observe(5000.0, held=False, last_failure=4800.0)
+    log.observe(6000.0, held=True, last_failure=4800.0)
+    # length-biased mean: (3,600^2 + 1,200^2) / (3,600 + 1,200) = 3,000 s
+    assert log.lengths == [3600.0, 1200.0]
+    assert log.bank_s(6000.0) == pytest.approx(3000.0)
