@@ -50,6 +50,7 @@ __all__ = [
     "fit",
     "gpu_priors",
     "gradient_weight",
+    "head_start",
     "makespan",
     "observe",
     "optimal_sizes",
@@ -276,6 +277,31 @@ def optimal_sizes(lines: Mapping[str, LinearFit], global_batch: int) -> dict[str
     optimum by tests and benchmarks.
     """
     return _round_minimax(lines, solve_continuous(lines, global_batch), global_batch)
+
+
+def head_start(model: SpeedModel, sizes: Mapping[str, int], busy: Mapping[str, float]
+               ) -> dict[str, int]:
+    """Sizes for one step in which some members are busy ``busy[m]`` seconds before they can
+    start computing (the member that evaluates the model at an epoch end): the same total
+    re-split so that every member's busy time plus compute time ends together, on the fitted
+    lines. Members with size 0 keep 0. Returns ``sizes`` unchanged when nobody is busy, a
+    member has no fitted line yet, or fewer than two members compute. Pure.
+    """
+    for m, x in sorted(busy.items()):
+        if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
+            raise ValueError(f"busy[{m!r}]={x!r}: must be a finite number of seconds >= 0")
+    active = sorted(m for m, b in sizes.items() if b > 0)
+    if len(active) < 2 or not any(busy.get(m, 0.0) > 0 for m in active):
+        return dict(sizes)
+    lines: dict[str, LinearFit] = {}
+    for m in active:
+        line = fit(model, m)
+        if line is None:
+            return dict(sizes)
+        lines[m] = replace(line, fixed_s=line.fixed_s + busy.get(m, 0.0))
+    out = dict(sizes)
+    out.update(optimal_sizes(lines, sum(sizes[m] for m in active)))
+    return out
 
 
 def equal_sizes(members: Sequence[str], global_batch: int) -> dict[str, int]:

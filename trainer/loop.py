@@ -49,7 +49,8 @@ from trainer.sampler import CursorState, epoch_order, scale_sizes, split
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_JOB, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_LOST = 0, 2, 3, 4, 5
-ROW = 4  # per-member row in the reduction: batch, compute_s, latest generation seen, loss*b
+ROW = 5  # per-member row in the reduction: batch, compute_s, latest generation seen, loss*b,
+# and the seconds of its last evaluation (rank 0's: the head start of the step after the next)
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 
@@ -116,6 +117,7 @@ class Worker:
         self._samples_per_s = 0.0
         self._batch = 0
         self._per_sample: list[float] = []  # recent compute s/sample, for --slowdown
+        self._eval_s = 0.0  # how long this worker's last evaluation took
         self._files: dict[Path, Any] = {}
 
     # -- entry ---------------------------------------------------------------------------
@@ -278,6 +280,7 @@ class _Member:
         self.buf: torch.Tensor | None = None
         self.nparams = 0
         self.grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # (param, its view)
+        self.busy_s = 0.0  # rank 0's head start in the next step (it evaluates first)
 
     def _broken(self, generation: int) -> bool:
         """Is ``generation`` declared broken? The heartbeat thread's cached answer while it
@@ -382,6 +385,7 @@ class _Member:
         self.pg = ring.form_group(self.store, gen, rank, len(plan.members),
                                   cfg.collective_timeout_s, lambda: self._broken(gen))
         self.rank = rank
+        self.busy_s = 0.0  # a new generation: no evaluation is pending in it
         state, src, nbytes = sync.sync_state(self.pg, rank, len(plan.members), w.step,
                                              self.fresh, w.state, lambda: self._broken(gen),
                                              initial=gen == 1)
@@ -448,6 +452,11 @@ class _Member:
         total = w.cursor.step_total(len(job), job.global_batch)
         sizes = [w.sizes.get(k, 0) for k in keys]
         sizes = scale_sizes(sizes, total)
+        head_s = self.busy_s
+        if head_s > 0:  # rank 0 evaluated before this step: it takes fewer samples
+            fitted = batching.head_start(w.speed, dict(zip(keys, sizes)), {keys[0]: head_s})
+            sizes = [fitted[k] for k in keys]
+            self.busy_s = 0.0
         ids = split(w.order(), w.cursor, sizes)[self.rank]
         b = int(ids.numel())
         latest = self.hb.latest
@@ -473,7 +482,7 @@ class _Member:
         w._slow(time.perf_counter() - t0, b)
         compute_s = time.perf_counter() - t0
         rows = buf[self.nparams :].view(world, ROW)
-        rows[self.rank] = torch.tensor([b, compute_s, latest, loss_v * b])
+        rows[self.rank] = torch.tensor([b, compute_s, latest, loss_v * b, w._eval_s])
         t1 = time.perf_counter()
         ring.allreduce(self.pg, buf, lambda: self._broken(plan.generation))
         wait_s = time.perf_counter() - t1
@@ -497,14 +506,23 @@ class _Member:
         w._batch = b
         w._samples_per_s = b / compute_s if compute_s > 0 and b else w._samples_per_s
         self._plan_sizes(plan, timings)
-        if w.cursor.epoch != epoch_before and self.rank == 0 and job.evaluate is not None:
-            w.accuracy = float(job.evaluate(job.model).get("accuracy", float("nan")))
-            job.model.train()
+        if w.cursor.epoch != epoch_before and job.evaluate is not None:
+            # Rank 0 evaluates now, while the others start the next step: every member
+            # re-splits that step so rank 0 starts it that much later (its last evaluation's
+            # time, from the reduction: the same figure on every member) and all finish
+            # together. The first evaluation of a rank 0 has no figure yet: no head start.
+            self.busy_s = float(rows[0, 4])
+            if self.rank == 0:
+                t_eval = time.perf_counter()
+                w.accuracy = float(job.evaluate(job.model).get("accuracy", float("nan")))
+                job.model.train()
+                w._eval_s = time.perf_counter() - t_eval
         w.append(w.cfg.metrics_file, {
             "t": time.time(), "step": w.step, "generation": plan.generation, "world": world,
             "batch": b, "compute_s": round(compute_s, 6), "wait_s": round(wait_s, 6),
             "samples": total, "loss": loss_all, "step_s": round(step_s, 6),
-            "member": keys[self.rank], "epoch": w.cursor.epoch})
+            "member": keys[self.rank], "epoch": w.cursor.epoch,
+            "head_start_s": round(head_s, 6) if self.rank == 0 else 0.0})  # rank 0's only
         if self.rank == 0:
             stats = {"generation": plan.generation, "step": w.step, "epoch": w.cursor.epoch,
                      "samples_done": w.samples_done, "world": world, "loss": loss_all}

@@ -24,6 +24,7 @@ from trainer.batching import (
     fit,
     gpu_priors,
     gradient_weight,
+    head_start,
     makespan,
     observe,
     optimal_sizes,
@@ -374,3 +375,30 @@ def test_tracks_a_worker_that_slows_down_mid_run_within_20_steps():
     opt = optimal_sizes({m: LinearFit(a, c, 0) for m, (a, c) in true.items()}, 600)
     assert rel_error(plan.sizes, opt) <= 0.02, (plan.sizes, opt)
     assert plan.drop == ()
+
+
+# -- a head start for the member that evaluates ------------------------------------------
+
+
+def test_head_start_gives_the_busy_member_fewer_samples_so_all_end_together():
+    # Both members 1 ms per sample (one batch size seen: a line through the origin). Member
+    # a evaluates for 64 ms first: 0.064 + 0.001 b_a = 0.001 b_b, b_a + b_b = 256 ->
+    # b_a = 96, b_b = 160 (equal sizes would leave b waiting 64 ms).
+    model = observe(SpeedModel(), [StepTiming("a", 128, 0.128), StepTiming("b", 128, 0.128)])
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 0.064}) == {"a": 96, "b": 160}
+    # Busy longer than the whole step: the busy member keeps its one sample.
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 1.0}) == {"a": 1, "b": 255}
+    # A member with no share keeps none; the total stays that of the others (epoch tails).
+    assert head_start(model, {"a": 50, "b": 50, "c": 0}, {"a": 0.064}) == {
+        "a": 18, "b": 82, "c": 0}
+
+
+def test_head_start_changes_nothing_without_a_busy_member_or_a_fitted_line():
+    model = observe(SpeedModel(), [StepTiming("a", 128, 0.128)])
+    assert head_start(model, {"a": 128, "b": 128}, {}) == {"a": 128, "b": 128}
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 0.0}) == {"a": 128, "b": 128}
+    # b has never been measured (a joiner's first step): no line to split against
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 0.064}) == {"a": 128, "b": 128}
+    assert head_start(model, {"a": 256}, {"a": 0.064}) == {"a": 256}  # alone: nothing to split
+    with pytest.raises(ValueError, match=r"busy\['a'\]"):
+        head_start(model, {"a": 128, "b": 128}, {"a": float("nan")})
