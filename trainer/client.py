@@ -131,6 +131,7 @@ class Heartbeat:
         self.polled_at = 0.0  # monotonic time of the last successful poll
         self.stats: str | None = None  # rank 0's progress report, published when it changes
         self._stats_sent: str | None = None
+        self._stats_lock = threading.Lock()  # a send in flight never lands after a later one
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -139,6 +140,15 @@ class Heartbeat:
     def beat(self) -> None:
         """One heartbeat now (also used to show a dropped member woke up)."""
         self._store.add(mb.k_heartbeat(self._id), 1)
+
+    def publish_stats(self, stats: str) -> None:
+        """Publish ``stats`` now, from the caller's thread: the last report of a run. Taken
+        under the lock the thread sends under, so an older report the thread had already
+        read cannot overwrite it afterwards (it did: a finished run showed epoch 9 of 10)."""
+        with self._stats_lock:
+            self.stats = stats
+            self._store.set(mb.STATS, stats)
+            self._stats_sent = stats
 
     def is_broken(self, generation: int) -> bool:
         """The cached ``broken/<generation>`` flag (False until the thread has polled it)."""
@@ -161,10 +171,11 @@ class Heartbeat:
                 else:
                     self.latest = int(self._store.add(mb.LATEST, 0))
                 self.polled_at = time.monotonic()
-                stats = self.stats
-                if stats is not None and stats != self._stats_sent:
-                    self._store.set(mb.STATS, stats)
-                    self._stats_sent = stats
+                with self._stats_lock:
+                    stats = self.stats
+                    if stats is not None and stats != self._stats_sent:
+                        self._store.set(mb.STATS, stats)
+                        self._stats_sent = stats
                 if self._speed is not None and self.polled_at - last_speed >= 0.5:
                     last_speed = self.polled_at
                     self._store.set(mb.k_speed(self._id), json.dumps(self._speed()))

@@ -544,8 +544,8 @@ class _Member:
             w.accuracy = float(w.job.evaluate(w.job.model).get("accuracy", float("nan")))
         done = {"checksum": sync.checksum(w.job.model), "step": w.step,
                 "accuracy": w.accuracy}
-        if self.hb.stats is not None:
-            self.store.set(mb.STATS, self.hb.stats)
+        if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
+            self.hb.publish_stats(self.hb.stats)
         self.store.set(mb.k_done(self.id), json.dumps(done))
         self.store.add("dones", 1)
         log.info("finished at step %d", w.step, extra=done)

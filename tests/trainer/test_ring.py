@@ -160,10 +160,17 @@ def test_storm_half_killed_the_rest_finish(scenario: dict[str, Any]) -> None:
 
 def test_each_sample_exactly_once_per_epoch(scenario: dict[str, Any]) -> None:
     counts = per_epoch_counts(scenario["samples"])
-    assert sorted(counts) == list(range(EPOCHS))
+    assert sorted(counts) == list(range(EPOCHS)), sorted(counts)
+
+    def where(epoch: int, ids: list[int]) -> list[tuple[Any, Any]]:  # (member, step) records
+        return [(r["member"], r["step"]) for r in scenario["samples"]
+                if r["epoch"] == epoch and set(r["ids"]) & set(ids)]
+
     for epoch, c in counts.items():
         dup = [i for i, n in c.items() if n != 1]
-        assert not dup, (epoch, dup[:10])
+        assert not dup, (epoch, dup[:10], where(epoch, dup[:3]))
+        missing = sorted(set(range(DIGITS_TRAIN)) - set(c))
+        assert not missing, (epoch, missing[:10], len(missing))
         assert sorted(c) == list(range(DIGITS_TRAIN)), epoch
 
 
