@@ -154,12 +154,3 @@ def recv(pg: Any, tensor: torch.Tensor, src: int, tag: int,
          should_abort: Callable[[], bool]) -> None:
     """Receive ``tensor`` in place from rank ``src`` (waits as :func:`send`)."""
     _run_abortable(pg.recv([tensor], src, tag).wait, should_abort, f"recv from rank {src}")
-
-
-def broadcast(pg: Any, tensor: torch.Tensor, src: int, should_abort: Callable[[], bool]) -> None:
-    """Broadcast ``tensor`` in place from rank ``src``. Raises :class:`RingBroken`."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = src
-    opts.rootTensor = 0
-    wait(pg.broadcast([tensor], opts), should_abort, "broadcast",
-         sliced=isinstance(pg, dist.ProcessGroupGloo))
