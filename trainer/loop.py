@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_JOB, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_LOST = 0, 2, 3, 4, 5
 ROW = 5  # per-member row in the reduction: batch, compute_s, latest generation seen, loss*b,
-# and the seconds of its last evaluation (rank 0's: the head start of the step after the next)
+EVAL_COL = 4  # and the seconds of its last evaluation (rank 0's: the next head start)
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 
@@ -237,6 +237,16 @@ class Worker:
         self.speed = state["speed"]
         self.sizes = dict(state["sizes"])
         self.accuracy = state["accuracy"]
+
+    def evaluate(self) -> None:
+        """Run the job's ``evaluate`` (rank 0): the accuracy, and how long it took (the
+        head start the others give rank 0 after the next epoch end). Leaves training mode on."""
+        job = self.job
+        assert job is not None and job.evaluate is not None
+        t0 = time.perf_counter()
+        self.accuracy = float(job.evaluate(job.model).get("accuracy", float("nan")))
+        job.model.train()
+        self._eval_s = time.perf_counter() - t0
 
     def order(self) -> torch.Tensor:
         job = self.job
@@ -511,12 +521,9 @@ class _Member:
             # re-splits that step so rank 0 starts it that much later (its last evaluation's
             # time, from the reduction: the same figure on every member) and all finish
             # together. The first evaluation of a rank 0 has no figure yet: no head start.
-            self.busy_s = float(rows[0, 4])
+            self.busy_s = float(rows[0, EVAL_COL])
             if self.rank == 0:
-                t_eval = time.perf_counter()
-                w.accuracy = float(job.evaluate(job.model).get("accuracy", float("nan")))
-                job.model.train()
-                w._eval_s = time.perf_counter() - t_eval
+                w.evaluate()
         w.append(w.cfg.metrics_file, {
             "t": time.time(), "step": w.step, "generation": plan.generation, "world": world,
             "batch": b, "compute_s": round(compute_s, 6), "wait_s": round(wait_s, 6),
@@ -541,7 +548,7 @@ class _Member:
         w = self.w
         assert w.job is not None
         if w.accuracy is None and self.rank == 0 and w.job.evaluate is not None:
-            w.accuracy = float(w.job.evaluate(w.job.model).get("accuracy", float("nan")))
+            w.evaluate()
         done = {"checksum": sync.checksum(w.job.model), "step": w.step,
                 "accuracy": w.accuracy}
         if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
