@@ -195,16 +195,22 @@ def test_hindsight_uses_capacity_present_for_part_of_a_decision_period():
 BIG = Offering("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "spot")
 
 
+def _small_and_big_world(big_price: float, big_count: int, big_speed: float):
+    """p3.2xlarge spot in A ($1/h, 100/s, 100 available) beside p3.8xlarge spot in BIG
+    (``big_price`` $/h, ``big_speed`` samples/s, ``big_count`` available), 10 h, max 16."""
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), big_price, 20.0))
+    av = (Availability(A, at(0), 100), Availability(BIG, at(0), big_count),
+          Availability(A, at(10), 100), Availability(BIG, at(10), big_count))
+    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": big_speed})
+    return build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+
+
 def test_spotring_takes_the_fleet_cheapest_per_sample_not_per_hour():
     # p3.2xlarge spot $1/h at 100/s ($2.78 per 1M), p3.8xlarge spot $12/h at 3,000/s ($1.11 per
     # 1M). The job's pace (1 x 100/s) is kept most cheaply per hour by one small instance,
     # and 2x or 4x the pace by 2 or 4 of them; per sample the big one is 2.5x cheaper.
     # Without a deadline spotring runs the big one: 1.08e6 samples in 360 s for $1.20.
-    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), 12.0, 20.0))
-    av = (Availability(A, at(0), 100), Availability(BIG, at(0), 100),
-          Availability(A, at(10), 100), Availability(BIG, at(10), 100))
-    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": 3000.0})
-    world = build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+    world = _small_and_big_world(big_price=12.0, big_count=100, big_speed=3000.0)
     r = simulate_policy(world, "spotring", params(max_size=16), work=1.08e6)
     assert r.completion_h == pytest.approx(360 / 3600)
     assert r.cost == pytest.approx(1.2, rel=1e-6)
@@ -340,11 +346,7 @@ def test_a_replacement_launch_without_capacity_keeps_every_instance_it_was_to_re
     # $4.00, 4 launches. (Keeping one per missing launch tore 3 down at every try.)
     from provisioner.policies import POLICIES
     monkeypatch.setitem(POLICIES, "swap", _Swap)
-    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), 2.0, 20.0))
-    av = (Availability(A, at(0), 100), Availability(BIG, at(0), 0),
-          Availability(A, at(10), 100), Availability(BIG, at(10), 0))
-    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": 400.0})
-    world = build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+    world = _small_and_big_world(big_price=2.0, big_count=0, big_speed=400.0)
     r = simulate_policy(world, "swap", params(max_size=16), work=1.44e6)
     assert r.completion_h == pytest.approx(1.0)
     assert r.cost == pytest.approx(4.0, rel=1e-9) and r.launches == 4
