@@ -65,9 +65,9 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
         # notice to one (it drains at a step boundary) and a kill without notice to another,
         # as `provision revoke` from another process
         def formed(accept) -> list[str]:
-            for e in events(db, "ring-generation"):
+            for e in events(db, "ring-formed"):
                 names = (e.instance_id or "").split(",")
-                if '"formed": true' in e.detail and accept(names):
+                if accept(names):
                     return names
             return []
 

@@ -22,14 +22,20 @@ from pathlib import Path
 
 
 def _token(path: str) -> bytes:
+    from trainer.admission import read_token_file, token_file_warning
+
     try:
-        token = Path(path).read_bytes().strip()
+        token = read_token_file(Path(path))
+        warning = token_file_warning(Path(path))
+        if warning:
+            logging.getLogger("trainer").warning(warning)
+        return token
     except OSError as e:
-        raise SystemExit(f"error: --token-file {path}: {e.strerror}; create it with a secret "
-                         "(e.g. `head -c 32 /dev/urandom | base64 > token`)") from None
-    if not token:
-        raise SystemExit(f"error: --token-file {path} is empty; write the job's secret into it")
-    return token
+        print(f"error: --token-file {path}: {e.strerror}; create it with a secret "
+              "(e.g. `(umask 077; head -c 32 /dev/urandom | base64 > token)`)", file=sys.stderr)
+    except ValueError as e:
+        print(f"error: --token-file {e}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -53,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=os.environ.get("SPOTRING_LOG", "INFO"))
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("coordinator", help="serve the membership of one job (Ctrl-C stops)")
-    c.add_argument("--host", default="0.0.0.0")
+    c.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; give the "
+                   "private address workers dial, or 0.0.0.0 for every interface)")
     c.add_argument("--port", type=int, default=29400)
     c.add_argument("--token-file", required=True)
     c.add_argument("--heartbeat-timeout", type=float, default=5.0,
@@ -84,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--boot-idle", action="store_true",
                    help="boot, build the job and profile under SCHED_IDLE (only CPU the ring "
                    "leaves idle), then return to normal priority before asking to join")
+    w.add_argument("--ring-host", default=None, metavar="ADDR",
+                   help="address this worker's ring connections listen on and advertise "
+                   "(default: its address facing the coordinator)")
     w.add_argument("--no-rejoin", action="store_true",
                    help="exit instead of joining again after being dropped")
     w.add_argument("--fault", type=_fault, action="append", default=[],
@@ -97,7 +108,13 @@ def _coordinator(args: argparse.Namespace) -> int:
     coord = Coordinator(args.host, args.port, _token(args.token_file),
                         heartbeat_timeout_s=args.heartbeat_timeout,
                         initial_world=args.initial_world)
-    coord.start()
+    try:
+        coord.start()
+    except OSError as e:
+        print(f"error: --host {args.host} --port {args.port}: cannot listen there "
+              f"({e.strerror or e}); choose a free port or an address of this machine",
+              file=sys.stderr)
+        return 2
     print(f"coordinator listening on {coord.address[0]}:{coord.address[1]}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -134,7 +151,7 @@ def _worker(args: argparse.Namespace) -> int:
         slowdown=args.slowdown, metrics_file=args.metrics_file,
         record_samples=args.record_samples, collective_timeout_s=args.collective_timeout,
         connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
-        rejoin=not args.no_rejoin, boot_idle=args.boot_idle)
+        rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

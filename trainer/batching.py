@@ -57,6 +57,8 @@ __all__ = [
     "plan_batches",
     "scale_relative_priors",
     "solve_continuous",
+    "speed_from_plain",
+    "speed_to_plain",
 ]
 
 # A window of this many steps per member is kept; older ones are forgotten.
@@ -507,3 +509,16 @@ def _lines(
             lines[m] = LinearFit(0.0, per_sample, 0)
             notes.append(f"{m}: no measured step and no prior, assuming the median speed")
     return lines, True
+
+
+def speed_to_plain(model: SpeedModel) -> dict[str, object]:
+    """``model`` as plain data (lists and numbers) for the training state."""
+    return {"history": [[name, [[b, t] for b, t in obs]] for name, obs in model.history],
+            "window": model.window, "forget": model.forget}
+
+
+def speed_from_plain(d: Mapping[str, object]) -> SpeedModel:
+    """The inverse of :func:`speed_to_plain`. Raises ``ValueError``/``TypeError`` on bad data."""
+    history = tuple((str(name), tuple((int(b), float(t)) for b, t in obs))
+                    for name, obs in d["history"])  # type: ignore[union-attr]
+    return SpeedModel(history, int(d["window"]), float(d["forget"]))  # type: ignore[arg-type]

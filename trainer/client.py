@@ -1,11 +1,13 @@
-"""A worker's side of the membership protocol: connect, prove the token, beat, report.
+"""A worker's side of the membership protocol: connect, join, beat, report.
 
-Design: everything a worker says to the coordinator goes through the coordinator's
-``TCPStore`` (see :mod:`trainer.membership` for the keys). Connecting retries with
-exponential backoff for a bounded time, then raises :class:`CoordinatorUnreachable` with
-the address and the fix. The heartbeat runs in its own thread over its own store connection
-(so a long forward/backward never delays it) and also publishes the worker's measured
-samples/s, which :meth:`trainer.coordinator.Coordinator.members` reports.
+Design: everything a worker says to the coordinator goes through the coordinator's control
+store over an authenticated connection (:class:`trainer.store_client.ControlStore`; see
+:mod:`trainer.membership` for the keys). Connecting retries with exponential backoff for a
+bounded time, then raises :class:`CoordinatorUnreachable` with the address and the fix; a
+coordinator that refuses the token raises :class:`JoinRefused` at once (retrying cannot
+help). The heartbeat runs in its own thread over its own connection (so a long
+forward/backward never delays it) and also publishes the worker's measured samples/s,
+which :meth:`trainer.coordinator.Coordinator.members` reports.
 
 Rule for callers: connect only after the job is loaded and profiled (hot join: slow start
 first); stop the heartbeat (:meth:`Heartbeat.stop`) before joining again as a new member.
@@ -14,16 +16,13 @@ first); stop the heartbeat (:meth:`Heartbeat.stop`) before joining again as a ne
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-from torch.distributed import TCPStore
 
 from trainer import membership as mb
+from trainer.store_client import ControlLost, ControlStore, ControlTimeout, TokenRefused
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ class CoordinatorUnreachable(Exception):
 
 
 class JoinRefused(Exception):
-    """The coordinator refused this worker (wrong token) or the job is over."""
+    """The coordinator refused this worker (wrong token, another job) or the job is over."""
 
     def __init__(self, verdict: str) -> None:
         self.verdict = verdict
@@ -43,17 +42,19 @@ class JoinRefused(Exception):
 def connect(
     host: str,
     port: int,
+    token: bytes,
     *,
     budget_s: float = 60.0,
     op_timeout_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> TCPStore:
-    """A client connection to the coordinator's store, retried with backoff.
+) -> ControlStore:
+    """An authenticated connection to the coordinator's store, retried with backoff.
 
     Tries to connect; on failure waits 0.2 s, 0.4 s, ... (at most 5 s) and tries again until
-    ``budget_s`` has passed. Returns the store (operations time out after ``op_timeout_s``).
-    Raises :class:`CoordinatorUnreachable` naming the address, the attempts and the fix.
+    ``budget_s`` has passed. Returns the store (blocking operations time out after
+    ``op_timeout_s``). Raises :class:`JoinRefused` when the coordinator refuses the token
+    and :class:`CoordinatorUnreachable` naming the address, the attempts and the fix.
     """
     start = clock()
     delay = 0.2
@@ -61,13 +62,12 @@ def connect(
     last: Exception | None = None
     while True:
         attempts += 1
-        left = budget_s - (clock() - start)
         try:
-            store = TCPStore(host, port, is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=max(0.5, min(2.0, left))))
-            store.set_timeout(datetime.timedelta(seconds=op_timeout_s))
-            return store
-        except Exception as e:  # noqa: BLE001 - DistNetworkError, RuntimeError, TimeoutError
+            return ControlStore(host, port, token, timeout_s=op_timeout_s,
+                                connect_timeout_s=max(0.5, min(5.0, budget_s)))
+        except TokenRefused as e:
+            raise JoinRefused(f"refused: {e}") from e
+        except ControlLost as e:
             last = e
         if clock() - start + delay > budget_s:
             first = str(last).splitlines()[0] if last else ""
@@ -80,24 +80,20 @@ def connect(
         delay = min(delay * 2, 5.0)
 
 
-def handshake(store: TCPStore, token: bytes, name: str, prior: float,
-              timeout_s: float = 30.0) -> int:
-    """Take a member id and prove the token (HMAC challenge). Returns the admitted id.
+def join(store: ControlStore, hello: mb.Hello, timeout_s: float = 30.0) -> int:
+    """Take a member id and introduce this worker. Returns the admitted id.
 
     Raises :class:`JoinRefused` with the coordinator's verdict when refused or when the job
     is over, :class:`CoordinatorUnreachable` when it does not answer within ``timeout_s``.
     """
-    member_id = int(store.add(mb.IDS, 1))
-    store.set(mb.k_hello(member_id), json.dumps({"name": name, "prior": prior}))
     try:
-        store.wait([mb.k_nonce(member_id)], datetime.timedelta(seconds=timeout_s))
-        nonce = store.get(mb.k_nonce(member_id)).decode()
-        store.set(mb.k_proof(member_id), mb.make_proof(token, member_id, name, nonce))
+        member_id = int(store.add(mb.IDS, 1))
+        store.set(mb.k_hello(member_id), hello.to_json())
         store.wait([mb.k_verdict(member_id)], datetime.timedelta(seconds=timeout_s))
-        verdict = store.get(mb.k_verdict(member_id)).decode()
-    except Exception as e:  # noqa: BLE001 - store timeouts surface as RuntimeError subclasses
+        verdict = store.get(mb.k_verdict(member_id)).decode(errors="replace")
+    except (ControlLost, ControlTimeout) as e:
         raise CoordinatorUnreachable(
-            f"the coordinator did not answer the join handshake within {timeout_s}s: "
+            f"the coordinator did not answer the join within {timeout_s}s: "
             f"{str(e).splitlines()[0]}") from e
     if verdict != "ok":
         raise JoinRefused(verdict)
@@ -108,16 +104,15 @@ class Heartbeat:
     """A thread that beats, watches the ring and reports, off the training loop's path.
 
     Every ``interval_s`` it bumps ``hb/<id>``, reads ``gen/latest`` and ``broken/<n>`` of the
-    generation the member is in (:attr:`generation`), and publishes what :attr:`report`
-    holds (``speed/<id>``; the ring's ``stats`` when this member is rank 0). The training
-    loop reads the cached values (:attr:`latest`, :meth:`is_broken`), so a step makes no
-    store round trip of its own.
+    generation the member is in (:attr:`generation`), and publishes what :attr:`stats` and
+    ``speed()`` hold (``speed/<id>``; the ring's ``stats`` when this member is rank 0). The
+    training loop reads the cached values (:attr:`latest`, :meth:`is_broken`), so a step
+    makes no store round trip of its own.
     """
 
-    def __init__(self, host: str, port: int, member_id: int, interval_s: float = 0.05,
-                 speed: Callable[[], dict[str, Any]] | None = None) -> None:
-        self._store = TCPStore(host, port, is_master=False, wait_for_workers=False,
-                               timeout=datetime.timedelta(seconds=30))
+    def __init__(self, store: ControlStore, member_id: int, interval_s: float = 0.05,
+                 speed: Callable[[], mb.Speed] | None = None) -> None:
+        self._store = store.clone()
         self._id = member_id
         self.interval_s = interval_s
         self._speed = speed
@@ -157,6 +152,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._store.close()
 
     def _run(self) -> None:
         last_speed = 0.0
@@ -178,7 +174,7 @@ class Heartbeat:
                         self._stats_sent = stats
                 if self._speed is not None and self.polled_at - last_speed >= 0.5:
                     last_speed = self.polled_at
-                    self._store.set(mb.k_speed(self._id), json.dumps(self._speed()))
-            except Exception:  # noqa: BLE001 - the main loop reports a lost coordinator
+                    self._store.set(mb.k_speed(self._id), self._speed().to_json())
+            except (ControlLost, ControlTimeout, ValueError):
                 log.debug("heartbeat failed", exc_info=True)
             self._stop.wait(self.interval_s)

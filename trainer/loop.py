@@ -28,6 +28,7 @@ Rule for callers: one :class:`Worker` per process; :meth:`Worker.run` returns an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ import torch
 
 from trainer import batching, client, ring, sync
 from trainer import membership as mb
+from trainer import state as st
+from trainer.store_client import ControlLost, ControlTimeout
 from trainer.job import Job, load_job
 from trainer.sampler import CursorState, epoch_order, scale_sizes, split
 
@@ -74,6 +77,8 @@ class WorkerConfig:
     faults: tuple[tuple[str, int], ...] = ()  # (kill|stop|term|freeze, first step >= this)
     rejoin: bool = True
     boot_idle: bool = False  # the process started under SCHED_IDLE: restore after profiling
+    ring_host: str | None = None  # where gloo listens (default: the address facing the
+    # coordinator)
 
 
 def normal_priority() -> None:
@@ -119,6 +124,7 @@ class Worker:
         self._per_sample: list[float] = []  # recent compute s/sample, for --slowdown
         self._eval_s = 0.0  # how long this worker's last evaluation took
         self._files: dict[Path, Any] = {}
+        self.fingerprint = ""
 
     # -- entry ---------------------------------------------------------------------------
 
@@ -134,33 +140,38 @@ class Worker:
         if cfg.boot_idle:
             normal_priority()
         signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
-        store = client.connect(cfg.host, cfg.port, budget_s=cfg.connect_budget_s,
-                               op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
+        job = self.job
+        self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job))
+        hello = mb.Hello(cfg.name, prior, self.fingerprint)
         while True:
             try:
-                member_id = client.handshake(store, cfg.token, cfg.name, prior)
+                store = client.connect(cfg.host, cfg.port, cfg.token,
+                                       budget_s=cfg.connect_budget_s,
+                                       op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
+                member_id = client.join(store, hello)
             except client.JoinRefused as e:
                 if e.verdict.startswith("finished"):
                     log.info("job already finished; nothing to do")
                     return EXIT_OK
                 log.error("join refused by the coordinator: %s", e.verdict)
                 return EXIT_REFUSED
-            hb = client.Heartbeat(cfg.host, cfg.port, member_id, cfg.heartbeat_s,
-                                  speed=lambda: {"samples_per_s": self._samples_per_s,
-                                                 "batch": self._batch}).start()
+            hb = client.Heartbeat(store, member_id, cfg.heartbeat_s,
+                                  speed=lambda: mb.Speed(self._samples_per_s,
+                                                         self._batch)).start()
             try:
                 outcome = _Member(self, store, member_id, hb).live()
-            except torch.distributed.DistError as e:  # a store call failed: coordinator gone
+            except (ControlLost, ControlTimeout) as e:  # a store call failed: coordinator gone
                 hb.stop()
                 raise client.CoordinatorUnreachable(
                     f"lost the coordinator {cfg.host}:{cfg.port}: {str(e).splitlines()[0]}; "
-                    "restart it and this worker (the ring keeps no checkpoints)") from e
+                    "restart it and this worker") from e
             except BaseException:
                 hb.stop()
                 raise
             if outcome == "refused":
                 hb.beat()  # show the coordinator this dropped member woke up
             hb.stop()
+            store.close()
             if outcome == "refused" and cfg.rejoin and self.notice is None:
                 log.warning("dropped from the ring while unresponsive; joining as a new member")
                 continue
@@ -211,32 +222,47 @@ class Worker:
         time.sleep((self.cfg.slowdown - 1.0) * batch * per_sample)
 
     def state(self) -> dict[str, Any]:
+        """The whole training state as tensors and plain data (:mod:`trainer.state`)."""
         job = self.job
         assert job is not None
         return {
+            "job": self.fingerprint,
             "model": job.model.state_dict(),
             "optimizer": job.optimizer.state_dict(),
             "step": self.step,
-            "cursor": (self.cursor.epoch, self.cursor.cursor),
+            "cursor": [self.cursor.epoch, self.cursor.cursor],
             "samples_done": self.samples_done,
             "rng": sync.rng_state(),
-            "speed": self.speed,
+            "speed": batching.speed_to_plain(self.speed),
             "sizes": dict(self.sizes),
             "accuracy": self.accuracy,
         }
 
     def load(self, state: dict[str, Any]) -> None:
+        """Load a state received from a peer, after checking it fits this job's model and
+        optimiser (names, shapes, dtypes). Raises :class:`trainer.state.BadState`."""
         job = self.job
         assert job is not None
-        job.model.load_state_dict(state["model"])
-        job.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        self.cursor = CursorState(*state["cursor"])
-        self.samples_done = int(state["samples_done"])
-        sync.set_rng_state(state["rng"])
-        self.speed = state["speed"]
-        self.sizes = dict(state["sizes"])
-        self.accuracy = state["accuracy"]
+        st.check_like(state.get("model"), job.model.state_dict(), "the model state received")
+        try:
+            job.model.load_state_dict(state["model"])
+            job.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+            epoch, cursor = state["cursor"]
+            self.cursor = CursorState(int(epoch), int(cursor))
+            self.samples_done = int(state["samples_done"])
+            sync.set_rng_state(state["rng"])
+            self.speed = batching.speed_from_plain(state["speed"])
+            self.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
+            acc = state["accuracy"]
+            self.accuracy = None if acc is None else float(acc)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise st.BadState(f"the state received does not fit this job: {e}") from e
+
+    def checksum(self) -> str:
+        """Checksum of the parameters, buffers and optimiser state: equal on every member."""
+        assert self.job is not None
+        return sync.checksum(self.job.model, self.job.optimizer.state_dict())
 
     def evaluate(self) -> None:
         """Run the job's ``evaluate`` (rank 0): the accuracy, and how long it took (the
@@ -309,7 +335,7 @@ class _Member:
         if self.w.notice is not None and not self.drain_sent:
             self.drain_sent = True
             self.store.set(mb.k_drain(self.id), self.w.notice)
-            self.store.add("drains", 1)
+            self.store.add(mb.DRAINS, 1)
 
     def live(self) -> str:
         """Run this membership; returns finished | drained | refused | lost | noticed."""
@@ -349,7 +375,11 @@ class _Member:
                 return "noticed"
             time.sleep(0.01)
         self.seen = latest
-        plan = mb.Plan.from_json(self.store.get(mb.k_plan(latest)))
+        try:
+            plan = mb.Plan.from_json(self.store.get(mb.k_plan(latest)))
+        except mb.Malformed as e:  # only token holders write plans: a bug, not an attack
+            log.error("generation %d: plan unreadable (%s); waiting for the next", latest, e)
+            return None
         rank = plan.rank_of(self.id)
         if rank is None:
             if self.id in plan.drained:
@@ -392,13 +422,21 @@ class _Member:
         gen = plan.generation
         t0 = time.perf_counter()
         self.store.set(mb.k_forming(gen, self.id), "")  # the coordinator's roll calls read it
-        self.pg = ring.form_group(self.store, gen, rank, len(plan.members),
-                                  cfg.collective_timeout_s, lambda: self._broken(gen))
+        group = ring.form_group(self.store, gen, rank, len(plan.members),
+                                cfg.collective_timeout_s, lambda: self._broken(gen),
+                                hostname=cfg.ring_host or self.store.local_address)
+        ring.bury(group.store)  # kept with the group until exit
+        self.pg = group.pg
         self.rank = rank
         self.busy_s = 0.0  # a new generation: no evaluation is pending in it
-        state, src, nbytes = sync.sync_state(self.pg, rank, len(plan.members), w.step,
-                                             self.fresh, w.state, lambda: self._broken(gen),
-                                             initial=gen == 1)
+        try:
+            state, src, nbytes, best = sync.sync_state(
+                self.pg, rank, len(plan.members), w.step, self.fresh, w.state,
+                lambda: self._broken(gen), initial=gen == 1)
+            if state is not None:
+                sync.check(state, step=best, job=plan.job)
+        except st.BadState as e:  # a peer sent something that is not this job's state
+            raise ring.RingBroken(f"state from the source rejected: {e}") from e
         discarded = 0
         if state is not None:
             if self.pending and int(state["step"]) == self.pending.step + 1:
@@ -413,13 +451,12 @@ class _Member:
         self.was_member = True
         self._plan_sizes(plan)
         self._setup_buffer(len(plan.members))
-        report = {"checksum": sync.checksum(w.job.model), "step": w.step,  # type: ignore
-                  "discarded": discarded, "src": src, "bytes": nbytes,
-                  "switch_ms": round((time.perf_counter() - t0) * 1000, 2)}
-        self.store.set(mb.k_formed(gen, self.id), json.dumps(report))
-        self.store.add(f"formedn/{gen}", 1)
+        report = mb.Formed(w.checksum(), w.step, discarded, src, nbytes,
+                           round((time.perf_counter() - t0) * 1000, 2))
+        self.store.set(mb.k_formed(gen, self.id), report.to_json())
+        self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d", gen, rank, len(plan.members),
-                 extra=report)
+                 extra=dataclasses.asdict(report))
 
     def _plan_sizes(self, plan: mb.Plan, timings: list[batching.StepTiming] | None = None
                     ) -> None:
@@ -531,11 +568,9 @@ class _Member:
             "member": keys[self.rank], "epoch": w.cursor.epoch,
             "head_start_s": round(head_s, 6) if self.rank == 0 else 0.0})  # rank 0's only
         if self.rank == 0:
-            stats = {"generation": plan.generation, "step": w.step, "epoch": w.cursor.epoch,
-                     "samples_done": w.samples_done, "world": world, "loss": loss_all}
-            if w.accuracy is not None:
-                stats["accuracy"] = w.accuracy
-            self.hb.stats = json.dumps(stats)  # published by the heartbeat thread
+            metrics = {"accuracy": w.accuracy} if w.accuracy is not None else {}
+            self.hb.stats = mb.Progress(plan.generation, w.step, w.cursor.epoch,
+                                        w.samples_done, world, loss_all, metrics).to_json()
         return newest
 
     def _record(self, pending: _Pending | None) -> None:
@@ -549,10 +584,10 @@ class _Member:
         assert w.job is not None
         if w.accuracy is None and self.rank == 0 and w.job.evaluate is not None:
             w.evaluate()
-        done = {"checksum": sync.checksum(w.job.model), "step": w.step,
-                "accuracy": w.accuracy}
+        done = mb.Done(w.checksum(), w.step,
+                       {"accuracy": w.accuracy} if w.accuracy is not None else {})
         if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
             self.hb.publish_stats(self.hb.stats)
-        self.store.set(mb.k_done(self.id), json.dumps(done))
-        self.store.add("dones", 1)
-        log.info("finished at step %d", w.step, extra=done)
+        self.store.set(mb.k_done(self.id), done.to_json())
+        self.store.add(mb.DONES, 1)
+        log.info("finished at step %d", w.step, extra={"checksum": done.checksum})

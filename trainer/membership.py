@@ -1,43 +1,51 @@
-"""Membership of the elastic ring: generations, joins, drains, losses and the token check.
+"""Membership of the elastic ring: every wire key and message, the states, and the plan.
 
 Design: the coordinator is the only writer of generations. A generation is a :class:`Plan`:
 an ordered tuple of member ids (the order is the rank order of that generation's process
-group), plus who left it and why. This module is the pure half of the protocol: the key
-names used over the ``TCPStore``, the plan type and its JSON form, the HMAC challenge, and
-:func:`next_plan`, which decides the next generation from data and returns data.
+group), plus who left it and why. This module is the vocabulary of the protocol: the key
+names used over the coordinator's control store (:mod:`trainer.store`, reachable only by
+token holders), one parser per message that validates it (a message that does not parse is
+:class:`Malformed`: the reader ignores and counts it, it is never fatal), member states and
+outcomes as enums, and the pure planning helpers :func:`next_plan` and
+:func:`reform_or_drop`. The decision of a whole coordinator tick is
+:func:`trainer.decide.decide`.
 
-Protocol (all keys live in the coordinator's ``TCPStore``):
+Protocol (all keys live in the coordinator's store):
 
 * ``ids``: counter; a joiner takes a fresh member id with ``add("ids", 1)``.
-* ``join/<id>/hello`` (joiner) -> ``join/<id>/nonce`` (coordinator) -> ``join/<id>/proof``
-  (joiner: HMAC-SHA256 of the token over id, name and nonce) -> ``join/<id>/verdict``.
-  The token never travels; a wrong proof is refused and logged, nothing else changes.
+* ``join/<id>/hello`` (:class:`Hello`: name, profiled samples/s, job fingerprint) ->
+  ``join/<id>/verdict`` (``ok``, ``refused: ...`` or ``finished: ...``). The connection that
+  carries it has already proved the job token (:mod:`trainer.admission`).
 * ``hb/<id>``: heartbeat counter, bumped by a worker thread; the coordinator watches it
-  change with its own clock (no clock agreement needed).
-* ``drain/<id>``: a worker asks to leave at the next step boundary (SIGTERM, cloud notice).
+  change with its own clock (no clock agreement needed) and its own ticks (a pause of the
+  coordinator itself is never taken for the death of its members).
+* ``drain/<id>``: a worker asks to leave at the next step boundary (SIGTERM, cloud notice);
+  the counter ``drains`` tells the coordinator to look.
 * ``gen/latest``: counter of the newest published generation; ``gen/<n>``: its plan (JSON).
   Members read ``gen/latest`` before each step's reduction and carry what they saw inside
   the reduction, so every member switches after the same step.
 * ``broken/<n>``: counter; a member whose collective failed (or the coordinator, when a
   member's heartbeat stops) bumps it; every member of generation ``n`` then abandons its
   collective, and the coordinator takes a roll call before publishing ``n + 1``.
-* ``forming/<n>/<id>``: a member starts forming generation ``n``; ``formed/<n>/<id>``: its
-  report after forming it (checksum of its parameters, step, discarded steps). A member
-  that answers roll calls but never forms is found by these (:func:`reform_or_drop`).
-* ``stats``, ``speed/<id>``, ``done/<id>``, ``finished``: progress reports; the counters
-  ``drains``, ``dones`` and ``formedn/<n>`` tell the coordinator when to look.
+* ``forming/<n>/<id>``: a member starts forming generation ``n``; ``formed/<n>/<id>``
+  (:class:`Formed`) its report after forming it, counted by ``formedn/<n>``.
+* ``stats`` (:class:`Progress`, rank 0's report), ``speed/<id>`` (:class:`Speed`),
+  ``done/<id>`` (:class:`Done`, counter ``dones``), ``error/<id>`` (:class:`JobFailure`: the
+  user's code raised; counter ``errors``) and ``finished`` (the coordinator's
+  :class:`Outcome`).
 
 Rule for callers: never assume a static rank or world size; ranks are positions in the
-current plan only.
+current plan only. Parse every value read from the store with its message's ``parse``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import enum
 import json
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 # -- key names ------------------------------------------------------------------------------
 
@@ -45,18 +53,11 @@ IDS = "ids"
 LATEST = "gen/latest"
 STATS = "stats"
 FINISHED = "finished"
+DRAINS, DONES, ERRORS = "drains", "dones", "errors"
 
 
 def k_hello(member_id: int) -> str:
     return f"join/{member_id}/hello"
-
-
-def k_nonce(member_id: int) -> str:
-    return f"join/{member_id}/nonce"
-
-
-def k_proof(member_id: int) -> str:
-    return f"join/{member_id}/proof"
 
 
 def k_verdict(member_id: int) -> str:
@@ -87,6 +88,10 @@ def k_formed(generation: int, member_id: int) -> str:
     return f"formed/{generation}/{member_id}"
 
 
+def k_formed_count(generation: int) -> str:
+    return f"formedn/{generation}"
+
+
 def k_speed(member_id: int) -> str:
     return f"speed/{member_id}"
 
@@ -95,21 +100,243 @@ def k_done(member_id: int) -> str:
     return f"done/{member_id}"
 
 
-# -- token check ----------------------------------------------------------------------------
+def k_error(member_id: int) -> str:
+    return f"error/{member_id}"
 
 
-def make_proof(token: bytes, member_id: int, name: str, nonce: str) -> str:
-    """HMAC-SHA256 of ``token`` over the member id, its name and the coordinator's nonce.
-
-    Returns the hex digest. The token itself never leaves the process.
-    """
-    msg = f"spotring-join|{member_id}|{name}|{nonce}".encode()
-    return hmac.new(token, msg, hashlib.sha256).hexdigest()
+def group_prefix(generation: int) -> str:
+    """The store prefix of generation ``generation``'s process-group rendezvous."""
+    return f"g{generation}/"
 
 
-def check_proof(token: bytes, member_id: int, name: str, nonce: str, proof: str) -> bool:
-    """True when ``proof`` is :func:`make_proof` of the same inputs (constant-time compare)."""
-    return hmac.compare_digest(make_proof(token, member_id, name, nonce), proof)
+# -- states and outcomes ----------------------------------------------------------------------
+
+
+class MemberState(str, enum.Enum):
+    """Where a tracked member stands (a str, so it prints and serialises as its value)."""
+
+    JOINING = "joining"  # admitted, waiting for a generation
+    ACTIVE = "active"
+    DRAINING = "draining"  # asked to leave at the next step boundary
+
+
+class Outcome(str, enum.Enum):
+    """How the job ended (``finished`` key), or that it has not."""
+
+    RUNNING = "running"
+    DONE = "done"  # every member finished the last epoch
+    LOST = "lost"  # no member holding the state is left and no snapshot to resume from
+    FAILED = "failed"  # the user's code raised (the same on every member)
+
+
+class EventKind(str, enum.Enum):
+    """Kinds of the coordinator's membership events."""
+
+    JOIN = "join"
+    REFUSED = "refused"
+    DRAIN = "drain"
+    LEAVE = "leave"
+    LOST = "lost"
+    GENERATION = "generation"  # a plan was published
+    FORMED = "formed"  # every member reported a generation formed (``data``: checksums ...)
+    FINISHED = "finished"
+    JOB_ERROR = "job-error"
+    MALFORMED = "malformed"
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+class Malformed(ValueError):
+    """A value read from the store that is not the message its key promises."""
+
+
+def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise Malformed(f"{what}: not JSON") from None
+    if not isinstance(d, dict):
+        raise Malformed(f"{what}: not a JSON object")
+    return d
+
+
+def _int(d: Mapping[str, Any], k: str, what: str, *, default: int | None = None,
+         low: int = 0) -> int:
+    v = d.get(k, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise Malformed(f"{what}.{k}={v!r}: expected an integer >= {low}")
+    return v
+
+
+def _num(d: Mapping[str, Any], k: str, what: str, *, default: float | None = None,
+         allow_nan: bool = False) -> float:
+    v = d.get(k, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Malformed(f"{what}.{k}={v!r}: expected a number")
+    v = float(v)
+    if math.isinf(v) or (math.isnan(v) and not allow_nan):
+        raise Malformed(f"{what}.{k}={v!r}: expected a finite number")
+    return v
+
+
+def _str(d: Mapping[str, Any], k: str, what: str, *, default: str | None = None,
+         limit: int = 256) -> str:
+    v = d.get(k, default)
+    if not isinstance(v, str) or len(v) > limit:
+        raise Malformed(f"{what}.{k}: expected a string of at most {limit} characters")
+    return v
+
+
+def _metrics(d: Any, what: str) -> dict[str, float]:
+    if d is None:
+        return {}
+    if not isinstance(d, dict) or len(d) > 64:
+        raise Malformed(f"{what}.metrics: expected an object of at most 64 numbers")
+    out = {}
+    for k, v in d.items():
+        if not isinstance(k, str) or len(k) > 64:
+            raise Malformed(f"{what}.metrics: bad name {k!r}")
+        out[k] = _num(d, k, f"{what}.metrics", allow_nan=True)
+    return out
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A joiner's introduction: its name, profiled samples/s and job fingerprint."""
+
+    name: str
+    prior: float = 0.0
+    job: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Hello:
+        d = _obj(raw, "hello")
+        name = _str(d, "name", "hello")
+        if not name:
+            raise Malformed("hello.name: empty")
+        prior = _num(d, "prior", "hello", default=0.0)
+        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""))
+
+
+@dataclass(frozen=True)
+class Formed:
+    """A member's report after forming a generation (``checksum`` of its whole state)."""
+
+    checksum: str
+    step: int
+    discarded: int = 0
+    src: int = 0
+    bytes: int = 0
+    switch_ms: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Formed:
+        d = _obj(raw, "formed")
+        return cls(_str(d, "checksum", "formed", limit=128), _int(d, "step", "formed"),
+                   _int(d, "discarded", "formed", default=0),
+                   _int(d, "src", "formed", default=0), _int(d, "bytes", "formed", default=0),
+                   _num(d, "switch_ms", "formed", default=0.0))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Rank 0's report of the ring's progress (``stats``)."""
+
+    generation: int = 0
+    step: int = 0
+    epoch: int = 0
+    samples_done: int = 0
+    world: int = 0
+    loss: float | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["metrics"] = dict(self.metrics)
+        return json.dumps(d)
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Progress:
+        d = _obj(raw, "stats")
+        loss = d.get("loss")
+        return cls(_int(d, "generation", "stats", default=0), _int(d, "step", "stats", default=0),
+                   _int(d, "epoch", "stats", default=0),
+                   _int(d, "samples_done", "stats", default=0),
+                   _int(d, "world", "stats", default=0),
+                   None if loss is None else _num(d, "loss", "stats", allow_nan=True),
+                   _metrics(d.get("metrics"), "stats"))
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A member's measured samples/s and its local batch."""
+
+    samples_per_s: float = 0.0
+    batch: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Speed:
+        d = _obj(raw, "speed")
+        return cls(max(0.0, _num(d, "samples_per_s", "speed", default=0.0)),
+                   _int(d, "batch", "speed", default=0))
+
+
+@dataclass(frozen=True)
+class Done:
+    """A member's report that it finished the last epoch."""
+
+    checksum: str
+    step: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["metrics"] = dict(self.metrics)
+        return json.dumps(d)
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Done:
+        d = _obj(raw, "done")
+        return cls(_str(d, "checksum", "done", limit=128), _int(d, "step", "done"),
+                   _metrics(d.get("metrics"), "done"))
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """The user's code raised on a member: where, and the one-line message with the fix."""
+
+    step: int
+    message: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> JobFailure:
+        d = _obj(raw, "error")
+        return cls(_int(d, "step", "error", default=0),
+                   _str(d, "message", "error", limit=2000))
+
+
+def parse_drain(raw: bytes | str) -> str:
+    """A drain request's reason (any short text)."""
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise Malformed("drain: not UTF-8") from None
+    if len(text) > 512:
+        raise Malformed("drain: reason longer than 512 characters")
+    return text or "drain requested"
 
 
 # -- plans ----------------------------------------------------------------------------------
@@ -122,7 +349,8 @@ class Plan:
     ``members``: member ids in rank order; ``names``: their worker names (same order);
     ``joined``: ids new in this generation (they receive the state); ``drained``: ids that
     left with notice; ``lost``: ids dropped without notice (killed, hung, failed roll call);
-    ``priors``: member key -> samples/s measured by a joiner's profiling steps.
+    ``priors``: member key -> samples/s measured by a joiner's profiling steps; ``job``: the
+    job fingerprint every member's state must match (:func:`trainer.state.fingerprint`).
     """
 
     generation: int
@@ -133,6 +361,7 @@ class Plan:
     lost: tuple[int, ...] = ()
     priors: Mapping[str, float] = field(default_factory=dict)
     reason: str = ""
+    job: str = ""
 
     def rank_of(self, member_id: int) -> int | None:
         """This member's rank in the generation, or None when it is not a member."""
@@ -151,18 +380,32 @@ class Plan:
         return json.dumps(d, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Plan:
-        d = json.loads(text)
-        return cls(
-            generation=int(d["generation"]),
-            members=tuple(d["members"]),
-            names=tuple(d["names"]),
-            joined=tuple(d.get("joined", ())),
-            drained=tuple(d.get("drained", ())),
-            lost=tuple(d.get("lost", ())),
-            priors={str(k): float(v) for k, v in d.get("priors", {}).items()},
-            reason=str(d.get("reason", "")),
-        )
+    def from_json(cls, text: bytes | str) -> Plan:
+        """Parse and validate a plan. Raises :class:`Malformed`."""
+        d = _obj(text, "plan")
+
+        def ids(k: str) -> tuple[int, ...]:
+            v = d.get(k, [])
+            if not isinstance(v, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in v):
+                raise Malformed(f"plan.{k}: expected a list of member ids")
+            return tuple(v)
+
+        names = d.get("names", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise Malformed("plan.names: expected a list of names")
+        members = ids("members")
+        if len(names) != len(members) or len(set(members)) != len(members):
+            raise Malformed("plan: members and names differ in length, or a member repeats")
+        priors = d.get("priors", {})
+        if not isinstance(priors, dict):
+            raise Malformed("plan.priors: expected an object")
+        return cls(generation=_int(d, "generation", "plan", low=1), members=members,
+                   names=tuple(names), joined=ids("joined"), drained=ids("drained"),
+                   lost=ids("lost"),
+                   priors={str(k): _num(priors, k, "plan.priors") for k in priors},
+                   reason=_str(d, "reason", "plan", default="", limit=2000),
+                   job=_str(d, "job", "plan", default="", limit=128))
 
 
 def member_key(name: str, member_id: int) -> str:
@@ -187,6 +430,7 @@ def next_plan(
     *,
     initial_world: int = 1,
     reason: str = "",
+    job: str = "",
 ) -> Plan | None:
     """The next generation, or None when nothing changes.
 
@@ -194,8 +438,8 @@ def next_plan(
     joiners, oldest first. ``draining``: members leaving with notice; ``dead``: members to
     drop without notice. Survivors keep their relative order (rank 0 stays the oldest
     member); joiners are appended. The first generation waits for ``initial_world`` joiners.
-    When no member holding the state survives, the plan has no members: state lives only in
-    members, so the job stops (joiners are not admitted into an empty ring).
+    When no member holding the state survives, the plan has no members (joiners are not
+    admitted into it): the caller resumes from a snapshot or ends the job.
     """
     if current is None:
         if len(ready) < max(1, initial_world):
@@ -207,6 +451,7 @@ def next_plan(
             joined=tuple(j.member_id for j in ready),
             priors={member_key(j.name, j.member_id): j.samples_per_s for j in ready},
             reason=reason or "first generation",
+            job=job,
         )
     gone_drain = [m for m in current.members if m in set(draining)]
     gone_dead = [m for m in current.members if m in set(dead) and m not in set(draining)]
@@ -224,7 +469,8 @@ def next_plan(
             names=(),
             drained=tuple(gone_drain),
             lost=tuple(gone_dead),
-            reason="no member holding the state is left; the job stops (no checkpoints)",
+            reason="no member holding the state is left",
+            job=current.job,
         )
     members = [m for m, _ in keep] + [j.member_id for j in ready]
     names = [n for _, n in keep] + [j.name for j in ready]
@@ -237,6 +483,7 @@ def next_plan(
         lost=tuple(gone_dead),
         priors={member_key(j.name, j.member_id): j.samples_per_s for j in ready},
         reason=reason,
+        job=current.job,
     )
 
 
@@ -301,8 +548,8 @@ def reform_or_drop(
 class MemberInfo:
     """What :meth:`Coordinator.members` reports for one member or admitted joiner.
 
-    ``state``: ``joining`` (admitted, waiting for a generation), ``active``, ``draining``.
-    ``batch``: its local batch at the last reported step (0 when unknown).
+    ``state``: a :class:`MemberState` value. ``batch``: its local batch at the last reported
+    step (0 when unknown).
     """
 
     id: int

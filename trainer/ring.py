@@ -2,7 +2,8 @@
 
 Design: each generation ``n`` gets its own process group object, built directly as
 ``ProcessGroupGloo(PrefixStore(f"g{n}/", store), rank, world, timeout)`` (NCCL when the model
-is on a GPU), never the global default group: re-initialising the default group after a
+is on a GPU) over the coordinator's authenticated store (so only token holders take part in
+its rendezvous), never the global default group: re-initialising the default group after a
 failed collective hangs or fails (torch issues #55967, #119196). A broken group is never
 destroyed while the process runs (its destructor joins worker threads that may still be
 blocked until the collective timeout); it is parked in :data:`_GRAVEYARD` instead.
@@ -25,11 +26,14 @@ import datetime
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
+
+from trainer.store_client import ControlStore
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,8 @@ class RingBroken(Exception):
 
 
 def bury(obj: Any) -> None:
-    """Keep a broken group alive until process exit (see the module docstring)."""
+    """Keep a broken group (or its store connection) alive until process exit (see the
+    module docstring)."""
     if obj is not None:
         _GRAVEYARD.append(obj)
 
@@ -70,6 +75,15 @@ def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what
     return box["value"]
 
 
+@dataclass
+class Group:
+    """A generation's process group and the store connection its rendezvous used (kept
+    alive with it: NCCL reads the store again lazily, and pybind needs the Python object)."""
+
+    pg: Any
+    store: Any
+
+
 def form_group(
     store: Store,
     generation: int,
@@ -79,13 +93,19 @@ def form_group(
     should_abort: Callable[[], bool],
     *,
     backend: str = "gloo",
-) -> Any:
+    hostname: str | None = None,
+) -> Group:
     """Build generation ``generation``'s process group (blocks until all ranks connect).
 
-    Returns the group object. Raises :class:`RingBroken` when a peer does not connect within
-    ``timeout_s`` or ``should_abort()`` turns true while waiting.
+    The rendezvous runs under the prefix ``g<n>/`` of ``store`` over a connection of its own
+    (``store.clone()``, when the store has one): a forming abandoned here may leave it blocked
+    until its timeout, and it must not hold the caller's connection meanwhile. ``hostname``:
+    the address gloo listens on and advertises to its peers (default: gloo's, the address of
+    this host's name). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does
+    not connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
     """
-    prefix = PrefixStore(f"g{generation}/", store)
+    conn = store.clone() if isinstance(store, ControlStore) else store
+    prefix = PrefixStore(f"g{generation}/", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
 
     def build() -> Any:
@@ -93,9 +113,19 @@ def form_group(
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             return dist.ProcessGroupNCCL(prefix, rank, world, opts)
-        return dist.ProcessGroupGloo(prefix, rank, world, timeout)
+        if hostname is None:
+            return dist.ProcessGroupGloo(prefix, rank, world, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        return dist.ProcessGroupGloo(prefix, rank, world, opts)
 
-    return _run_abortable(build, should_abort, f"form g{generation}")
+    try:
+        pg = _run_abortable(build, should_abort, f"form g{generation}")
+    except RingBroken:
+        bury(conn)  # may still be blocked in the abandoned rendezvous
+        raise
+    return Group(pg, conn)
 
 
 def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True

@@ -88,6 +88,7 @@ class Ring:
                     **(env or {})}
         self.token_file = tmp / "token"
         self.token_file.write_bytes(TOKEN + b"\n")
+        self.token_file.chmod(0o600)
         self.coord = Coordinator("127.0.0.1", 0, TOKEN, **coord_kw)
         self.coord.start()
         self.procs: dict[str, Any] = {}
@@ -123,14 +124,9 @@ class Ring:
         return [e for e in self.coord.events() if kind is None or e["kind"] == kind]
 
     def formed(self) -> list[dict[str, Any]]:
-        """Detail dicts of every 'generation formed' event (checksums, steps_lost, step)."""
-        out = []
-        for e in self.events("generation"):
-            if e["detail"].startswith("{"):
-                d = json.loads(e["detail"])
-                d["generation"] = e["generation"]
-                out.append(d)
-        return out
+        """Data of every 'formed' event (checksums, identical, steps_lost, step) with its
+        generation."""
+        return [{**e["data"], "generation": e["generation"]} for e in self.events("formed")]
 
     def active(self, name: str) -> bool:
         return any(m.name == name and m.state == "active" for m in self.coord.members())

@@ -19,6 +19,7 @@ def _worker(tmp: Path, address: str, job: str, token: bytes = TOKEN, *extra: str
             ) -> subprocess.CompletedProcess[str]:
     tf = tmp / f"token-{len(token)}"
     tf.write_bytes(token)
+    tf.chmod(0o600)
     return subprocess.run(
         [sys.executable, "-m", "trainer", "worker", "--coordinator", address, "--token-file",
          str(tf), "--job", job, "--name", "cli", *extra],
@@ -63,11 +64,24 @@ def test_unreachable_coordinator_retries_then_exits_clearly(tmp_path: Path) -> N
 def test_wrong_token_exits_refused_and_is_logged(tmp_path: Path, coord: Coordinator) -> None:
     host, port = coord.address
     r = _worker(tmp_path, f"{host}:{port}", "tests/trainer/jobs/probe.py", b"wrong-token")
-    assert r.returncode == 4 and "refused" in r.stderr
+    assert r.returncode == 4 and "refused" in r.stderr and "--token-file" in r.stderr
     assert "wrong-token" not in r.stderr
-    ev = coord.events()
-    assert [e["kind"] for e in ev] == ["refused"] and "wrong token" in ev[0]["detail"]
-    assert coord.plan() is None  # no generation was formed for it
+    assert coord.stats()["rejected"]["refused"] == 1  # refused at the control port
+    assert coord.events() == [] and coord.plan() is None  # it never got further
+
+
+def test_a_token_file_others_can_read_gets_a_warning_with_the_fix(tmp_path: Path) -> None:
+    tf = tmp_path / "token"
+    tf.write_bytes(TOKEN)
+    tf.chmod(0o644)
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer", "worker", "--coordinator", "127.0.0.1:9",
+         "--token-file", str(tf), "--job", "tests/trainer/jobs/probe.py",
+         "--connect-timeout", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 3  # it went on (and found no coordinator there)
+    assert f"chmod 600 {tf}" in r.stderr and "WARNING" in r.stderr
 
 
 def test_bad_address_is_a_usage_error(tmp_path: Path) -> None:
@@ -79,10 +93,12 @@ def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: 
     import signal
     import socket
 
-    from trainer.client import connect, handshake
+    from trainer import membership as mb
+    from trainer.client import connect, join
 
     tf = tmp_path / "token"
     tf.write_bytes(TOKEN + b"\n")
+    tf.chmod(0o600)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -93,8 +109,8 @@ def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: 
         stderr=subprocess.STDOUT, text=True,
         env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     try:
-        store = connect("127.0.0.1", port, budget_s=90)
-        assert handshake(store, TOKEN, "w", 1.0) >= 1
+        store = connect("127.0.0.1", port, TOKEN, budget_s=90)
+        assert join(store, mb.Hello("w", 1.0)) >= 1
     finally:
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=30)

@@ -17,11 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from torch.distributed import TCPStore
 
 from tests.trainer.ringutil import Ring
 from trainer import membership as mb
 from trainer.loop import _Member
+from trainer.store import StoreServer
+from trainer.store_client import ControlStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +59,10 @@ def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: P
         ring.wait_for("the survivor to finish", lambda: ring.coord.stats().get("finished"), 60)
         reforms = [e for e in ring.events("generation")
                    if "every member answered" in e["detail"]]
-        assert mb.MAX_SAME_REFORMS <= len(reforms) <= mb.MAX_SAME_REFORMS + 1, reforms
+        # +1: the dropping one says it too; +1 more when rank 0's report of the last step
+        # (published by its heartbeat thread, up to one interval late) lands between the
+        # first two recoveries, which restarts the count once
+        assert mb.MAX_SAME_REFORMS <= len(reforms) <= mb.MAX_SAME_REFORMS + 2, reforms
         lost = ring.events("lost")
         assert [e["name"] for e in lost] == ["f"], lost
         assert "never completed forming" in lost[0]["detail"]
@@ -69,7 +73,9 @@ def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: P
 
 
 def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining() -> None:
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = StoreServer("127.0.0.1", 0, b"t")
+    server.start()
+    store = ControlStore(*server.address, b"t")
     store.set(mb.k_plan(5), mb.Plan(5, (1, 2), ("s", "x"), drained=(3,)).to_json())
     store.set(mb.k_plan(6), mb.Plan(6, (1,), ("s",), lost=(2,)).to_json())
     x = _Member(None, store, 3, None)  # type: ignore[arg-type]
@@ -77,3 +83,4 @@ def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining
     assert not x._drained_between(5, 7)
     y = _Member(None, store, 2, None)  # type: ignore[arg-type]
     assert not y._drained_between(4, 7)  # lost, not drained: it must join again
+    server.stop()

@@ -1,20 +1,20 @@
-"""The heartbeat thread's stats publishing against the run's last report (a real TCPStore)."""
+"""The heartbeat thread's stats publishing against the run's last report (a real control store)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from torch.distributed import TCPStore
-
 from trainer import membership as mb
 from trainer.client import Heartbeat
+from trainer.store import StoreServer
+from trainer.store_client import ControlStore
 
 
 class _SlowStore:
     """The heartbeat's store, with its send of ``slow`` held up until released."""
 
-    def __init__(self, store: TCPStore, slow: str) -> None:
+    def __init__(self, store: ControlStore, slow: str) -> None:
         self._store, self._slow = store, slow
         self.entered = threading.Event()
 
@@ -29,9 +29,11 @@ class _SlowStore:
 
 
 def test_a_report_the_thread_had_read_never_overwrites_the_last_one() -> None:
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = StoreServer("127.0.0.1", 0, b"t")
+    server.start()
+    master = ControlStore(*server.address, b"t")
     master.set(mb.LATEST, "0")
-    hb = Heartbeat("127.0.0.1", master.port, 1, interval_s=0.01)
+    hb = Heartbeat(master, 1, interval_s=0.01)
     slow = _SlowStore(hb._store, '{"epoch": 9}')
     hb._store = slow
     hb.stats = '{"epoch": 9}'
@@ -42,3 +44,4 @@ def test_a_report_the_thread_had_read_never_overwrites_the_last_one() -> None:
     finally:
         hb.stop()  # the worker exits right after its last report: no later beat mends it
     assert master.get(mb.STATS) == b'{"epoch": 10}'
+    server.stop()

@@ -1,4 +1,4 @@
-"""Pure membership decisions: next generation, token proofs, plan round trips."""
+"""Pure membership vocabulary: next generation, message validation, plan round trips."""
 
 from __future__ import annotations
 
@@ -39,13 +39,33 @@ def test_plan_json_round_trip() -> None:
     assert Plan.from_json(p.to_json()) == p
 
 
-def test_hmac_proof_binds_token_id_name_and_nonce() -> None:
-    proof = mb.make_proof(b"secret", 3, "w", "n1")
-    assert mb.check_proof(b"secret", 3, "w", "n1", proof)
-    assert not mb.check_proof(b"other", 3, "w", "n1", proof)
-    assert not mb.check_proof(b"secret", 4, "w", "n1", proof)
-    assert not mb.check_proof(b"secret", 3, "w", "n2", proof)
-    assert "secret" not in proof
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"name": ""}', b'{"name": 5}',
+                                 b'{"name": "a", "prior": "fast"}',
+                                 b'{"name": "a", "prior": Infinity}', "x" * 10, b"\xff\xfe"])
+def test_a_malformed_hello_is_refused_as_malformed(raw: bytes) -> None:
+    with pytest.raises(mb.Malformed):
+        mb.Hello.parse(raw)
+
+
+def test_messages_round_trip_and_reject_wrong_types() -> None:
+    h = mb.Hello("w", 12.5, "abc")
+    assert mb.Hello.parse(h.to_json()) == h
+    f = mb.Formed("c0ffee", 10, 1, 0, 100, 2.5)
+    assert mb.Formed.parse(f.to_json()) == f
+    p = mb.Progress(3, 40, 2, 2560, 2, 0.5, {"accuracy": 0.9, "r2": float("nan")})
+    q = mb.Progress.parse(p.to_json())
+    assert q.step == 40 and q.metrics["accuracy"] == 0.9
+    for bad in (b'{"step": -1}', b'{"step": true}', b'{"metrics": {"a": "x"}}',
+                b'{"finished": true, "step": "9"}'):
+        with pytest.raises(mb.Malformed):
+            mb.Progress.parse(bad)
+    with pytest.raises(mb.Malformed):
+        mb.Formed.parse(b'{"checksum": 5, "step": 1}')
+    with pytest.raises(mb.Malformed):
+        mb.Plan.from_json(b'{"generation": 2, "members": [1, 1], "names": ["a", "a"]}')
+    with pytest.raises(mb.Malformed):
+        mb.Plan.from_json(b'{"generation": 0, "members": [], "names": []}')
+    assert mb.parse_drain(b"") == "drain requested"
 
 
 def test_the_same_set_is_re_formed_up_to_the_limit_then_the_member_that_never_forms_goes() -> None:

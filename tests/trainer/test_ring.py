@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.trainer.ringutil import Ring, per_epoch_counts
-from trainer.client import JoinRefused, connect, handshake
+from trainer.client import JoinRefused, connect
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +60,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         ring.worker("a", *slow, "--fault", "kill@130")  # the storm: a and b die together
         ring.worker("b", *slow, "--fault", "kill@130")
         ring.worker("e", *slow)
-        with pytest.raises(JoinRefused, match="refused"):  # an intruder with a wrong token
-            store = connect(*ring.coord.address, budget_s=5)
-            handshake(store, b"not-the-token", "intruder", 1.0)
+        with pytest.raises(JoinRefused, match="token"):  # an intruder with a wrong token
+            connect(*ring.coord.address, b"not-the-token", budget_s=5)
         ring.wait_for("step 40", lambda: ring.coord.stats()["step"] >= 40, 150)
         assert ring.coord.drain("c", "test: drain by name")
         assert not ring.coord.drain("nobody", "no such worker")
@@ -129,15 +128,14 @@ def test_every_reconfiguration_ends_with_identical_parameters(scenario: dict[str
     assert len(formed) >= 7  # first, join, drains, kill, hang, rejoin, joins, storm
     for f in formed:
         assert f["identical"], f
-    finals = {e["detail"] for e in scenario["events"]
-              if e["kind"] == "leave" and e["detail"].startswith("finished")}
-    sums = {__import__("json").loads(d.split("finished: ", 1)[1])["checksum"] for d in finals}
+    sums = {e["data"]["checksum"] for e in scenario["events"]
+            if e["kind"] == "leave" and e["data"].get("finished")}
     assert len(sums) == 1
 
 
 def test_hang_is_dropped_then_refused_and_rejoins(scenario: dict[str, Any]) -> None:
     lost = [e for e in scenario["events"] if e["kind"] == "lost" and e["name"] == "d"]
-    assert lost and "heartbeat" in lost[0]["detail"] or "collective" in lost[0]["detail"]
+    assert lost and ("heartbeat" in lost[0]["detail"] or "collective" in lost[0]["detail"])
     refused = [e for e in scenario["events"] if e["kind"] == "refused" and e["name"] == "d"]
     assert refused and "new member" in refused[0]["detail"]
     joins = [e for e in scenario["events"] if e["kind"] == "join" and e["name"] == "d"]
@@ -175,14 +173,9 @@ def test_each_sample_exactly_once_per_epoch(scenario: dict[str, Any]) -> None:
 
 
 def test_wrong_token_is_refused_and_the_ring_unaffected(scenario: dict[str, Any]) -> None:
-    refused = [e for e in scenario["events"] if e["kind"] == "refused"
-               and e["name"] == "intruder"]
-    assert refused and "wrong token" in refused[0]["detail"]
-    assert not any(e["name"] == "intruder" for e in scenario["events"]
-                   if e["kind"] in ("join", "lost", "leave"))
-    gen = refused[0]["generation"]
-    assert not any(e["kind"] == "generation" and e["generation"] == gen + 1
-                   and "intruder" in e["name"] for e in scenario["events"])
+    # refused at the control port: it never got to introduce itself
+    assert scenario["stats"]["rejected"]["refused"] >= 1
+    assert not any("intruder" in e["name"] for e in scenario["events"])
 
 
 def test_metrics_lines_have_the_documented_keys(scenario: dict[str, Any]) -> None:

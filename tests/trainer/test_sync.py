@@ -6,16 +6,20 @@ import io
 from typing import Any
 
 import torch
-from torch.distributed import TCPStore
 
 from tests.trainer.ringutil import _context
 from trainer import batching, ring, sync
+from trainer.store import StoreServer
+from trainer.store_client import ControlStore
+
+_TOKEN = b"sync-test"
 
 
 def _rank(port: int, rank: int, world: int, step: int, fresh: bool, state_step: int | None,
           q: Any) -> None:
-    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
-    pg = ring.form_group(store, 1, rank, world, 30.0, lambda: False)
+    store = ControlStore("127.0.0.1", port, _TOKEN)
+    pg = ring.form_group(store, 1, rank, world, 30.0, lambda: False,
+                         hostname="127.0.0.1").pg
     state = _trained_state(state_step) if state_step is not None else {}
     built = []
 
@@ -23,13 +27,14 @@ def _rank(port: int, rank: int, world: int, step: int, fresh: bool, state_step: 
         built.append(rank)
         return state
 
-    res = sync.sync_state(pg, rank, world, step, fresh, get_state, lambda: False)
+    got, src, nbytes, _best = sync.sync_state(pg, rank, world, step, fresh, get_state,
+                                              lambda: False)
     # The step's first all-reduce: members that received nothing must not have gone on
     # with a group the others cannot use.
     probe = torch.ones(1)
     ring.allreduce(pg, probe, lambda: False)
     assert probe.item() == world
-    res = (*res, bool(built))
+    res = (got, src, nbytes, bool(built))
     buf = io.BytesIO()
     torch.save(res, buf)  # plain bytes: tensors in a queue would need the sender alive
     q.put((rank, buf.getvalue()))
@@ -40,10 +45,11 @@ def _run(*ranks: tuple[int, bool, int | None]) -> list[Any]:
 
     Returns each rank's ``(state, src, nbytes, built)``: ``built``, whether it serialised.
     """
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = StoreServer("127.0.0.1", 0, _TOKEN)
+    server.start()
     ctx = _context()
     q = ctx.Queue()
-    ps = [ctx.Process(target=_rank, args=(store.port, r, len(ranks), *args, q))
+    ps = [ctx.Process(target=_rank, args=(server.address[1], r, len(ranks), *args, q))
           for r, args in enumerate(ranks)]
     for p in ps:
         p.start()
@@ -53,6 +59,7 @@ def _run(*ranks: tuple[int, bool, int | None]) -> list[Any]:
         out[rank] = torch.load(io.BytesIO(res), weights_only=False)
     for p in ps:
         p.join(30)
+    server.stop()
     return out
 
 
@@ -72,7 +79,7 @@ def _trained_state(step: int) -> dict[str, Any]:
     opt.step()
     speed = batching.observe(batching.SpeedModel(), [batching.StepTiming("a/1", 16, 0.02)])
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-            "cursor": (2, 128), "rng": sync.rng_state(), "speed": speed,
+            "cursor": (2, 128), "rng": sync.rng_state(), "speed": batching.speed_to_plain(speed),
             "sizes": {"a/1": 16}}
 
 

@@ -1,0 +1,602 @@
+"""The coordinator's decision: one tick of the membership protocol, as a pure function.
+
+Design (after torch elastic's ``_RendezvousJoinOp``, which only reads state and returns an
+action): the coordinator thread reads the keys :func:`reads` names from its store into a
+:class:`Snapshot`, calls :func:`decide`, and applies the returned actions (:class:`Put`,
+:class:`Add`, :class:`Delete`, :class:`DeletePrefix`, :class:`Emit`). :func:`decide` never blocks, sleeps,
+mutates its inputs or touches the store, so every rule below is tested with plain data.
+
+One tick, in order:
+
+1. **Time.** Liveness is judged on the coordinator's own *active* time: a gap between two
+   ticks longer than ``MAX_TICK_GAP_S`` (the coordinator itself was paused: a stalled host,
+   a stopped process) advances it by ``MAX_TICK_GAP_S`` only, so a pause of the coordinator
+   is never taken for the death of every member.
+2. **Joins.** A joiner's :class:`~trainer.membership.Hello` is validated; a malformed one,
+   or one of a different job (its fingerprint differs from the ring's), is refused with a
+   verdict that says why; the others are admitted and wait for a generation.
+3. **Heartbeats, drains, reports.** A member whose heartbeat has not moved for
+   ``heartbeat_timeout_s`` of active time is dead. Reports are parsed; a malformed one is
+   ignored and counted (never fatal). A member's :class:`~trainer.membership.JobFailure`
+   (the user's code raised) ends the job as failed: it is not a revocation.
+4. **Generations.** A failure (``broken/<n>`` bumped, or a dead member) starts a roll call:
+   members whose heartbeat does not move within ``rollcall_s`` are dropped (when nobody
+   answers, that looks like a stall of this machine: the roll call waits up to the
+   heartbeat timeout before dropping everyone). A roll call that every member answers
+   re-forms the same set, bounded by :func:`~trainer.membership.reform_or_drop`. Otherwise
+   a new plan is published only after every member reported the previous one formed.
+
+Rule for callers: call :func:`decide` under the coordinator's lock with a snapshot read
+after :func:`reads` of the same state; apply every action, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trainer import membership as mb
+from trainer.membership import EventKind, Joiner, MemberState, Outcome, Plan
+
+HANDSHAKE_TIMEOUT_S = 20.0  # a joiner that takes an id and never says hello is forgotten
+SPEED_POLL_S = 0.5  # how often members' reported samples/s are read
+REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
+MAX_TICK_GAP_S = 0.5  # a longer gap between ticks is the coordinator's own pause
+KEEP_GENERATIONS = 16  # keys of older generations are deleted from the store
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    heartbeat_timeout_s: float = 5.0
+    rollcall_s: float = 0.5
+    initial_world: int = 1
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A member of the newest plan, or an admitted joiner."""
+
+    member_id: int
+    name: str
+    joined_at: float  # wall clock, for display
+    samples_per_s: float = 0.0
+    batch: int = 0
+    hb: int = -1
+    hb_seen: float = 0.0  # active time at which the heartbeat last moved
+    state: MemberState = MemberState.JOINING
+
+
+@dataclass(frozen=True)
+class Dropped:
+    name: str
+    when: float  # active time
+    hb: int
+
+
+@dataclass(frozen=True)
+class RollCall:
+    """A recovery in progress: who must show a heartbeat for ``plan``'s members to go on."""
+
+    generation: int
+    why: str
+    dead: tuple[int, ...]  # found dead before the roll call (heartbeat stopped)
+    base: Mapping[int, int]  # heartbeat of each other member when it started
+    started: float  # active time
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Everything the coordinator knows (see the module docstring)."""
+
+    plan: Plan | None = None
+    formed: bool = True
+    formed_gen: int = 0  # the newest generation every member reported formed
+    tracked: Mapping[int, Tracked] = field(default_factory=dict)
+    ready: tuple[int, ...] = ()  # admitted joiners, oldest first
+    draining: Mapping[int, str] = field(default_factory=dict)
+    done: frozenset[int] = frozenset()
+    dropped: Mapping[int, Dropped] = field(default_factory=dict)
+    unseen: Mapping[int, float] = field(default_factory=dict)  # id -> active time taken
+    scan_from: int = 1
+    reforms: mb.Reforms = mb.Reforms()
+    rollcall: RollCall | None = None
+    progress: mb.Progress = mb.Progress()
+    steps_lost: int = 0
+    outcome: Outcome = Outcome.RUNNING
+    failure: str = ""
+    job: str = ""
+    seen_counts: Mapping[str, int] = field(default_factory=dict)  # drains/dones/errors
+    clock: float = 0.0  # active time
+    last_now: float | None = None
+    last_speed_poll: float = -SPEED_POLL_S
+    malformed: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one tick read: the monotonic and wall clocks and the values of :func:`reads`."""
+
+    now: float
+    wall: float
+    values: Mapping[str, bytes | None]
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    def count(self, key: str) -> int:
+        v = self.values.get(key)
+        try:
+            return int(v) if v is not None else 0
+        except ValueError:
+            return 0
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Add:
+    key: str
+    delta: int
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+
+
+@dataclass(frozen=True)
+class DeletePrefix:
+    prefix: str  # ends with "/": a whole folder of keys
+
+
+@dataclass(frozen=True)
+class Emit:
+    kind: EventKind
+    name: str
+    detail: str = ""
+    generation: int | None = None
+    data: Mapping[str, Any] | None = None
+
+
+Action = Put | Add | Delete | DeletePrefix | Emit
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+def reads(ring: Ring, ids: int) -> list[str]:
+    """The keys one tick reads, given the current value of the ``ids`` counter."""
+    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS]
+    keys += [mb.k_hello(i) for i in sorted(set(ring.unseen) | set(range(ring.scan_from,
+                                                                        ids + 1)))]
+    for m in ring.tracked:
+        keys += [mb.k_heartbeat(m), mb.k_speed(m), mb.k_drain(m), mb.k_done(m), mb.k_error(m)]
+    keys += [mb.k_heartbeat(m) for m in ring.dropped]
+    plan = ring.plan
+    if plan is not None and plan.members:
+        g = plan.generation
+        keys += [mb.k_broken(g), mb.k_formed_count(g)]
+        keys += [mb.k_formed(g, m) for m in plan.members]
+        keys += [mb.k_forming(g, m) for m in plan.members]
+        if ring.formed_gen > 0:
+            keys.append(mb.k_broken(ring.formed_gen))
+    return keys
+
+
+# -- the decision ---------------------------------------------------------------------------------
+
+
+class _Tick:
+    """One decision in progress: the evolving state and the actions so far."""
+
+    def __init__(self, ring: Ring, snap: Snapshot, settings: Settings, ids: int) -> None:
+        self.r = ring
+        self.s = snap
+        self.cfg = settings
+        self.ids = ids
+        self.actions: list[Action] = []
+
+    def set(self, **changes: Any) -> None:
+        self.r = replace(self.r, **changes)
+
+    def emit(self, kind: EventKind, name: str, detail: str = "", generation: int | None = None,
+             data: Mapping[str, Any] | None = None) -> None:
+        self.actions.append(Emit(kind, name, detail, generation, data))
+
+    def malformed(self, what: str, err: Exception) -> None:
+        self.set(malformed=self.r.malformed + 1)
+        self.emit(EventKind.MALFORMED, what, detail=f"ignored: {err}")
+
+    def put_tracked(self, t: Tracked) -> None:
+        self.set(tracked={**self.r.tracked, t.member_id: t})
+
+    def drop_tracked(self, member_id: int) -> Tracked | None:
+        t = self.r.tracked.get(member_id)
+        if t is not None:
+            self.set(tracked={k: v for k, v in self.r.tracked.items() if k != member_id})
+        return t
+
+
+def decide(ring: Ring, snap: Snapshot, settings: Settings, ids: int
+           ) -> tuple[Ring, list[Action]]:
+    """One tick (see the module docstring). Returns the new state and the actions to apply."""
+    t = _Tick(ring, snap, settings, ids)
+    _advance_clock(t)
+    _joins(t)
+    _heartbeats(t)
+    _reports(t)
+    if t.r.outcome is Outcome.RUNNING:
+        _generations(t)
+    return t.r, t.actions
+
+
+def _advance_clock(t: _Tick) -> None:
+    last = t.r.last_now
+    gap = 0.0 if last is None else max(0.0, t.s.now - last)
+    t.set(clock=t.r.clock + min(gap, MAX_TICK_GAP_S), last_now=t.s.now)
+
+
+def _joins(t: _Tick) -> None:
+    r, now = t.r, t.r.clock
+    unseen = dict(r.unseen)
+    for i in range(r.scan_from, t.ids + 1):
+        unseen.setdefault(i, now)
+    t.set(scan_from=max(r.scan_from, t.ids + 1))
+    for i, since in sorted(unseen.items()):
+        raw = t.s.get(mb.k_hello(i))
+        if raw is None:
+            if now - since > HANDSHAKE_TIMEOUT_S:
+                del unseen[i]
+            continue
+        del unseen[i]
+        try:
+            hello = mb.Hello.parse(raw)
+        except mb.Malformed as e:
+            t.malformed(f"member {i}", e)
+            t.actions.append(Put(mb.k_verdict(i), f"refused: malformed hello ({e})".encode()))
+            continue
+        if t.r.outcome is not Outcome.RUNNING:
+            t.actions.append(Put(mb.k_verdict(i), b"finished: the job is over"))
+            continue
+        if t.r.job and hello.job and hello.job != t.r.job:
+            t.actions.append(Put(mb.k_verdict(i), b"refused: a different job (its model, "
+                                 b"optimiser or batch differ from the ring's); start it with "
+                                 b"the ring's --job and --seed"))
+            t.emit(EventKind.REFUSED, hello.name, detail=f"member {i}: a different job")
+            continue
+        if not t.r.job and hello.job:
+            t.set(job=hello.job)
+        t.actions.append(Put(mb.k_verdict(i), b"ok"))
+        t.put_tracked(Tracked(i, hello.name, t.s.wall, samples_per_s=hello.prior, hb=-1,
+                              hb_seen=now))
+        t.set(ready=(*t.r.ready, i))
+        t.emit(EventKind.JOIN, hello.name, detail=f"admitted as member {i}")
+    t.set(unseen=unseen)
+
+
+def _heartbeats(t: _Tick) -> None:
+    now = t.r.clock
+    for m, tr in list(t.r.tracked.items()):
+        v = t.s.count(mb.k_heartbeat(m))
+        if v != tr.hb:
+            t.put_tracked(replace(tr, hb=v, hb_seen=now))
+    dropped = dict(t.r.dropped)
+    for m, d in list(dropped.items()):
+        if now - d.when > REFUSED_WATCH_S:
+            del dropped[m]
+        elif t.s.count(mb.k_heartbeat(m)) != d.hb:
+            del dropped[m]
+            t.emit(EventKind.REFUSED, d.name, detail=f"member {m} woke up after being dropped; "
+                   "it must join again as a new member")
+    t.set(dropped=dropped)
+
+
+def _counter_moved(t: _Tick, key: str) -> bool:
+    v = t.s.count(key)
+    if v == t.r.seen_counts.get(key, 0):
+        return False
+    t.set(seen_counts={**t.r.seen_counts, key: v})
+    return True
+
+
+def _reports(t: _Tick) -> None:
+    if _counter_moved(t, mb.DRAINS):
+        for m, tr in sorted(t.r.tracked.items()):
+            raw = t.s.get(mb.k_drain(m))
+            if m in t.r.draining or raw is None:
+                continue
+            try:
+                reason = mb.parse_drain(raw)
+            except mb.Malformed as e:
+                t.malformed(tr.name, e)
+                reason = "drain requested"
+            t.set(draining={**t.r.draining, m: reason})
+            t.put_tracked(replace(tr, state=MemberState.DRAINING))
+            t.emit(EventKind.DRAIN, tr.name, detail=reason)
+    if _counter_moved(t, mb.DONES):
+        for m, tr in sorted(t.r.tracked.items()):
+            raw = t.s.get(mb.k_done(m))
+            if m in t.r.done or raw is None:
+                continue
+            try:
+                done = mb.Done.parse(raw)
+            except mb.Malformed as e:
+                t.malformed(tr.name, e)
+                continue
+            t.set(done=t.r.done | {m})
+            t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
+                   data={"finished": True, "step": done.step, "checksum": done.checksum})
+    if _counter_moved(t, mb.ERRORS) and t.r.outcome is Outcome.RUNNING:
+        for m, tr in sorted(t.r.tracked.items()):
+            raw = t.s.get(mb.k_error(m))
+            if raw is None:
+                continue
+            try:
+                err = mb.JobFailure.parse(raw)
+            except mb.Malformed as e:
+                t.malformed(tr.name, e)
+                continue
+            t.set(outcome=Outcome.FAILED, failure=err.message)
+            t.actions.append(Put(mb.FINISHED, f"failed: {err.message}".encode()))
+            t.emit(EventKind.JOB_ERROR, tr.name, detail=err.message,
+                   data={"step": err.step})
+            break
+    raw = t.s.get(mb.STATS)
+    if raw is not None and raw not in (b"", b"{}"):
+        try:
+            t.set(progress=mb.Progress.parse(raw))
+        except mb.Malformed as e:
+            if t.r.malformed == 0 or t.r.progress.step == 0:
+                t.malformed("stats", e)
+            else:
+                t.set(malformed=t.r.malformed + 1)
+    if t.r.clock - t.r.last_speed_poll >= SPEED_POLL_S:
+        t.set(last_speed_poll=t.r.clock)
+        for m, tr in sorted(t.r.tracked.items()):
+            raw = t.s.get(mb.k_speed(m))
+            if raw is None:
+                continue
+            try:
+                sp = mb.Speed.parse(raw)
+            except mb.Malformed:
+                t.set(malformed=t.r.malformed + 1)
+                continue
+            t.put_tracked(replace(tr, samples_per_s=sp.samples_per_s or tr.samples_per_s,
+                                  batch=sp.batch))
+    plan = t.r.plan
+    if (t.r.outcome is Outcome.RUNNING and plan is not None and plan.members
+            and all(m in t.r.done for m in plan.members)):
+        t.set(outcome=Outcome.DONE)
+        t.actions.append(Put(mb.FINISHED, b"done"))
+        t.emit(EventKind.FINISHED, ",".join(plan.names), detail="every member finished",
+               generation=plan.generation)
+
+
+def _hb_dead(t: _Tick) -> set[int]:
+    now, limit = t.r.clock, t.cfg.heartbeat_timeout_s
+    return {m for m, tr in t.r.tracked.items()
+            if m not in t.r.done and now - tr.hb_seen > limit}
+
+
+def _generations(t: _Tick) -> None:
+    dead_now = _hb_dead(t)
+    for i in [j for j in t.r.ready if j in dead_now]:
+        t.set(ready=tuple(j for j in t.r.ready if j != i))
+        tr = t.drop_tracked(i)
+        t.emit(EventKind.LOST, tr.name if tr else str(i),
+               detail=f"joiner {i}: heartbeat stopped before joining")
+    for i in [j for j in t.r.ready if j in t.r.draining]:
+        t.set(ready=tuple(j for j in t.r.ready if j != i))
+        tr = t.drop_tracked(i)
+        reason = t.r.draining[i]
+        t.set(draining={k: v for k, v in t.r.draining.items() if k != i})
+        t.emit(EventKind.LEAVE, tr.name if tr else str(i),
+               detail=f"joiner {i} left before joining: {reason}")
+    plan = t.r.plan
+    if t.r.rollcall is not None:
+        _continue_rollcall(t)
+        return
+    if plan is not None and plan.members:
+        broken = t.s.count(mb.k_broken(plan.generation)) > 0 or (
+            # the running generation broke while the next one was forming: its members
+            # would wait for a dead peer in the new group, so recover now
+            not t.r.formed and t.r.formed_gen > 0
+            and t.s.count(mb.k_broken(t.r.formed_gen)) > 0)
+        dead = [m for m in plan.members if m in dead_now]
+        if broken or dead:
+            _start_rollcall(t, plan, dead, "collective failed" if broken else "heartbeat stopped")
+            return
+        if not t.r.formed:
+            if t.s.count(mb.k_formed_count(plan.generation)) >= len(plan.members):
+                _on_formed(t, plan)
+            else:
+                return
+    elif plan is not None:
+        return  # the ring is gone (no member held the state)
+    draining = [m for m in t.r.draining if plan is None or m in plan.members]
+    new = mb.next_plan(plan, _joiners(t, ()), draining, [],
+                       initial_world=t.cfg.initial_world, job=t.r.job)
+    if new is not None:
+        _publish(t, new)
+
+
+def _joiners(t: _Tick, exclude: tuple[int, ...] | list[int]) -> list[Joiner]:
+    return [Joiner(i, t.r.tracked[i].name, t.r.tracked[i].samples_per_s)
+            for i in t.r.ready if i not in exclude and i in t.r.tracked]
+
+
+def _start_rollcall(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
+    if t.s.count(mb.k_broken(plan.generation)) == 0:
+        t.actions.append(Add(mb.k_broken(plan.generation), 1))  # everyone abandons it
+    base = {m: t.s.count(mb.k_heartbeat(m)) for m in plan.members if m not in dead}
+    t.set(formed_gen=0,  # whatever ran before is being replaced: stop watching it
+          rollcall=RollCall(plan.generation, why, tuple(dead), base, t.r.clock))
+    _continue_rollcall(t)
+
+
+def _continue_rollcall(t: _Tick) -> None:
+    rc, plan = t.r.rollcall, t.r.plan
+    assert rc is not None and plan is not None
+    pending = {m for m, hb in rc.base.items() if t.s.count(mb.k_heartbeat(m)) == hb}
+    waited = t.r.clock - rc.started
+    nobody = bool(rc.base) and pending == set(rc.base)
+    # nobody answering at all looks like a stall of this machine, not a storm that killed
+    # everyone: give them up to the heartbeat timeout before dropping every member
+    if pending and (waited < t.cfg.rollcall_s
+                    or (nobody and waited < t.cfg.heartbeat_timeout_s)):
+        return
+    t.set(rollcall=None)
+    _recover(t, plan, sorted(set(rc.dead) | pending), rc.why)
+
+
+def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
+    ready = _joiners(t, dead)
+    draining = [m for m in t.r.draining if m in plan.members]
+    reason = f"{why}; dropped {dead}" if dead else f"{why}; every member answered"
+    if dead or mb.next_plan(plan, ready, draining, []) is not None:
+        t.set(reforms=mb.Reforms())
+    else:  # the same set again: members that answer but never form must not loop it
+        g = plan.generation
+        started = [m for m in plan.members if t.s.get(mb.k_forming(g, m)) is not None]
+        formed = [m for m in plan.members if t.s.get(mb.k_formed(g, m)) is not None]
+        reforms, stuck = mb.reform_or_drop(t.r.reforms, plan, started, formed,
+                                           t.r.progress.step)
+        t.set(reforms=reforms)
+        if stuck:
+            dead = sorted(stuck)
+            why = (f"answered the roll call but never completed forming generation {g} "
+                   f"({mb.MAX_SAME_REFORMS} re-forms of the same set)")
+            reason = f"{reason}; dropped {dead}: {why}"
+    new = mb.next_plan(plan, ready, draining, dead, reason=reason)
+    if new is None:  # everyone answered and nothing else changed: re-form the same set
+        new = Plan(generation=plan.generation + 1, members=plan.members, names=plan.names,
+                   reason=reason, job=plan.job)
+    for m in dead:
+        tr = t.r.tracked.get(m)
+        name = tr.name if tr else str(m)
+        t.set(dropped={**t.r.dropped, m: Dropped(name, t.r.clock,
+                                                 t.s.count(mb.k_heartbeat(m)))})
+        t.emit(EventKind.LOST, name, detail=f"member {m}: {why}", generation=plan.generation)
+    _publish(t, new)
+
+
+def _publish(t: _Tick, new: Plan) -> None:
+    g = new.generation
+    # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
+    t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
+                  Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]
+    old = g - KEEP_GENERATIONS
+    if old >= 1:
+        t.actions += [DeletePrefix(f"forming/{old}/"), DeletePrefix(f"formed/{old}/"),
+                      DeletePrefix(mb.group_prefix(old)), Delete(mb.k_plan(old)),
+                      Delete(mb.k_broken(old)), Delete(mb.k_formed_count(old))]
+    t.set(plan=new, formed=not new.members,
+          ready=tuple(i for i in t.r.ready if i not in new.joined))
+    for i in (*new.drained, *new.lost):
+        tr = t.drop_tracked(i)
+        t.set(draining={k: v for k, v in t.r.draining.items() if k != i})
+        if tr is not None and i in new.drained:
+            t.emit(EventKind.LEAVE, tr.name, detail=f"member {i} drained", generation=g)
+    for i in new.members:
+        tr = t.r.tracked[i]
+        t.put_tracked(replace(tr, state=MemberState.DRAINING if i in t.r.draining
+                              else MemberState.ACTIVE))
+    t.emit(EventKind.GENERATION, ",".join(new.names),
+           detail=f"published: {new.reason or 'membership change'}", generation=g,
+           data={"members": list(new.members), "joined": list(new.joined),
+                 "drained": list(new.drained), "lost": list(new.lost)})
+    if not new.members:
+        t.set(outcome=Outcome.LOST, failure=new.reason)
+        t.actions.append(Put(mb.FINISHED, b"lost"))
+        t.emit(EventKind.FINISHED, "", detail=f"the job is lost: {new.reason}", generation=g)
+
+
+def _on_formed(t: _Tick, plan: Plan) -> None:
+    reports: dict[int, mb.Formed] = {}
+    for m in plan.members:
+        raw = t.s.get(mb.k_formed(plan.generation, m))
+        try:
+            if raw is None:
+                raise mb.Malformed("missing")
+            reports[m] = mb.Formed.parse(raw)
+        except mb.Malformed as e:
+            t.malformed(t.r.tracked[m].name if m in t.r.tracked else str(m), e)
+    if len(reports) < len(plan.members):
+        return  # a report was malformed: the ring will break or report again; keep waiting
+    sums = sorted({r.checksum for r in reports.values()})
+    lost = max(r.discarded for r in reports.values())
+    t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation)
+    data = {"checksums": sums, "identical": len(sums) == 1, "steps_lost": lost,
+            "step": max(r.step for r in reports.values()),
+            "switch_ms": max(r.switch_ms for r in reports.values()),
+            "bytes": max(r.bytes for r in reports.values())}  # the source's: all it sent
+    t.emit(EventKind.FORMED, ",".join(plan.names),
+           detail=f"formed at step {data['step']}" + ("" if data["identical"] else
+                                                      "; MEMBERS DIFFER"),
+           generation=plan.generation, data=data)
+
+
+# -- commands and views -----------------------------------------------------------------------
+
+
+def command_drain(ring: Ring, name: str, reason: str) -> tuple[Ring, list[Action], bool]:
+    """Ask the member called ``name`` to leave at the next step boundary (pure).
+
+    Returns ``(state, actions, found)``; ``found`` is False when no such member exists.
+    """
+    for m, tr in sorted(ring.tracked.items()):
+        if tr.name == name and m not in ring.draining:
+            ring = replace(ring, draining={**ring.draining, m: reason},
+                           tracked={**ring.tracked,
+                                    m: replace(tr, state=MemberState.DRAINING)})
+            return ring, [Emit(EventKind.DRAIN, name, reason)], True
+    return ring, [], False
+
+
+def stats(ring: Ring) -> dict[str, Any]:
+    """The ring's progress as the daemon and the CLI show it (plain data)."""
+    p = ring.progress
+    out: dict[str, Any] = {
+        "generation": ring.plan.generation if ring.plan else 0,
+        "step": p.step, "epoch": p.epoch, "samples_done": p.samples_done,
+        "world": len(ring.plan.members) if ring.plan else 0,
+        "steps_lost": ring.steps_lost,
+        "finished": ring.outcome is not Outcome.RUNNING,
+        "outcome": ring.outcome.value,
+        "lost": ring.outcome is Outcome.LOST,
+        "completing": bool(ring.done),
+        "malformed": ring.malformed,
+    }
+    if p.loss is not None:
+        out["loss"] = p.loss
+    if p.metrics:
+        out["metrics"] = dict(p.metrics)
+        if "accuracy" in p.metrics:
+            out["accuracy"] = p.metrics["accuracy"]
+    if ring.failure:
+        out["failure"] = ring.failure
+    return out
+
+
+def members(ring: Ring) -> list[mb.MemberInfo]:
+    """Members of the newest generation and admitted joiners, by id."""
+    gen = ring.plan.generation if ring.plan else 0
+    return [mb.MemberInfo(id=tr.member_id, name=tr.name,
+                          generation=gen if tr.state is not MemberState.JOINING else 0,
+                          batch=tr.batch, samples_per_s=tr.samples_per_s,
+                          state=tr.state.value, joined_at=tr.joined_at)
+            for _, tr in sorted(ring.tracked.items())]
+
+
+def as_dict(obj: Any) -> Any:
+    """A frozen dataclass as plain data (for logs and tests)."""
+    return dataclasses.asdict(obj)
