@@ -1,7 +1,8 @@
-"""Turn ``terraform output -json`` of terraform/aws into the daemon's config TOML.
+"""Turn ``terraform output -json`` of terraform/aws or terraform/gcp into the daemon's config TOML.
 
-Design: the AWS module exposes one output, ``daemon_settings``, holding every value
-``provision run`` needs; the module writes the same settings onto the daemon host through
+Design: each module exposes one output, ``daemon_settings``, holding every value
+``provision run`` needs (its ``cloud`` key names the module; outputs of terraform/aws from
+before that key are AWS); the module writes the same settings onto the daemon host through
 ``templates/daemon-config.toml.tftpl``. This script renders them for a daemon run elsewhere (a
 laptop, a test against a moto server: ``--endpoint-url``), so both paths give one
 configuration (tests/terraform compares them field by field through
@@ -14,6 +15,7 @@ reject.
 Usage::
 
     terraform -chdir=terraform/aws output -json | python terraform/render_config.py - > spotring.toml
+    terraform -chdir=terraform/gcp output -json | python terraform/render_config.py - > spotring.toml
     python terraform/render_config.py outputs.json --endpoint-url http://127.0.0.1:5000
 """
 
@@ -25,9 +27,14 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-REQUIRED = ("job_id", "job_file", "region", "price_regions", "max_workers", "launch_template_id",
-            "queue_url", "subnets", "coordinator_host", "coordinator_port", "token_path",
-            "state_path")
+_COMMON = ("job_id", "job_file", "max_workers", "coordinator_host", "coordinator_port",
+           "token_path", "state_path")
+#: What ``daemon_settings`` must hold, per module.
+REQUIRED = {
+    "aws": _COMMON + ("region", "price_regions", "launch_template_id", "queue_url", "subnets"),
+    "gcp": _COMMON + ("project", "zones", "network", "subnetwork", "source_image", "boot_disk_gb",
+                      "service_account", "startup_script"),
+}
 
 
 class RenderError(ValueError):
@@ -55,12 +62,16 @@ def settings_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
         settings = outputs["daemon_settings"]["value"]
     except (KeyError, TypeError):
         raise RenderError("terraform output has no daemon_settings: run `terraform output -json` "
-                          "in an applied terraform/aws") from None
-    missing = [k for k in REQUIRED if k not in settings]
+                          "in an applied terraform/aws or terraform/gcp") from None
+    cloud = settings.get("cloud", "aws")
+    if cloud not in REQUIRED:
+        raise RenderError(f"daemon_settings.cloud = {cloud!r}: expected one of "
+                          f"{', '.join(sorted(REQUIRED))}")
+    missing = [k for k in REQUIRED[cloud] if k not in settings]
     if missing:
-        raise RenderError(f"daemon_settings lacks {', '.join(missing)}: re-apply terraform/aws "
+        raise RenderError(f"daemon_settings lacks {', '.join(missing)}: re-apply terraform/{cloud} "
                           f"with this version of the module")
-    return dict(settings)
+    return dict(settings, cloud=cloud)
 
 
 def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
@@ -68,22 +79,36 @@ def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
            coordinator: tuple[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """The daemon configuration as nested dicts (TOML tables), from terraform outputs.
 
-    ``endpoint_url`` points the AWS driver at an emulator; ``state_path`` overrides where the
-    daemon keeps its SQLite state; ``token_path`` where it reads the ring token (the daemon runs
-    the trainer's coordinator with it); ``coordinator`` the (host, port) the coordinator binds
-    (for a daemon run off the host, e.g. in tests). Raises RenderError on incomplete outputs.
+    ``endpoint_url`` points the driver at an emulator (``[aws] endpoint_url`` or ``[gcp]
+    api_endpoint``); ``state_path`` overrides where the daemon keeps its SQLite state;
+    ``token_path`` where it reads the ring token (the daemon runs the trainer's coordinator with
+    it); ``coordinator`` the (host, port) the coordinator binds (for a daemon run off the host,
+    e.g. in tests). Raises RenderError on incomplete outputs.
     """
     s = settings_from_outputs(outputs)
-    aws: dict[str, Any] = {"region": s["region"], "launch_template_id": s["launch_template_id"],
-                           "queue_url": s["queue_url"], "subnets": dict(s["subnets"])}
+    cloud = s["cloud"]
+    if cloud == "aws":
+        section: dict[str, Any] = {"region": s["region"],
+                                   "launch_template_id": s["launch_template_id"],
+                                   "queue_url": s["queue_url"], "subnets": dict(s["subnets"])}
+        source: dict[str, Any] = {"kind": "aws", "regions": list(s["price_regions"])}
+        endpoint_key = "endpoint_url"
+    else:
+        section = {"project": s["project"], "zones": list(s["zones"]), "network": s["network"],
+                   "subnetwork": s["subnetwork"], "source_image": s["source_image"],
+                   "boot_disk_gb": int(s["boot_disk_gb"]),
+                   "service_account": s["service_account"],
+                   "startup_script": s["startup_script"]}
+        source = {"kind": "gcp"}
+        endpoint_key = "api_endpoint"
     if endpoint_url:
-        aws["endpoint_url"] = endpoint_url
+        section[endpoint_key] = endpoint_url
     return {
         "job": {"id": s["job_id"], "job_file": s["job_file"]},
         "fleet": {"max_size": int(s["max_workers"])},
-        "source": {"kind": "aws", "regions": list(s["price_regions"])},
-        "cloud": {"driver": "aws"},
-        "aws": aws,
+        "source": source,
+        "cloud": {"driver": cloud},
+        cloud: section,
         "daemon": {"state_path": state_path or s["state_path"],
                    "coordinator_host": coordinator[0] if coordinator else s["coordinator_host"],
                    "coordinator_port": int(coordinator[1] if coordinator
@@ -108,7 +133,8 @@ def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outputs", help="file with `terraform output -json`, or - for stdin")
-    parser.add_argument("--endpoint-url", default=None, help="AWS endpoint (e.g. a moto server)")
+    parser.add_argument("--endpoint-url", default=None,
+                        help="AWS endpoint (e.g. a moto server) or GCP Compute API endpoint")
     parser.add_argument("--state-path", default=None, help="daemon state file")
     parser.add_argument("--token-path", default=None, help="ring token file the daemon reads")
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ locals {
   # What `provision run` needs; outputs.tf exposes the same map and terraform/render_config.py
   # turns `terraform output -json` into the same TOML.
   daemon_settings = {
+    cloud              = "aws"
     job_id             = var.job_id
     job_file           = var.job_module
     region             = var.region
@@ -25,6 +26,9 @@ locals {
       { for s in data.aws_subnet.worker : s.availability_zone => s.id },
       { for s in data.aws_subnet.worker : s.availability_zone_id => s.id },
     )
+    # The coordinator listens on the host's private address only (not 0.0.0.0); the security
+    # group admits ring members to it. No metrics port: the daemon's metrics stay off (or on
+    # loopback when asked for on the command line).
     coordinator_host = local.daemon_private_ip
     coordinator_port = var.coordinator_port
     token_path       = local.token_path

@@ -7,8 +7,10 @@ zones      = ["us-central1-a", "us-central1-b", "us-central1-c"]
 job_id     = "resnet-cifar"
 job_module = "examples.digits"
 
-network    = "default"
-subnetwork = "default"
+# The ring gets its own network, subnetwork and Cloud NAT (nothing else of the project shares
+# them). To use an existing network instead, name both (docs/deploy.md says what that gives):
+#   network    = "shared-vpc"
+#   subnetwork = "shared-vpc-us-central1"
 
 worker_machine_type = "n1-standard-8"
 worker_gpu = {

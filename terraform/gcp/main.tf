@@ -1,17 +1,21 @@
-# --- identities: the narrowest grants ---------------------------------------------------------
+# --- identities: the narrowest grants, per job ------------------------------------------------
 # The daemon gets a custom role with exactly the Compute permissions the GCP driver and price
 # source use (insert/delete/list SPOT VMs, read preemption operations, list zones, machine and
-# accelerator types), may act as the worker service account only, and reads the ring token.
-# Workers can read the ring token and nothing else.
+# accelerator types), narrowed by an IAM condition to this job's workers (naming.tf), may act
+# as this job's worker service account only, and reads the ring token. Workers can read the
+# ring token and nothing else. Both accounts are this job's own: the firewall rules
+# (network.tf) admit VMs by them.
 
 resource "google_service_account" "daemon" {
-  account_id   = "${local.name}-daemon"
+  account_id   = local.daemon_account_id
   display_name = "spotring ${var.job_id} daemon"
+  description  = "Runs the spotring daemon and ring coordinator of job ${var.job_id}"
 }
 
 resource "google_service_account" "worker" {
-  account_id   = "${local.name}-worker"
+  account_id   = local.worker_account_id
   display_name = "spotring ${var.job_id} GPU worker"
+  description  = "Identity of job ${var.job_id}'s SPOT workers: the ring's firewall rules admit it"
 }
 
 resource "google_project_iam_custom_role" "daemon" {
@@ -42,10 +46,12 @@ resource "google_project_iam_member" "daemon" {
   role    = google_project_iam_custom_role.daemon.id
   member  = "serviceAccount:${google_service_account.daemon.email}"
 
+  # Per job: VM and disk permissions reach only the names this job's driver gives its workers
+  # (sr-<job key>-...), never another job's workers, other VMs or the daemon VM.
   condition {
-    title       = "only-spotring-instances"
-    description = "Instance permissions apply only to VMs named like the driver names them (sr-<hash>-<n>)."
-    expression  = "resource.type != 'compute.googleapis.com/Instance' || resource.name.extract('/instances/{name}').startsWith('sr-')"
+    title       = "only-job-${local.job_key}-workers"
+    description = "VM and disk permissions apply only to job ${var.job_id}'s workers (named ${local.instance_prefix}<launch>-<n>)."
+    expression  = local.daemon_iam_condition
   }
 }
 
@@ -82,33 +88,10 @@ resource "google_secret_manager_secret_iam_member" "token_readers" {
   member    = "serviceAccount:${each.value}"
 }
 
-# --- network: the ring only -------------------------------------------------------------------
-
-resource "google_compute_firewall" "ring" {
-  name        = "${local.name}-ring"
-  network     = var.network
-  description = "spotring ${var.job_id}: ring members reach the coordinator and each other"
-  direction   = "INGRESS"
-  priority    = 1000
-
-  # Service accounts, not network tags: the driver sets no tags, and a tag can be put on any
-  # VM by anyone who may edit it; the accounts are the ring's identities.
-  source_service_accounts = [google_service_account.daemon.email, google_service_account.worker.email]
-  target_service_accounts = [google_service_account.daemon.email, google_service_account.worker.email]
-
-  allow {
-    protocol = "tcp"
-    ports    = [tostring(var.coordinator_port), "${var.ring_ports.from}-${var.ring_ports.to}"]
-  }
-
-  log_config {
-    metadata = "INCLUDE_ALL_METADATA"
-  }
-}
-
 # --- the GPU SPOT worker template -------------------------------------------------------------
 
 locals {
+  # Workers dial the address the coordinator binds: the daemon's private address.
   coordinator_address = "${google_compute_address.daemon.address}:${var.coordinator_port}"
 
   worker_startup = templatefile("${path.module}/templates/worker-startup.sh.tftpl", {
@@ -154,8 +137,9 @@ resource "google_compute_instance_template" "worker" {
     instance_termination_action = "DELETE"
   }
 
+  # No access_config: no public address (Cloud NAT and Private Google Access reach out).
   network_interface {
-    subnetwork = var.subnetwork
+    subnetwork = local.subnetwork_id
   }
 
   service_account {
@@ -185,8 +169,35 @@ resource "google_compute_instance_template" "worker" {
 resource "google_compute_address" "daemon" {
   name         = "${local.name}-daemon"
   address_type = "INTERNAL"
-  subnetwork   = var.subnetwork
+  subnetwork   = local.subnetwork_id
   region       = var.region
+}
+
+locals {
+  # What `provision run` needs; outputs.tf exposes the same map and terraform/render_config.py
+  # turns `terraform output -json` into the same TOML. No secret: the token stays in Secret
+  # Manager, and the daemon reads it from token_path.
+  daemon_settings = {
+    cloud           = "gcp"
+    job_id          = var.job_id
+    job_file        = var.job_module
+    max_workers     = var.max_workers
+    project         = var.project
+    zones           = var.zones
+    network         = local.network_id
+    subnetwork      = local.subnetwork_id
+    source_image    = var.worker_image
+    boot_disk_gb    = var.worker_disk_gb
+    service_account = google_service_account.worker.email
+    startup_script  = local.worker_startup
+    # The coordinator listens on the daemon's private address only (not 0.0.0.0); the firewall
+    # admits the job's workers to it. No metrics port: the daemon's metrics stay off (or on
+    # loopback when asked for on the command line).
+    coordinator_host = google_compute_address.daemon.address
+    coordinator_port = var.coordinator_port
+    token_path       = local.token_path
+    state_path       = local.state_path
+  }
 }
 
 resource "google_compute_instance" "daemon" {
@@ -206,8 +217,10 @@ resource "google_compute_instance" "daemon" {
     }
   }
 
+  # The coordinator binds this private address (daemon_settings.coordinator_host), never
+  # 0.0.0.0; no access_config, so no public address.
   network_interface {
-    subnetwork = var.subnetwork
+    subnetwork = local.subnetwork_id
     network_ip = google_compute_address.daemon.address
   }
 
@@ -230,21 +243,7 @@ resource "google_compute_instance" "daemon" {
       project          = var.project
       token_path       = local.token_path
       spotring_package = var.spotring_package
-      config_toml = templatefile("${path.module}/templates/daemon-config.toml.tftpl", {
-        job_id           = var.job_id
-        job_module       = var.job_module
-        max_workers      = var.max_workers
-        project          = var.project
-        zones            = var.zones
-        network          = var.network
-        worker_image     = var.worker_image
-        worker_disk_gb   = var.worker_disk_gb
-        service_account  = google_service_account.worker.email
-        startup_script   = local.worker_startup
-        coordinator_host = google_compute_address.daemon.address
-        coordinator_port = var.coordinator_port
-        token_path       = local.token_path
-      })
+      config_toml      = templatefile("${path.module}/templates/daemon-config.toml.tftpl", local.daemon_settings)
     })
   }
 }

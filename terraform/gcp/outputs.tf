@@ -19,15 +19,23 @@ output "coordinator_address" {
 }
 
 output "daemon_settings" {
-  description = "What the daemon's config holds (also written onto the daemon VM)."
-  value = {
-    project          = var.project
-    zones            = var.zones
-    network          = var.network
-    service_account  = google_service_account.worker.email
-    coordinator_host = google_compute_address.daemon.address
-    coordinator_port = var.coordinator_port
-  }
+  description = "Everything the daemon's config needs (also written onto the daemon VM); terraform/render_config.py turns it into TOML."
+  value       = local.daemon_settings
+}
+
+output "network" {
+  description = "The ring's VPC network ([gcp] network): the module's own unless one was given."
+  value       = local.network_id
+}
+
+output "subnetwork" {
+  description = "The ring's subnetwork ([gcp] subnetwork)."
+  value       = local.subnetwork_id
+}
+
+output "instance_prefix" {
+  description = "Name prefix of this job's worker VMs: the daemon's IAM condition reaches these only."
+  value       = local.instance_prefix
 }
 
 output "token_secret" {

@@ -20,12 +20,18 @@ variable "region" {
 }
 
 variable "zones" {
-  description = "Zones the daemon may launch SPOT workers in (and watches for preemptions); the daemon VM uses the first."
+  description = "Zones (of region) the daemon may launch SPOT workers in (and watches for preemptions); the daemon VM uses the first."
   type        = list(string)
 
   validation {
     condition     = length(var.zones) > 0 && alltrue([for z in var.zones : can(regex("^[a-z]+-[a-z]+[0-9]-[a-z]$", z))])
     error_message = "zones must hold at least one zone such as us-central1-a."
+  }
+
+  # One subnetwork holds the ring, and a subnetwork is regional.
+  validation {
+    condition     = alltrue([for z in var.zones : startswith(z, "${var.region}-")])
+    error_message = "zones must all be zones of region (the ring's subnetwork is regional)."
   }
 }
 
@@ -50,15 +56,41 @@ variable "job_module" {
 }
 
 variable "network" {
-  description = "VPC network self link or name."
+  description = "Existing VPC network (name or self link) to put the ring in. Null (the default): the module makes its own network, subnetwork, Cloud Router and Cloud NAT, so no other VM of the project shares the ring's network. An existing network keeps its own firewall rules; see docs/deploy.md for what the pre-made rules of \"default\" allow."
   type        = string
-  default     = "default"
+  default     = null
+
+  validation {
+    condition     = var.network == null || can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|(https://www\\.googleapis\\.com/compute/v1/)?(projects/[^/]+/)?global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", coalesce(var.network, "x")))
+    error_message = "network must be null, a network name or a network self link (projects/P/global/networks/N)."
+  }
 }
 
 variable "subnetwork" {
-  description = "Subnetwork (in region) for the daemon VM and the workers; it needs Cloud NAT or Private Google Access for pip and the APIs (no VM gets a public address)."
+  description = "Subnetwork (of network, in region) for the daemon VM and the workers, when network is given; it needs Cloud NAT (pip) and Private Google Access (the APIs): no VM gets a public address. Null when the module makes its own network."
   type        = string
-  default     = "default"
+  default     = null
+
+  validation {
+    condition     = (var.subnetwork == null) == (var.network == null)
+    error_message = "subnetwork must be given with network, and only with it (null: the module makes both)."
+  }
+
+  validation {
+    condition     = var.subnetwork == null || can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|(https://www\\.googleapis\\.com/compute/v1/)?(projects/[^/]+/)?regions/[a-z]+-[a-z]+[0-9]/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", coalesce(var.subnetwork, "x")))
+    error_message = "subnetwork must be null, a subnetwork name or a subnetwork self link (projects/P/regions/R/subnetworks/N)."
+  }
+}
+
+variable "subnet_cidr" {
+  description = "IPv4 range of the subnetwork the module makes (when network is null); it must not overlap networks you peer with it."
+  type        = string
+  default     = "10.64.0.0/20"
+
+  validation {
+    condition     = can(regex("^[0-9.]+/(1[6-9]|2[0-4])$", var.subnet_cidr)) && try(cidrhost(var.subnet_cidr, 0) == split("/", var.subnet_cidr)[0], false)
+    error_message = "subnet_cidr must be an IPv4 CIDR block from /16 to /24 given by its first address, such as 10.64.0.0/20."
+  }
 }
 
 variable "worker_machine_type" {

@@ -1,6 +1,7 @@
-# spotring on GCP: service accounts with the narrowest roles, a SPOT GPU instance template, the
-# ring firewall rules and the daemon VM. Not validated here (no Google provider mirror): fmt and
-# checkov run in tests/terraform.
+# spotring on GCP: per-job service accounts with the narrowest roles, the ring's own network
+# (or an existing one) with firewall rules that admit the job's own VMs only, a SPOT GPU instance
+# template and the daemon VM. Not validated here (no Google provider mirror): tests/terraform
+# checks it with fmt, checkov, python-hcl2 and terraform itself on the provider-free files.
 
 terraform {
   required_version = ">= 1.10"
@@ -16,10 +17,4 @@ terraform {
 provider "google" {
   project = var.project
   region  = var.region
-}
-
-locals {
-  name        = "spotring-${var.job_id}"
-  token_path  = "/etc/spotring/ring-token"
-  daemon_zone = var.zones[0]
 }

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
 JOB = "e2e"
 REGION = "us-east-1"
+TOKEN = "e2e-" + "0123456789abcdef" * 2
 SERVICES = ("ec2", "iam", "sqs", "events", "ssm", "sts")
 
 
@@ -92,7 +93,7 @@ def _apply(tf: Terraform, aws: dict, endpoint: str) -> tuple[dict, str]:
         "subnet_ids": subnet_ids, "worker_ami_id": ami, "daemon_ami_id": ami,
         "daemon_detailed_monitoring": False,  # moto lacks MonitorInstances
         "max_workers": 2}))
-    tf.env["TF_VAR_ring_token"] = "e2e-" + "0123456789abcdef" * 2
+    tf.env["TF_VAR_ring_token"] = TOKEN
     tf.init()
     tf.run("apply", "-auto-approve", "-input=false", "-no-color", timeout=420)
     return tf.outputs(), ami
@@ -137,6 +138,27 @@ def _check_applied(aws: dict, outputs: dict, ami: str) -> None:
         assert [t["Arn"] for t in targets] == [outputs["queue_arn"]["value"]]
 
 
+def _token_stays_secret(tf: Terraform, aws: dict, outputs: dict) -> None:
+    """The token is in SSM and nowhere else: not in the state, the outputs, user data; and
+    both the daemon host and the worker template ask for IMDSv2 (role credentials behind a
+    session token)."""
+    import base64
+
+    assert aws["ssm"].get_parameter(Name=outputs["token_parameter"]["value"],
+                                    WithDecryption=True)["Parameter"]["Value"] == TOKEN
+    assert TOKEN not in tf.run("state", "pull").stdout
+    assert TOKEN not in json.dumps(outputs)
+    daemon = outputs["daemon_instance_id"]["value"]
+    attr = aws["ec2"].describe_instance_attribute(InstanceId=daemon, Attribute="userData")
+    assert TOKEN not in base64.b64decode(attr["UserData"]["Value"]).decode()
+    lt = aws["ec2"].describe_launch_template_versions(
+        LaunchTemplateId=outputs["launch_template_id"]["value"])["LaunchTemplateVersions"][0]
+    assert TOKEN not in base64.b64decode(lt["LaunchTemplateData"]["UserData"]).decode()
+    host = aws["ec2"].describe_instances(InstanceIds=[daemon])["Reservations"][0]["Instances"][0]
+    assert host["MetadataOptions"]["HttpTokens"] == "required"
+    assert host["PrivateIpAddress"] == outputs["daemon_settings"]["value"]["coordinator_host"]
+
+
 def _daemon_config(aws: dict, outputs: dict, endpoint: str, tmp: Path,
                    shared_data: Path) -> Path:
     sys.path.insert(0, str(REPO / "terraform"))
@@ -145,7 +167,7 @@ def _daemon_config(aws: dict, outputs: dict, endpoint: str, tmp: Path,
     finally:
         sys.path.pop(0)
     token = tmp / "ring-token"
-    token.write_text("e2e-" + "0123456789abcdef" * 2)
+    token.write_text(TOKEN)
     # The daemon runs the ring's coordinator with the module's token path; off the host it
     # binds loopback (the module's fixed private address is not this machine's).
     config = render_config.render(outputs, endpoint_url=endpoint,
@@ -209,6 +231,7 @@ def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
     outputs, ami = _apply(tf, aws, moto_endpoint)
     try:
         _check_applied(aws, outputs, ami)
+        _token_stays_secret(tf, aws, outputs)
         config = _daemon_config(aws, outputs, moto_endpoint, tmp_path, shared_data)
         # Daemon.start() recovers, polls prices and plans (launching) before the duration
         # starts to count, so 1 s of run time is enough to see its launches.

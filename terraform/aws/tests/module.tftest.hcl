@@ -113,6 +113,31 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
+    condition     = aws_instance.daemon.metadata_options[0].http_tokens == "required" && aws_instance.daemon.metadata_options[0].http_put_response_hop_limit == 1 && aws_launch_template.worker.metadata_options[0].http_put_response_hop_limit == 1
+    error_message = "the daemon host needs IMDSv2 only too, and no VM may hand its role credentials one hop further (a container)"
+  }
+
+  # The token value (the ring_token variable above) must appear in nothing the module writes:
+  # user data is readable by anyone with ec2:DescribeInstanceAttribute, outputs by anyone with
+  # the state.
+  assert {
+    condition     = !strcontains(aws_instance.daemon.user_data, "0123456789abcdef0123456789abcdef") && !strcontains(base64decode(aws_launch_template.worker.user_data), "0123456789abcdef0123456789abcdef")
+    error_message = "the ring token must never be in user data (the VMs fetch it from SSM)"
+  }
+
+  assert {
+    condition     = !strcontains(jsonencode(output.daemon_settings), "0123456789abcdef0123456789abcdef") && output.token_parameter == "/spotring/tftest/ring-token"
+    error_message = "outputs may name the token's parameter, never hold the token"
+  }
+
+  # Nothing listens on all interfaces: the coordinator binds the host's private address, the
+  # one workers dial, and the daemon's metrics stay off (no metrics_port).
+  assert {
+    condition     = output.daemon_settings.coordinator_host == aws_instance.daemon.private_ip && strcontains(aws_instance.daemon.user_data, "coordinator_host = \"10.0.1.10\"") && !strcontains(aws_instance.daemon.user_data, "0.0.0.0") && !strcontains(aws_instance.daemon.user_data, "metrics_port")
+    error_message = "the coordinator must bind the daemon's private address, and nothing may listen on 0.0.0.0"
+  }
+
+  assert {
     condition     = alltrue([for b in aws_launch_template.worker.block_device_mappings : b.ebs[0].encrypted == "true"]) && aws_instance.daemon.root_block_device[0].encrypted
     error_message = "every volume must be encrypted"
   }
@@ -140,6 +165,16 @@ run "wires_least_privilege_and_closed_network" {
   assert {
     condition     = toset([for r in aws_security_group.ring.ingress : r.from_port]) == toset([29500, 32768])
     error_message = "ingress must be exactly the coordinator port and the ring range"
+  }
+
+  assert {
+    condition     = length(aws_security_group.ring.ingress) == 2 && alltrue([for r in aws_security_group.ring.ingress : r.protocol == "tcp" && length(coalesce(r.security_groups, [])) == 0 && length(coalesce(r.prefix_list_ids, [])) == 0])
+    error_message = "the ring ports are open to the ring's own security group only (no other group, no prefix list)"
+  }
+
+  assert {
+    condition     = aws_instance.daemon.vpc_security_group_ids == toset([aws_security_group.ring.id]) && aws_launch_template.worker.vpc_security_group_ids == toset([aws_security_group.ring.id])
+    error_message = "the daemon and the workers must carry the ring group, and only it"
   }
 
   assert {
