@@ -7,32 +7,39 @@ weighted least-squares line with exponential forgetting (newer steps weigh more)
 back to a line through the origin (``a_i = 0``) while one batch size only has been seen.
 :func:`plan_batches` then solves, for the global batch ``B``::
 
-    a_i + c_i * b_i = T   for every member i,     sum_i b_i = B,     b_i >= 1
+    a_i + c_i * b_i = T   for every member i,     sum_i b_i = B,     b_i >= m
 
-(continuous "water filling": members whose share would fall below one sample are pinned at
-one and the rest re-solved), rounds to integers that keep ``sum b_i = B`` exactly (floors,
-then each remaining sample to the member that would finish earliest with it, ties by member
-name: rounding for the step time, so the slowest member never keeps a sample a faster one
-could take), and refines online with a damped controller: the new sizes move a fraction
-``damping`` of the way from the previous sizes toward the target, and sizes are kept when
-the predicted step time would improve by less than ``deadband`` (hysteresis, so measurement
-noise cannot make the sizes flap). When the members differ from the previous
-plan (a generation change) the target is taken at once, using the fits of the survivors and
-``priors`` (samples per second, e.g. from a joiner's profiling steps) for the joiners.
+where ``m`` is the job's minimum local batch (``min_batch``: 1 by default, 2 for a model with
+BatchNorm, which needs more than one value per channel in training; see
+:func:`default_min_batch`). Continuous "water filling": members whose share would fall below
+``m`` samples are pinned at ``m`` and the rest re-solved. It rounds to integers that keep
+``sum b_i = B`` exactly (floors, never below ``m``, then each remaining sample to the member
+that would finish earliest with it, ties by member name: rounding for the step time, so the
+slowest member never keeps a sample a faster one could take), and refines online with a
+damped controller: the new sizes move a fraction ``damping`` of the way from the previous
+sizes toward the target, and sizes are kept when the predicted step time would improve by
+less than ``deadband`` (hysteresis, so measurement noise cannot make the sizes flap). When
+the members differ from the previous plan (a generation change) the target is taken at once,
+using the fits of the survivors and ``priors`` (samples per second, e.g. from a joiner's
+profiling steps) for the joiners.
 
-Bad input is a decision, never a crash or a silent zero: with ``B`` smaller than the number
-of members the slowest members are listed in ``BatchPlan.drop`` (the caller drains them and
-logs the reason in ``BatchPlan.notes``); a member so slow that even one sample would make the
-ring more than ``straggler_limit`` times slower (the fastest of at least three steps measured
-at one sample says so, not a noisy fit) is dropped the same way; any other member gets at
-least one sample. ``ValueError`` names the argument for nonsense (``B <= 0``, no
-members, a non-positive prior).
+Bad input is a decision, never a crash or a silent zero: with ``B`` smaller than ``m`` times
+the number of members the slowest members beyond ``B // m`` are listed in ``BatchPlan.drop``
+(the caller drains them and logs the reason in ``BatchPlan.notes``); a member so slow that
+even ``m`` samples would make the ring more than ``straggler_limit`` times slower (the
+fastest of at least three steps measured at ``m`` samples or fewer says so, not a noisy fit)
+is dropped the same way; any other member gets at least ``m`` samples, here and in
+:func:`head_start` (the evaluation head start). ``ValueError`` names the argument for
+nonsense (``B <= 0``, ``B < m``, ``m < 1``, no members, a non-positive prior).
 
 Rule for callers: every member of the ring must call :func:`observe` and
 :func:`plan_batches` with the same (all-gathered) timings and arguments; both functions are
 pure and deterministic (members are sorted, sums run in a fixed order), so every member
 computes the same plan without another round of communication. Weight each member's gradient
 by ``b_i / B`` (:func:`gradient_weight`) and sum them: the result is the full-batch gradient.
+Pass the job's ``min_batch`` to every sizing call (:func:`plan_batches`, :func:`head_start`,
+and ``trainer.sampler.scale_sizes`` for the short last step of an epoch); a member with size
+0 still runs the step (no forward, a zero gradient) and joins the collective.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ __all__ = [
     "LinearFit",
     "SpeedModel",
     "StepTiming",
+    "default_min_batch",
     "equal_sizes",
     "fit",
     "gpu_priors",
@@ -132,10 +140,10 @@ class SpeedModel:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Local batch sizes for one step: ``sum(sizes.values()) == B``, every size >= 1.
+    """Local batch sizes for one step: ``sum(sizes.values()) == B``, every size >= ``min_batch``.
 
     ``drop`` lists members that get no share and should be drained; ``notes`` says why, and
-    any other decision worth logging (a prior used, a size pinned at one sample).
+    any other decision worth logging (a prior used, a size pinned at the minimum).
     ``predicted_step_s`` is the predicted compute time of the slowest member (``None`` when
     nothing is known); ``target`` is the continuous optimum the sizes are moving toward.
     """
@@ -215,29 +223,47 @@ def fit(model: SpeedModel, member: str) -> LinearFit | None:
     return LinearFit(fixed, slope, n)
 
 
-def solve_continuous(lines: Mapping[str, LinearFit], global_batch: float) -> dict[str, float]:
-    """Continuous sizes with ``a_i + c_i b_i = T`` for all i, ``sum b_i = B``, ``b_i >= 1``.
+def _check_min_batch(min_batch: object) -> int:
+    """``min_batch`` if it is an integer >= 1, else ``ValueError`` naming it."""
+    if not isinstance(min_batch, int) or isinstance(min_batch, bool) or min_batch < 1:
+        raise ValueError(f"min_batch={min_batch!r}: must be an integer >= 1")
+    return min_batch
 
-    Members whose share falls below one sample are pinned at one and the others re-solved
-    ("water filling"). Returns sizes in sorted member order. ``B`` must be at least the
-    number of members.
+
+def _samples(n: int) -> str:
+    return f"{n} sample" if n == 1 else f"{n} samples"
+
+
+def solve_continuous(
+    lines: Mapping[str, LinearFit], global_batch: float, *, min_batch: int = 1
+) -> dict[str, float]:
+    """Continuous sizes with ``a_i + c_i b_i = T`` for all i, ``sum b_i = B``, ``b_i >= m``.
+
+    ``m`` is ``min_batch``. Members whose share falls below ``m`` samples are pinned at ``m``
+    and the others re-solved ("water filling"). Returns sizes in sorted member order.
+    Raises ``ValueError``: ``B`` smaller than ``m`` times the number of members (naming
+    ``global_batch``), ``min_batch`` not an integer >= 1.
     """
+    lo = _check_min_batch(min_batch)
     names = sorted(lines)
-    if global_batch < len(names):
-        raise ValueError(f"global_batch={global_batch}: smaller than the {len(names)} members")
+    if global_batch < lo * len(names):
+        raise ValueError(
+            f"global_batch={global_batch}: smaller than the {len(names)} members"
+            + ("" if lo == 1 else f" times min_batch={lo}")
+        )
     pinned: set[str] = set()
     while True:
         free = [m for m in names if m not in pinned]
-        rest = global_batch - len(pinned)
+        rest = global_batch - lo * len(pinned)
         if not free:
-            return {m: 1.0 for m in names}
+            return {m: float(lo) for m in names}
         inv = sum(1.0 / lines[m].per_sample_s for m in free)
         off = sum(lines[m].fixed_s / lines[m].per_sample_s for m in free)
         finish = (rest + off) / inv
         sizes = {m: (finish - lines[m].fixed_s) / lines[m].per_sample_s for m in free}
-        low = [m for m in free if sizes[m] < 1.0]
+        low = [m for m in free if sizes[m] < float(lo)]
         if not low:
-            sizes.update({m: 1.0 for m in pinned})
+            sizes.update({m: float(lo) for m in pinned})
             return {m: sizes[m] for m in names}
         pinned.update(low)
 
@@ -248,21 +274,29 @@ def makespan(lines: Mapping[str, LinearFit], sizes: Mapping[str, int]) -> float:
 
 
 def _round_minimax(
-    lines: Mapping[str, LinearFit], values: Mapping[str, float], total: int
+    lines: Mapping[str, LinearFit], values: Mapping[str, float], total: int, *,
+    min_batch: int = 1,
 ) -> dict[str, int]:
-    """Integer sizes near ``values`` (each >= 1, sum ``total``), rounded for the step time.
+    """Integer sizes near ``values`` (each >= ``min_batch``, sum ``total``), rounded for the
+    step time.
 
-    Starts from the floors of ``values`` (at least 1), then hands each remaining sample to
-    the member that would finish earliest with it, or takes surplus samples from the member
-    that finishes last (ties: the faster member gets the sample, then by name). Unlike
-    rounding by remainders, this never leaves the slowest member a sample it would have lost
-    to a faster one.
+    Starts from the floors of ``values`` (at least ``min_batch``), then hands each remaining
+    sample to the member that would finish earliest with it, or takes surplus samples from
+    the member that finishes last and is above the minimum (ties: the faster member gets the
+    sample, then by name). Unlike rounding by remainders, this never leaves the slowest
+    member a sample it would have lost to a faster one. Raises ``ValueError`` when ``total``
+    is smaller than ``min_batch`` times the number of members, or ``min_batch`` is not an
+    integer >= 1.
     """
-    sizes = {m: max(1, math.floor(values[m])) for m in sorted(values)}
+    lo = _check_min_batch(min_batch)
+    if total < lo * len(values):
+        raise ValueError(
+            f"total={total}: smaller than min_batch={lo} times the {len(values)} members")
+    sizes = {m: max(lo, math.floor(values[m])) for m in sorted(values)}
     # Ties in time (float rounding) go to the member with the smaller per-sample cost, so
     # a faster member never ends up with fewer samples than a slower one.
-    while sum(sizes.values()) > total:  # only possible through the max(1, .) above
-        m = max((m for m in sorted(sizes) if sizes[m] > 1),
+    while sum(sizes.values()) > total:  # only possible through the max(lo, .) above
+        m = max((m for m in sorted(sizes) if sizes[m] > lo),
                 key=lambda m: (lines[m].time(sizes[m]), lines[m].per_sample_s))
         sizes[m] -= 1
     while sum(sizes.values()) < total:
@@ -271,29 +305,39 @@ def _round_minimax(
     return sizes
 
 
-def optimal_sizes(lines: Mapping[str, LinearFit], global_batch: int) -> dict[str, int]:
-    """The integer sizes (each >= 1, sum ``B``) that minimise the slowest member's time.
+def optimal_sizes(
+    lines: Mapping[str, LinearFit], global_batch: int, *, min_batch: int = 1
+) -> dict[str, int]:
+    """The integer sizes (each >= ``min_batch``, sum ``B``) that minimise the slowest
+    member's time.
 
     Exact: starts from the floors of :func:`solve_continuous` and hands each remaining sample
     to the member that would finish earliest with it (ties by name). Used as the reference
-    optimum by tests and benchmarks.
+    optimum by tests and benchmarks. Raises ``ValueError`` as :func:`solve_continuous`.
     """
-    return _round_minimax(lines, solve_continuous(lines, global_batch), global_batch)
+    cont = solve_continuous(lines, global_batch, min_batch=min_batch)
+    return _round_minimax(lines, cont, global_batch, min_batch=min_batch)
 
 
-def head_start(model: SpeedModel, sizes: Mapping[str, int], busy: Mapping[str, float]
-               ) -> dict[str, int]:
+def head_start(model: SpeedModel, sizes: Mapping[str, int], busy: Mapping[str, float],
+               *, min_batch: int = 1) -> dict[str, int]:
     """Sizes for one step in which some members are busy ``busy[m]`` seconds before they can
     start computing (the member that evaluates the model at an epoch end): the same total
     re-split so that every member's busy time plus compute time ends together, on the fitted
-    lines. Members with size 0 keep 0. Returns ``sizes`` unchanged when nobody is busy, a
-    member has no fitted line yet, or fewer than two members compute. Pure.
+    lines. Members with size 0 keep 0; every other member gets at least ``min_batch``
+    samples (however long it is busy). Returns ``sizes`` unchanged when nobody is busy, a
+    member has no fitted line yet, fewer than two members compute, or the total is smaller
+    than ``min_batch`` times the members that compute. Pure. Raises ``ValueError`` naming
+    ``busy`` (not a finite number of seconds >= 0) or ``min_batch`` (not an integer >= 1).
     """
+    lo = _check_min_batch(min_batch)
     for m, x in sorted(busy.items()):
         if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
             raise ValueError(f"busy[{m!r}]={x!r}: must be a finite number of seconds >= 0")
     active = sorted(m for m, b in sizes.items() if b > 0)
     if len(active) < 2 or not any(busy.get(m, 0.0) > 0 for m in active):
+        return dict(sizes)
+    if sum(sizes[m] for m in active) < lo * len(active):
         return dict(sizes)
     lines: dict[str, LinearFit] = {}
     for m in active:
@@ -302,15 +346,53 @@ def head_start(model: SpeedModel, sizes: Mapping[str, int], busy: Mapping[str, f
             return dict(sizes)
         lines[m] = replace(line, fixed_s=line.fixed_s + busy.get(m, 0.0))
     out = dict(sizes)
-    out.update(optimal_sizes(lines, sum(sizes[m] for m in active)))
+    out.update(optimal_sizes(lines, sum(sizes[m] for m in active), min_batch=lo))
     return out
 
 
-def equal_sizes(members: Sequence[str], global_batch: int) -> dict[str, int]:
-    """``B`` split as evenly as possible (the first members in sorted order get the extra)."""
+def equal_sizes(members: Sequence[str], global_batch: int, *, min_batch: int = 1
+                ) -> dict[str, int]:
+    """``B`` split as evenly as possible (the first members in sorted order get the extra).
+
+    When ``B`` is smaller than ``min_batch`` times the members, only the first
+    ``B // min_batch`` members (sorted order) share it and the others get 0, so every share
+    is at least ``min_batch``. Raises ``ValueError`` naming ``global_batch`` when
+    ``0 < B < min_batch`` (nobody could take a share), ``min_batch`` when it is not an
+    integer >= 1.
+    """
+    lo = _check_min_batch(min_batch)
     names = sorted(set(members))
-    q, r = divmod(global_batch, len(names))
-    return {m: q + (1 if k < r else 0) for k, m in enumerate(names)}
+    if not names:
+        raise ValueError("members: empty; there is nobody to split the batch between")
+    if not isinstance(global_batch, int) or global_batch < 0:
+        raise ValueError(f"global_batch={global_batch!r}: must be an integer >= 0")
+    if 0 < global_batch < lo:
+        raise ValueError(f"global_batch={global_batch}: smaller than min_batch={lo}")
+    sharing = names[: global_batch // lo]  # all of them unless B < min_batch * members
+    if not sharing:
+        return {m: 0 for m in names}
+    q, r = divmod(global_batch, len(sharing))
+    out = {m: q + (1 if k < r else 0) for k, m in enumerate(sharing)}
+    return {m: out.get(m, 0) for m in names}
+
+
+def default_min_batch(model: object) -> int:
+    """The smallest local batch ``model`` can train on: 2 with BatchNorm, else 1.
+
+    Any ``torch.nn.modules.batchnorm._BatchNorm`` (BatchNorm1d/2d/3d, their lazy forms,
+    SyncBatchNorm), whatever its mode or ``track_running_stats``, makes it 2: in training
+    BatchNorm needs more than one value per channel, and a BatchNorm1d given one sample
+    raises ``ValueError: Expected more than 1 value per channel when training``. The
+    minimum is per job, not per step, so a model put in eval mode for now still counts.
+    Imports torch on use only (this module is otherwise torch-free). Raises ``ValueError``
+    naming ``model`` when it is not a ``torch.nn.Module``.
+    """
+    import torch  # lazily: sizing itself never needs torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model={type(model).__name__}: must be a torch.nn.Module")
+    return 2 if any(isinstance(mod, _BatchNorm) for mod in model.modules()) else 1
 
 
 def gradient_weight(sizes: Mapping[str, int], member: str) -> float:
@@ -374,6 +456,7 @@ def plan_batches(
     damping: float = 0.5,
     deadband: float = 0.003,
     straggler_limit: float = 2.0,
+    min_batch: int = 1,
 ) -> BatchPlan:
     """Choose local batch sizes for ``members`` that sum to ``global_batch``.
 
@@ -384,12 +467,19 @@ def plan_batches(
     way toward the target, and stay put when that improves the predicted step time by less
     than ``deadband`` (relative). Otherwise (a generation change) the target is taken at once.
 
-    Returns a :class:`BatchPlan`. Members in ``drop`` get no size: those beyond ``B``
-    (slowest first) when ``B`` is smaller than the number of members, and members whose
-    one-sample step would make the ring more than ``straggler_limit`` times slower.
-    Raises ``ValueError`` naming the argument: ``global_batch <= 0``, no ``members``,
-    duplicate members, a prior that is not a positive finite number, ``damping`` outside
-    (0, 1], ``deadband < 0``, ``straggler_limit <= 1``.
+    ``min_batch`` (``m``) is the smallest local batch the job's model accepts (2 for a model
+    with BatchNorm, see :func:`default_min_batch`): every member in ``sizes`` gets at least
+    ``m`` samples, the water filling pins at ``m``, and the straggler rule judges a member by
+    its time at ``m`` samples.
+
+    Returns a :class:`BatchPlan`. Members in ``drop`` get no size: the slowest (at ``m``
+    samples) beyond the first ``B // m`` when ``B`` is smaller than ``m`` times the number of
+    members, and members whose step at ``m`` samples would make the ring more than
+    ``straggler_limit`` times slower. Raises ``ValueError`` naming the argument:
+    ``global_batch <= 0`` or smaller than ``min_batch`` (no member could take a share), no
+    ``members``, duplicate members, a prior that is not a positive finite number,
+    ``damping`` outside (0, 1], ``deadband < 0``, ``straggler_limit <= 1``, ``min_batch``
+    not an integer >= 1.
     """
     if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch <= 0:
         raise ValueError(f"global_batch={global_batch!r}: must be a positive integer")
@@ -407,72 +497,86 @@ def plan_batches(
         raise ValueError(f"deadband={deadband}: must be >= 0")
     if straggler_limit <= 1.0:
         raise ValueError(f"straggler_limit={straggler_limit}: must be > 1")
+    lo = _check_min_batch(min_batch)
+    if global_batch < lo:
+        raise ValueError(
+            f"global_batch={global_batch}: smaller than min_batch={lo}; no member could take "
+            "a share (the job's global batch must be at least its minimum local batch)"
+        )
 
     notes: list[str] = []
     lines, known = _lines(model, names, priors, notes)
     drop: list[str] = []
 
-    # Fewer samples than members: keep the fastest B members (ties by name).
-    if global_batch < len(names):
-        by_speed = sorted(names, key=lambda m: (lines[m].time(1), m))
-        for m in by_speed[global_batch:]:
+    # Fewer samples than members need: keep the fastest B // m members (ties by name).
+    if global_batch < lo * len(names):
+        keep = global_batch // lo
+        by_speed = sorted(names, key=lambda m: (lines[m].time(lo), m))
+        for m in by_speed[keep:]:
             drop.append(m)
-            notes.append(
-                f"{m}: dropped, global batch {global_batch} is smaller than the "
-                f"{len(names)} members (each needs at least 1 sample); it is among the slowest"
-            )
-        names = sorted(by_speed[:global_batch])
+            if lo == 1:
+                why = (f"global batch {global_batch} is smaller than the {len(names)} members "
+                       "(each needs at least 1 sample)")
+            else:
+                why = (f"global batch {global_batch} is smaller than the {len(names)} members "
+                       f"times the minimum local batch min_batch={lo} (each needs at least "
+                       f"{lo} samples)")
+            notes.append(f"{m}: dropped, {why}; it is among the slowest")
+        names = sorted(by_speed[:keep])
 
-    # Stragglers: a member pinned at one sample that still holds the whole ring back.
+    # Stragglers: a member pinned at the minimum that still holds the whole ring back.
     while len(names) > 1:
-        cont = solve_continuous({m: lines[m] for m in names}, global_batch)
-        pinned = [m for m in names if cont[m] <= 1.0]
+        cont = solve_continuous({m: lines[m] for m in names}, global_batch, min_batch=lo)
+        pinned = [m for m in names if cont[m] <= lo]
         if not pinned:
             break
-        worst = max(pinned, key=lambda m: (lines[m].time(1), m))
+        worst = max(pinned, key=lambda m: (lines[m].time(lo), m))
         others = [m for m in names if m != worst]
-        rest = optimal_sizes({m: lines[m] for m in others}, global_batch) if global_batch >= len(
-            others
+        rest = optimal_sizes({m: lines[m] for m in others}, global_batch, min_batch=lo) if (
+            global_batch >= lo * len(others)
         ) else None
         t_without = makespan(lines, rest) if rest else math.inf
-        # Evidence, not a fit: the fastest of its steps measured at one sample (contention
-        # only ever adds time, so the minimum is the optimistic figure). A noisy fit alone
-        # never drains a worker; it is pinned at one sample until the evidence is in.
-        at_one = [t for b, t in model.observations(worst)[-model.window :] if b == 1]
-        t_worst = min(at_one) if len(at_one) >= STRAGGLER_EVIDENCE else 0.0
+        # Evidence, not a fit: the fastest of its steps measured at the minimum or below
+        # (contention only ever adds time and fewer samples take no longer, so the minimum
+        # is the optimistic figure). A noisy fit alone never drains a worker; it is pinned at
+        # the minimum until the evidence is in.
+        at_min = [t for b, t in model.observations(worst)[-model.window :] if b <= lo]
+        t_worst = min(at_min) if len(at_min) >= STRAGGLER_EVIDENCE else 0.0
         if known and t_worst > straggler_limit * t_without:
             drop.append(worst)
+            what = "one sample takes" if lo == 1 else f"the minimum of {lo} samples takes"
             notes.append(
-                f"{worst}: dropped, one sample takes {t_worst:.4g}s while the other members "
+                f"{worst}: dropped, {what} {t_worst:.4g}s while the other members "
                 f"finish B={global_batch} in {t_without:.4g}s (over {straggler_limit}x slower)"
             )
             names = others
             continue
         for m in pinned:
-            notes.append(f"{m}: pinned at the minimum of 1 sample (too slow for a larger share)")
+            notes.append(f"{m}: pinned at the minimum of {_samples(lo)} (too slow for a larger "
+                         "share)")
         break
 
     active = {m: lines[m] for m in names}
-    target = solve_continuous(active, global_batch)
+    target = solve_continuous(active, global_batch, min_batch=lo)
     same = (
         previous is not None
         and sorted(previous) == names
         and sum(previous[m] for m in names) == global_batch
-        and all(previous[m] >= 1 for m in names)
+        and all(previous[m] >= lo for m in names)
     )
     if not known:
-        sizes = equal_sizes(names, global_batch)
+        sizes = equal_sizes(names, global_batch, min_batch=lo)
         notes.append("no speed known yet: equal sizes")
     elif not same:
-        sizes = optimal_sizes(active, global_batch)
+        sizes = optimal_sizes(active, global_batch, min_batch=lo)
     else:
         assert previous is not None
         prev = {m: int(previous[m]) for m in names}
         moved = {m: prev[m] + damping * (target[m] - prev[m]) for m in names}
         if all(abs(target[m] - prev[m]) <= 1.0 for m in names):
-            sizes = optimal_sizes(active, global_batch)  # close: take the integer optimum
+            sizes = optimal_sizes(active, global_batch, min_batch=lo)  # close: the optimum
         else:
-            sizes = _round_minimax(active, moved, global_batch)
+            sizes = _round_minimax(active, moved, global_batch, min_batch=lo)
         t_prev, t_new = makespan(active, prev), makespan(active, sizes)
         if t_prev <= t_new * (1.0 + deadband):
             sizes = prev
