@@ -402,3 +402,235 @@ def test_head_start_changes_nothing_without_a_busy_member_or_a_fitted_line():
     assert head_start(model, {"a": 256}, {"a": 0.064}) == {"a": 256}  # alone: nothing to split
     with pytest.raises(ValueError, match=r"busy\['a'\]"):
         head_start(model, {"a": 128, "b": 128}, {"a": float("nan")})
+
+
+# -- a minimum local batch (issue 14: BatchNorm died on a 1-sample share) -----------------
+
+# Fixed-cost-dominated members (the user's regression job): a_i large, c_i tiny, so the
+# planner would happily give the slow ones one sample each.
+fixed_lines_st = st.dictionaries(
+    st.sampled_from([f"w{i}" for i in range(8)]),
+    st.tuples(st.floats(0.0, 0.5), st.floats(1e-6, 1e-2)),
+    min_size=1, max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(true=fixed_lines_st, global_batch=st.one_of(st.integers(1, 30), st.integers(1, 300)),
+       min_batch=st.integers(1, 6), at=st.sampled_from([1, 2, 7, 40]))
+def test_plan_with_a_minimum_sums_and_gives_everyone_at_least_the_minimum(
+        true, global_batch, min_batch, at):
+    m, n = min_batch, len(true)
+    # three steps measured at a batch of `at` and one at 2 * at (so a line with a fixed cost)
+    model = observe(SpeedModel(), [StepTiming(w, b, a + c * b) for w, (a, c) in true.items()
+                                   for b in (at, at, at, 2 * at)])
+    if global_batch < m:
+        with pytest.raises(ValueError, match="global_batch"):
+            plan_batches(model, list(true), global_batch, min_batch=m)
+        return
+    plan = plan_batches(model, list(true), global_batch, min_batch=m)
+    assert sum(plan.sizes.values()) == global_batch
+    assert all(b >= m for b in plan.sizes.values())
+    assert set(plan.sizes) | set(plan.drop) == set(true)
+    assert not set(plan.sizes) & set(plan.drop)
+    short = [d for d, note in zip(plan.drop, plan.notes) if "smaller than" in note]
+    assert len(short) == max(0, n - global_batch // m)  # exactly when B < m * members
+    if m > 1:
+        assert all(f"min_batch={m}" in note for note in plan.notes[: len(short)])
+    if at > m:  # no step measured at the minimum: no evidence to drop a straggler
+        assert plan.drop == tuple(short)
+    # the controller keeps the minimum too (a damped move from a previous plan)
+    prev = dict(plan.sizes)
+    model = observe(model, [StepTiming(w, b, true[w][0] + true[w][1] * b * 1.5)
+                            for w, b in prev.items()])
+    again = plan_batches(model, list(true), global_batch, min_batch=m, previous=prev)
+    assert sum(again.sizes.values()) == global_batch
+    assert all(b >= m for b in again.sizes.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(true=lines_st, global_batch=st.integers(1, 2000))
+def test_minimum_one_is_the_default(true, global_batch):
+    model = observe(SpeedModel(), [StepTiming(m, 10, a + c * 10) for m, (a, c) in true.items()])
+    assert plan_batches(model, list(true), global_batch) == plan_batches(
+        model, list(true), global_batch, min_batch=1)
+    lines = {m: LinearFit(a, c, 0) for m, (a, c) in true.items()}
+    if global_batch >= len(true):
+        assert solve_continuous(lines, global_batch) == solve_continuous(
+            lines, global_batch, min_batch=1)
+        assert optimal_sizes(lines, global_batch) == optimal_sizes(
+            lines, global_batch, min_batch=1)
+
+
+def test_continuous_solution_pins_slow_member_at_the_minimum():
+    lines = {"fast": LinearFit(0.0, 0.001, 1), "slow": LinearFit(1.0, 1.0, 1)}
+    assert solve_continuous(lines, 10, min_batch=3) == {"fast": 7.0, "slow": 3.0}
+    with pytest.raises(ValueError, match="global_batch"):
+        solve_continuous(lines, 5, min_batch=3)
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_optimal_sizes_with_a_minimum_is_the_integer_minimax(m):
+    lines = {"a": LinearFit(0.0, 1.0, 1), "b": LinearFit(0.4, 2.0, 1), "c": LinearFit(9.0, 3.0, 1)}
+    best = optimal_sizes(lines, 13, min_batch=m)
+    assert sum(best.values()) == 13 and min(best.values()) >= m
+    brute = min(
+        ((x, y, 13 - x - y) for x in range(m, 14) for y in range(m, 14 - x) if 13 - x - y >= m),
+        key=lambda s: max(lines["a"].time(s[0]), lines["b"].time(s[1]), lines["c"].time(s[2])),
+    )
+    assert makespan(lines, best) == pytest.approx(makespan(lines, dict(zip("abc", brute))))
+
+
+def test_batch_smaller_than_minimum_times_members_drops_the_slowest_naming_the_minimum():
+    model = observe(SpeedModel(), [StepTiming(m, 1, t) for m, t in
+                                   (("a", 0.1), ("b", 0.2), ("c", 0.3))])
+    plan = plan_batches(model, ["a", "b", "c"], 5, min_batch=2)
+    assert dict(plan.sizes) == {"a": 3, "b": 2}
+    assert plan.drop == ("c",)
+    assert "smaller than" in plan.notes[0] and "min_batch=2" in plan.notes[0]
+    plan = plan_batches(model, ["a", "b", "c"], 6, min_batch=2)
+    assert plan.drop == () and dict(plan.sizes) == {"a": 2, "b": 2, "c": 2}
+
+
+def test_straggler_rule_judges_a_member_by_its_time_at_the_minimum():
+    # Steps measured at 3 samples are not evidence about the minimum of 2: pinned, kept.
+    model = observe(SpeedModel(), [StepTiming("fast", 10, 0.01)]
+                    + [StepTiming("slow", 3, 6.0)] * 3)
+    plan = plan_batches(model, ["fast", "slow"], 10, min_batch=2)
+    assert plan.drop == () and dict(plan.sizes) == {"fast": 8, "slow": 2}
+    assert any("minimum of 2 samples" in n for n in plan.notes)
+    # Three steps at 2 samples (or fewer) are: it is dropped, and the note says so.
+    model = observe(model, [StepTiming("slow", 2, 4.0), StepTiming("slow", 1, 3.9),
+                            StepTiming("slow", 2, 4.1)])
+    plan = plan_batches(model, ["fast", "slow"], 10, min_batch=2)
+    assert plan.drop == ("slow",) and dict(plan.sizes) == {"fast": 10}
+    assert "minimum of 2 samples" in plan.notes[0] and "slower" in plan.notes[0]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
+def test_nonsense_minimum_raises_value_error_naming_it(bad):
+    model = observe(SpeedModel(), [StepTiming("a", 4, 0.1), StepTiming("b", 4, 0.1)])
+    lines = {"a": LinearFit(0.0, 1.0, 1)}
+    for call in (lambda: plan_batches(model, ["a", "b"], 8, min_batch=bad),
+                 lambda: solve_continuous(lines, 8, min_batch=bad),
+                 lambda: optimal_sizes(lines, 8, min_batch=bad),
+                 lambda: head_start(model, {"a": 4, "b": 4}, {"a": 0.1}, min_batch=bad),
+                 lambda: equal_sizes(["a", "b"], 8, min_batch=bad)):
+        with pytest.raises(ValueError, match="min_batch"):
+            call()
+
+
+def test_equal_sizes_with_a_minimum():
+    assert equal_sizes(["c", "b", "a"], 7, min_batch=2) == {"a": 3, "b": 2, "c": 2}
+    assert equal_sizes(["c", "b", "a"], 5, min_batch=2) == {"a": 3, "b": 2, "c": 0}
+    assert equal_sizes(["a", "b", "c"], 2) == {"a": 1, "b": 1, "c": 0}  # as before
+    assert equal_sizes(["a", "b"], 0, min_batch=2) == {"a": 0, "b": 0}
+    with pytest.raises(ValueError, match="global_batch"):
+        equal_sizes(["a", "b"], 1, min_batch=2)
+    plan = plan_batches(SpeedModel(), ["b", "a", "c"], 5, min_batch=2)
+    assert dict(plan.sizes) == {"a": 3, "b": 2} and plan.drop == ("c",)
+
+
+def test_head_start_keeps_the_busy_member_at_the_minimum():
+    model = observe(SpeedModel(), [StepTiming("a", 128, 0.128), StepTiming("b", 128, 0.128)])
+    # Busy longer than the whole step: the busy member keeps the minimum, not one sample.
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 1.0}, min_batch=4) == {
+        "a": 4, "b": 252}
+    assert head_start(model, {"a": 128, "b": 128}, {"a": 0.064}, min_batch=4) == {
+        "a": 96, "b": 160}  # the minimum does not bind: as without it
+    # A total that cannot give every member the minimum: sizes unchanged.
+    assert head_start(model, {"a": 3, "b": 2}, {"a": 1.0}, min_batch=3) == {"a": 3, "b": 2}
+    assert head_start(model, {"a": 5, "b": 0}, {"a": 1.0}, min_batch=2) == {"a": 5, "b": 0}
+
+
+@settings(max_examples=150, deadline=None)
+@given(true=fixed_lines_st, data=st.data(), min_batch=st.integers(1, 6),
+       busy_s=st.floats(0.0, 2.0))
+def test_head_start_never_goes_below_the_minimum(true, data, min_batch, busy_s):
+    m = min_batch
+    model = observe(SpeedModel(), [StepTiming(w, b, a + c * b) for w, (a, c) in true.items()
+                                   for b in (8, 16)])
+    sizes = {w: data.draw(st.sampled_from([0, m, m + 1, 5 * m, 100]), w) for w in true}
+    busy = {sorted(true)[0]: busy_s}
+    out = head_start(model, sizes, busy, min_batch=m)
+    assert sum(out.values()) == sum(sizes.values())
+    assert all(out[w] == 0 for w in sizes if sizes[w] == 0)
+    assert all(out[w] >= m for w in sizes if sizes[w] > 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fixed_cost_dominated_ring_with_batchnorm_never_gets_a_one_sample_share(seed):
+    """The story of issue 14: a BatchNorm1d regression job whose step is almost all fixed
+    cost (a_i 20-120 ms, c_i a few microseconds per sample), four members of different
+    speed, a small global batch, epoch tails and an evaluation head start at every epoch
+    end, a join and a leave. With min_batch = 2 no member is ever handed 1 sample; with
+    the default of 1 the same ring does hand out 1s (the crash)."""
+    from trainer.sampler import CursorState, scale_sizes
+
+    true = {"w0": (0.02, 2e-6), "w1": (0.05, 3e-6), "w2": (0.08, 2e-6), "w3": (0.12, 5e-6)}
+
+    def run(min_batch: int) -> set[int]:
+        rng = random.Random(seed)
+        model, cursor, dataset, batch = SpeedModel(), CursorState(), 193, 12  # 193 = 16*12 + 1
+        names = ["w0", "w1", "w2"]
+        plan = plan_batches(model, names, batch, min_batch=min_batch)
+        handed: set[int] = set()
+        totals: set[int] = set()
+        for step in range(60):
+            if step == 20:
+                names = ["w0", "w1", "w2", "w3"]  # a slow joiner
+            if step == 40:
+                names = ["w0", "w2", "w3"]  # w1 revoked
+            plan = plan_batches(model, names, batch, min_batch=min_batch,
+                                previous=plan.sizes if set(plan.sizes) == set(names) else None)
+            keys = sorted(plan.sizes)
+            total = cursor.step_total(dataset, batch, min_batch=min_batch)
+            totals.add(total)
+            sizes = dict(zip(keys, scale_sizes([plan.sizes[k] for k in keys], total,
+                                               min_batch=min_batch)))
+            if cursor.cursor == 0 and step:  # w0 evaluated at the epoch end: a head start
+                sizes = head_start(model, sizes, {keys[0]: 0.2}, min_batch=min_batch)
+            handed |= set(sizes.values())
+            model = observe(model, [
+                StepTiming(k, b, (true[k][0] + true[k][1] * b) * (1 + rng.gauss(0, 0.05)))
+                for k, b in sizes.items() if b > 0])
+            cursor = cursor.advance(dataset, total)
+        assert totals == ({12, 1} if min_batch == 1 else {12, 11, 2})  # the epoch's tail
+        return handed
+
+    assert 1 in run(1)
+    handed = run(2)
+    assert 1 not in handed and min(handed - {0}) >= 2
+
+
+def test_default_min_batch_is_two_with_any_batchnorm():
+    import torch
+    from torch import nn
+
+    from trainer.batching import default_min_batch
+
+    regression = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                               nn.LayerNorm(16), nn.Dropout(0.1), nn.Linear(16, 1))
+    assert default_min_batch(regression) == 2
+    assert default_min_batch(regression.eval()) == 2  # the minimum is per job, not per mode
+    assert default_min_batch(nn.Sequential(nn.Conv2d(3, 4, 3),
+                                           nn.BatchNorm2d(4, track_running_stats=False))) == 2
+    assert default_min_batch(nn.BatchNorm3d(2, affine=False)) == 2
+    assert default_min_batch(nn.SyncBatchNorm(4)) == 2
+    assert default_min_batch(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Dropout(),
+                                           nn.GroupNorm(2, 8), nn.Linear(8, 1))) == 1
+    with pytest.raises(ValueError, match="model"):
+        default_min_batch(torch.zeros(3))
+    # and it is right: the crash of issue 14 at one sample, none at two
+    bn = nn.BatchNorm1d(4).train()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(torch.zeros(1, 4))
+    bn(torch.zeros(2, 4))
+
+
+def test_batching_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, trainer.batching; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
