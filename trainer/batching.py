@@ -499,10 +499,8 @@ def plan_batches(
         raise ValueError(f"straggler_limit={straggler_limit}: must be > 1")
     lo = _check_min_batch(min_batch)
     if global_batch < lo:
-        raise ValueError(
-            f"global_batch={global_batch}: smaller than min_batch={lo}; no member could take "
-            "a share (the job's global batch must be at least its minimum local batch)"
-        )
+        raise ValueError(f"global_batch={global_batch}: smaller than min_batch={lo}; no member "
+                         "could take a share")
 
     notes: list[str] = []
     lines, known = _lines(model, names, priors, notes)
@@ -510,18 +508,13 @@ def plan_batches(
 
     # Fewer samples than members need: keep the fastest B // m members (ties by name).
     if global_batch < lo * len(names):
-        keep = global_batch // lo
+        keep, times = global_batch // lo, "" if lo == 1 else f" times min_batch={lo}"
         by_speed = sorted(names, key=lambda m: (lines[m].time(lo), m))
         for m in by_speed[keep:]:
             drop.append(m)
-            if lo == 1:
-                why = (f"global batch {global_batch} is smaller than the {len(names)} members "
-                       "(each needs at least 1 sample)")
-            else:
-                why = (f"global batch {global_batch} is smaller than the {len(names)} members "
-                       f"times the minimum local batch min_batch={lo} (each needs at least "
-                       f"{lo} samples)")
-            notes.append(f"{m}: dropped, {why}; it is among the slowest")
+            notes.append(f"{m}: dropped, global batch {global_batch} is smaller than the "
+                         f"{len(names)} members{times} (each needs at least {_samples(lo)}); "
+                         "it is among the slowest")
         names = sorted(by_speed[:keep])
 
     # Stragglers: a member pinned at the minimum that still holds the whole ring back.
