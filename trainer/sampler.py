@@ -4,12 +4,13 @@ Design: the data order of an epoch is ``randperm(N)`` drawn from a generator see
 ``(seed, epoch)``, so every member computes the same order without communication. The only
 state is ``(epoch, cursor)``; it travels inside the synced training state, so a joiner
 continues exactly where the ring is. A step takes the next ``min(B, N - cursor)`` positions
-and splits them, in rank order, by the members' local batch sizes. A generation change only
-changes the split of what is left: nothing is skipped, nothing repeats. The last step of an
-epoch is smaller than ``B`` (no sample is dropped); its sizes are scaled down in proportion
-(:func:`scale_sizes`). A job's minimum local batch ``min_batch`` (2 with BatchNorm) is kept
-there too: each scaled size is 0 or at least the minimum, and :meth:`CursorState.step_total`
-never leaves a last step smaller than the minimum when the epoch has that many samples.
+(:meth:`CursorState.step_total`) and splits them, in rank order, by the members' local batch
+sizes. A generation change only changes the split of what is left: nothing is skipped, nothing
+repeats. The last step of an epoch is smaller than ``B`` (no sample is dropped); its sizes are
+scaled down in proportion (:func:`scale_sizes`). A job's minimum local batch ``min_batch`` (2
+with BatchNorm) is kept there too: each scaled size is 0 or at least the minimum, and
+:meth:`CursorState.step_total` never leaves a last step smaller than the minimum when the epoch
+has that many samples.
 
 Rule for callers: advance the cursor (:meth:`CursorState.advance`) only when the step was
 committed on every member; a discarded step leaves the cursor where it was, so its samples
@@ -83,8 +84,9 @@ def scale_sizes(sizes: Sequence[int], total: int, *, min_batch: int = 1) -> list
     the one furthest below its proportional share first. So:
 
     - with ``total >= m * (members with a size)`` the result is proportional as far as the
-      minimum allows; a member whose share falls well below ``m`` may get 0 rather than
-      ``m`` (with ``m = 1`` exactly as plain largest remainder gives 0 to a share below 1);
+      minimum allows (each size within ``m`` of its exact share); a member whose share
+      falls well below ``m`` may get 0 rather than ``m`` (with ``m = 1`` exactly as plain
+      largest remainder gives 0 to a share below 1);
     - with less, the samples go to at most ``total // m`` members, the largest first, each
       taking at least ``m`` (one member may take everything);
     - with ``0 < total < m`` one member, the one with the largest size (ties: the first in
