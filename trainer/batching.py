@@ -46,7 +46,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:  # for the annotation only: this module imports torch on use only
+    import torch
 
 __all__ = [
     "BatchPlan",
@@ -376,7 +379,7 @@ def equal_sizes(members: Sequence[str], global_batch: int, *, min_batch: int = 1
     return {m: out.get(m, 0) for m in names}
 
 
-def default_min_batch(model: object) -> int:
+def default_min_batch(model: torch.nn.Module) -> int:
     """The smallest local batch ``model`` can train on: 2 with BatchNorm, else 1.
 
     Any ``torch.nn.modules.batchnorm._BatchNorm`` (BatchNorm1d/2d/3d, their lazy forms,
