@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--boot-idle", action="store_true",
                    help="boot, build the job and profile under SCHED_IDLE (only CPU the ring "
                    "leaves idle), then return to normal priority before asking to join")
+    w.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                   help="where to compute (default auto: a GPU when this host has one; "
+                   "several workers on one host take one GPU each by LOCAL_RANK)")
+    w.add_argument("--bucket-mb", type=float, default=25.0, metavar="MB",
+                   help="gradient bucket size: reductions overlap the backward pass bucket "
+                   "by bucket (default 25, as DDP)")
+    w.add_argument("--output", type=Path, default=None, metavar="PATH",
+                   help="where rank 0 writes the trained model (a state_dict that torch.load "
+                   "reads) at the end and on request")
+    w.add_argument("--loader-workers", type=int, default=None, metavar="N",
+                   help="input pipeline worker processes (default: the job's, else 0 for an "
+                   "in-memory TensorDataset and 2 for other datasets)")
     w.add_argument("--ring-host", default=None, metavar="ADDR",
                    help="address this worker's ring connections listen on and advertise "
                    "(default: its address facing the coordinator)")
@@ -131,6 +143,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.boot_idle:  # before the heavy imports: they are most of a joiner's boot
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from trainer.client import CoordinatorUnreachable
+    from trainer.devices import DeviceError
     from trainer.job import JobError
     from trainer.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
     from trainer.notice import NoticePoller
@@ -140,6 +153,13 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     if args.collective_timeout <= 0:
         print("error: --collective-timeout must be positive", file=sys.stderr)
+        return 2
+    if not 0 < args.bucket_mb < 1e5:
+        print(f"error: --bucket-mb {args.bucket_mb}: must be a positive number of MB "
+              "(default 25)", file=sys.stderr)
+        return 2
+    if args.loader_workers is not None and args.loader_workers < 0:
+        print(f"error: --loader-workers {args.loader_workers}: must be >= 0", file=sys.stderr)
         return 2
     import torch
 
@@ -151,13 +171,15 @@ def _worker(args: argparse.Namespace) -> int:
         slowdown=args.slowdown, metrics_file=args.metrics_file,
         record_samples=args.record_samples, collective_timeout_s=args.collective_timeout,
         connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
-        rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host)
+        rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
+        device=args.device, bucket_mb=args.bucket_mb, output=args.output,
+        loader_workers=args.loader_workers)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()
     try:
         code = worker.run()
-    except JobError as e:
+    except (JobError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = EXIT_JOB
     except CoordinatorUnreachable as e:

@@ -121,6 +121,7 @@ class Heartbeat:
                                         daemon=True)
         self.generation = 0  # set by the loop when it enters a generation
         self.latest = 0
+        self.export = 0  # the coordinator's count of requests for the trained model
         self._broken_gen = 0  # the generation the cached flag below belongs to
         self._broken = False
         self.polled_at = 0.0  # monotonic time of the last successful poll
@@ -161,8 +162,9 @@ class Heartbeat:
                 self.beat()
                 gen = self.generation
                 if gen:  # one round trip; the coordinator creates broken/<n> before gen/<n>
-                    latest, broken = self._store.multi_get([mb.LATEST, mb.k_broken(gen)])
-                    self.latest = int(latest)
+                    latest, broken, export = self._store.multi_get(
+                        [mb.LATEST, mb.k_broken(gen), mb.EXPORT])
+                    self.latest, self.export = int(latest), int(export)
                     self._broken_gen, self._broken = gen, int(broken) > 0
                 else:
                     self.latest = int(self._store.add(mb.LATEST, 0))

@@ -78,7 +78,7 @@ class Coordinator:
         raise_fd_limit()
         self._server = StoreServer(self._host, self._port, self._token)
         self._server.start()
-        for key in (mb.LATEST, mb.IDS, mb.DRAINS, mb.DONES, mb.ERRORS):
+        for key in (mb.LATEST, mb.IDS, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT):
             self._server.local_add(key, 0)
         self._thread = threading.Thread(target=self._run, name="spotring-coordinator",
                                         daemon=True)
@@ -111,6 +111,12 @@ class Coordinator:
             self._ring, actions, found = dc.command_drain(self._ring, member_name, reason)
             self._apply(actions)
         return found
+
+    def request_export(self) -> None:
+        """Ask rank 0 to write the trained model (its ``--output``) at the next step
+        boundary; the job's ``on_finish`` hook is not called for it."""
+        assert self._server is not None, "coordinator not started"
+        self._server.local_add(mb.EXPORT, 1)
 
     def members(self) -> list[MemberInfo]:
         """Members of the newest generation and admitted joiners, by id."""

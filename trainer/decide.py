@@ -69,6 +69,7 @@ class Tracked:
     hb: int = -1
     hb_seen: float = 0.0  # active time at which the heartbeat last moved
     state: MemberState = MemberState.JOINING
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def _joins(t: _Tick) -> None:
             t.set(job=hello.job)
         t.actions.append(Put(mb.k_verdict(i), b"ok"))
         t.put_tracked(Tracked(i, hello.name, t.s.wall, samples_per_s=hello.prior, hb=-1,
-                              hb_seen=now))
+                              hb_seen=now, device=hello.device))
         t.set(ready=(*t.r.ready, i))
         t.emit(EventKind.JOIN, hello.name, detail=f"admitted as member {i}")
     t.set(unseen=unseen)
@@ -491,6 +492,8 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
 
 def _publish(t: _Tick, new: Plan) -> None:
     g = new.generation
+    new = replace(new, backend=mb.choose_backend(
+        [t.r.tracked[m].device for m in new.members if m in t.r.tracked]))
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]

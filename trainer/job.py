@@ -2,9 +2,13 @@
 
 Design: a job is a Python module (dotted name or a ``.py`` path) defining
 ``make_job(seed: int) -> Job``. :class:`Job` holds the model, the optimiser, the loss, the
-training set (any indexable ``torch.utils.data.Dataset`` returning ``(x, y)``; a
-``TensorDataset`` is sliced directly), the global batch size, the number of epochs and an
-optional ``evaluate(model) -> dict`` (e.g. ``{"accuracy": 0.97}``). Every worker calls
+training set (any map-style ``torch.utils.data.Dataset`` returning ``(x, y)``; batches are
+made with torch's ``default_collate``, as a DataLoader makes them), the global batch size, the
+number of epochs and an optional ``evaluate(model) -> dict`` of metrics (every one is
+reported). Optional: ``precision`` (``fp32``, ``bf16`` or ``fp16`` autocast),
+``min_local_batch`` (the fewest samples a member may compute: 2 by default for a model with
+BatchNorm, else 1), ``loader_workers`` and ``collate_fn`` for the input pipeline, and
+``on_finish(model)``, called on rank 0 with the trained model at the end. Every worker calls
 ``make_job`` with the same seed, so all start from the same weights; the ring still sends a
 peer's state to every joiner, so a job need not be deterministic for correctness.
 
@@ -19,43 +23,65 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 
 class JobError(Exception):
     """The job module cannot be imported or ``make_job`` fails or returns something wrong."""
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
 @dataclass
 class Job:
-    """A training job (see the module docstring). ``global_batch`` stays constant."""
+    """A training job (see the module docstring). ``global_batch`` stays constant.
+
+    ``evaluate(model)`` runs on rank 0 at each epoch end with the model on its device (use
+    ``next(model.parameters()).device`` to place the data); it must leave the model as it
+    found it or in eval mode (training mode is restored after it).
+    """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
     train_set: Dataset
     global_batch: int
     epochs: int
     evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None
+    precision: str = "fp32"
+    min_local_batch: int | None = None
+    loader_workers: int | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    on_finish: Callable[[torch.nn.Module], None] | None = None
 
     def __len__(self) -> int:
         return len(self.train_set)  # type: ignore[arg-type]
 
-    def batch(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``(x, y)`` tensors of the sample ids ``ids``."""
+    @property
+    def min_batch(self) -> int:
+        """The fewest samples a member may be given (``min_local_batch``, else the model's
+        default: 2 with BatchNorm, which needs more than one value per channel, else 1)."""
+        if self.min_local_batch is not None:
+            return self.min_local_batch
+        from trainer.batching import default_min_batch
+
+        return default_min_batch(self.model)
+
+    def batch(self, ids: torch.Tensor) -> Any:
+        """The collated batch of the sample ids ``ids`` (``default_collate`` semantics: a
+        target of shape ``(1,)`` gives ``(b, 1)``), made in this thread."""
         ds = self.train_set
         if isinstance(ds, TensorDataset):
-            x, y = ds.tensors[0], ds.tensors[1]
-            return x[ids], y[ids]
-        items: Sequence[Any] = [ds[int(i)] for i in ids]
-        xs, ys = zip(*items, strict=True)
-        return torch.stack([torch.as_tensor(x) for x in xs]), torch.as_tensor(ys)
+            return tuple(t[ids] for t in ds.tensors)
+        collate = self.collate_fn or default_collate
+        return collate([ds[int(i)] for i in ids])
 
 
 def _import(spec: str) -> Any:
@@ -105,4 +131,20 @@ def load_job(spec: str, seed: int) -> Job:
         raise JobError(f"job {spec!r}: epochs={job.epochs!r} must be a positive int")
     if len(job) <= 0:
         raise JobError(f"job {spec!r}: the training set is empty")
+    if job.precision not in PRECISIONS:
+        raise JobError(f"job {spec!r}: precision={job.precision!r}; use one of "
+                       f"{', '.join(PRECISIONS)}")
+    m = job.min_local_batch
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1
+                          or m > job.global_batch):
+        raise JobError(f"job {spec!r}: min_local_batch={m!r} must be an int from 1 to "
+                       f"global_batch ({job.global_batch})")
+    if job.min_batch > min(job.global_batch, len(job)):
+        raise JobError(f"job {spec!r}: the minimum local batch is {job.min_batch} (a model with "
+                       f"BatchNorm needs 2) but global_batch={job.global_batch} and the "
+                       f"training set has {len(job)} samples; raise them or set "
+                       "min_local_batch")
+    w = job.loader_workers
+    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+        raise JobError(f"job {spec!r}: loader_workers={w!r} must be an int >= 0")
     return job

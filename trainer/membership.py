@@ -53,6 +53,7 @@ IDS = "ids"
 LATEST = "gen/latest"
 STATS = "stats"
 FINISHED = "finished"
+EXPORT = "export"  # counter: the daemon asks rank 0 to write the trained model now
 DRAINS, DONES, ERRORS = "drains", "dones", "errors"
 
 
@@ -203,11 +204,13 @@ def _metrics(d: Any, what: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Hello:
-    """A joiner's introduction: its name, profiled samples/s and job fingerprint."""
+    """A joiner's introduction: its name, profiled samples/s, job fingerprint and device
+    (``cpu`` or ``cuda:<GPU UUID>``, see :mod:`trainer.devices`)."""
 
     name: str
     prior: float = 0.0
     job: str = ""
+    device: str = "cpu"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -219,7 +222,10 @@ class Hello:
         if not name:
             raise Malformed("hello.name: empty")
         prior = _num(d, "prior", "hello", default=0.0)
-        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""))
+        device = _str(d, "device", "hello", default="cpu", limit=128)
+        if device != "cpu" and not device.startswith("cuda:"):
+            raise Malformed(f"hello.device={device!r}: expected cpu or cuda:<id>")
+        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""), device)
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,8 @@ class Plan:
     ``joined``: ids new in this generation (they receive the state); ``drained``: ids that
     left with notice; ``lost``: ids dropped without notice (killed, hung, failed roll call);
     ``priors``: member key -> samples/s measured by a joiner's profiling steps; ``job``: the
-    job fingerprint every member's state must match (:func:`trainer.state.fingerprint`).
+    job fingerprint every member's state must match (:func:`trainer.state.fingerprint`);
+    ``backend``: the collectives' backend (:func:`choose_backend`).
     """
 
     generation: int
@@ -362,6 +369,7 @@ class Plan:
     priors: Mapping[str, float] = field(default_factory=dict)
     reason: str = ""
     job: str = ""
+    backend: str = "gloo"
 
     def rank_of(self, member_id: int) -> int | None:
         """This member's rank in the generation, or None when it is not a member."""
@@ -405,7 +413,27 @@ class Plan:
                    lost=ids("lost"),
                    priors={str(k): _num(priors, k, "plan.priors") for k in priors},
                    reason=_str(d, "reason", "plan", default="", limit=2000),
-                   job=_str(d, "job", "plan", default="", limit=128))
+                   job=_str(d, "job", "plan", default="", limit=128),
+                   backend=_backend(d))
+
+
+def _backend(d: Mapping[str, Any]) -> str:
+    b = d.get("backend", "gloo")
+    if b not in ("gloo", "nccl"):
+        raise Malformed(f"plan.backend={b!r}: expected gloo or nccl")
+    return str(b)
+
+
+def choose_backend(devices: Sequence[str]) -> str:
+    """NCCL when every member computes on a GPU of its own, else gloo (pure).
+
+    NCCL refuses two ranks on one GPU and cannot reach a CPU member; gloo reduces CUDA
+    tensors too, through host memory.
+    """
+    if devices and all(d.startswith("cuda:") for d in devices) and len(set(devices)) == len(
+            devices):
+        return "nccl"
+    return "gloo"
 
 
 def member_key(name: str, member_id: int) -> str:

@@ -77,11 +77,26 @@ def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what
 
 @dataclass
 class Group:
-    """A generation's process group and the store connection its rendezvous used (kept
-    alive with it: NCCL reads the store again lazily, and pybind needs the Python object)."""
+    """A generation's process groups and the store connection their rendezvous used (kept
+    alive with them: NCCL reads the store again lazily, and pybind needs the Python object).
+
+    ``pg`` carries the gradients (NCCL on GPUs, else gloo); ``ctl`` the small control
+    collectives and the state transfer (always gloo, on CPU tensors; ``pg`` itself when that
+    is gloo).
+    """
 
     pg: Any
+    ctl: Any
     store: Any
+
+    def abort(self) -> None:
+        """Abort an NCCL communicator (a failed NCCL generation must never be left to hang
+        until its timeout); gloo needs nothing."""
+        if self.pg is not self.ctl and hasattr(self.pg, "abort"):
+            try:
+                self.pg.abort()
+            except Exception:  # noqa: BLE001 - already failed: aborting is best effort
+                log.debug("NCCL abort failed", exc_info=True)
 
 
 def form_group(
@@ -95,37 +110,44 @@ def form_group(
     backend: str = "gloo",
     hostname: str | None = None,
 ) -> Group:
-    """Build generation ``generation``'s process group (blocks until all ranks connect).
+    """Build generation ``generation``'s process groups (blocks until all ranks connect).
 
     The rendezvous runs under the prefix ``g<n>/`` of ``store`` over a connection of its own
     (``store.clone()``, when the store has one): a forming abandoned here may leave it blocked
-    until its timeout, and it must not hold the caller's connection meanwhile. ``hostname``:
-    the address gloo listens on and advertises to its peers (default: gloo's, the address of
-    this host's name). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does
-    not connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
+    until its timeout, and it must not hold the caller's connection meanwhile. ``backend``
+    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``)
+    for the control collectives and the state transfer. ``hostname``: the address gloo
+    listens on and advertises to its peers (default: gloo's, the address of this host's
+    name). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does not
+    connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
     """
     conn = store.clone() if isinstance(store, ControlStore) else store
     prefix = PrefixStore(f"g{generation}/", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
 
-    def build() -> Any:
-        if backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            return dist.ProcessGroupNCCL(prefix, rank, world, opts)
+    def gloo(where: Store) -> Any:
         if hostname is None:
-            return dist.ProcessGroupGloo(prefix, rank, world, timeout)
+            return dist.ProcessGroupGloo(where, rank, world, timeout)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
-        return dist.ProcessGroupGloo(prefix, rank, world, opts)
+        return dist.ProcessGroupGloo(where, rank, world, opts)
+
+    def build() -> tuple[Any, Any]:
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(prefix, rank, world, opts)
+            return nccl, gloo(PrefixStore("ctl/", prefix))
+        pg = gloo(prefix)
+        return pg, pg
 
     try:
-        pg = _run_abortable(build, should_abort, f"form g{generation}")
+        pg, ctl = _run_abortable(build, should_abort, f"form g{generation}")
     except RingBroken:
         bury(conn)  # may still be blocked in the abandoned rendezvous
         raise
-    return Group(pg, conn)
+    return Group(pg, ctl, conn)
 
 
 def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True

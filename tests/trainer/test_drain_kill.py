@@ -20,7 +20,7 @@ import pytest
 
 from tests.trainer.ringutil import Ring
 from trainer import membership as mb
-from trainer.loop import _Member
+from trainer.member import Member as _Member
 from trainer.store import StoreServer
 from trainer.store_client import ControlStore
 

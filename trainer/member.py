@@ -1,0 +1,389 @@
+"""One membership of a worker (one member id): wait for a generation, form it, step, finish.
+
+Design: a :class:`Member` waits for a plan that names it, forms the generation's process group
+over the coordinator's authenticated store (:func:`trainer.ring.form_group`), agrees on the
+newest state with its peers (:func:`trainer.sync.sync_state`: whoever lacks it receives it,
+checked, from the member holding it) and then steps (:class:`trainer.step.Stepper`): read the
+newest generation number the heartbeat saw, take this member's share of the global batch
+(:mod:`trainer.batching` sizes, :mod:`trainer.sampler` ids), compute, reduce, commit. The
+newest generation any member saw travels in the step's reduction, so every member switches
+after the same step. A failed or abandoned reduction discards the step (the data cursor does
+not move): the member reports ``broken/<n>`` and waits for ``n + 1``.
+
+Leaving with notice: the member asks for a drain and keeps stepping until the generation that
+drops it; it then leaves at the boundary (0 steps lost). A member the ring dropped (it hung, or
+missed a roll call) is refused when it wakes and the worker joins again as a new member. An
+exception in the job's own code ends the job as failed (reported once, with the step and the
+fix), not as a revocation.
+
+Rule for callers: :meth:`Member.live` returns an :class:`Outcome`; the worker maps it to an
+exit code. A member never outlives its heartbeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer import batching, client, ring, sync
+from trainer import membership as mb
+from trainer import state as st
+from trainer.sampler import CursorState, epoch_order, scale_sizes, split
+from trainer.step import EVAL_COL, LATEST_COL, JobCodeError, Stepper
+
+if TYPE_CHECKING:
+    from trainer.loop import Worker
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(str, enum.Enum):
+    """How one membership ended."""
+
+    FINISHED = "finished"  # the job completed
+    DRAINED = "drained"  # left with notice at a generation boundary
+    REFUSED = "refused"  # dropped while unresponsive: join again as a new member
+    LOST = "lost"  # the ring lost every member holding the state
+    NOTICED = "noticed"  # a notice came before this worker ever joined a generation
+    FAILED = "failed"  # the job's code raised (here or on another member)
+
+
+@dataclass
+class _Pending:
+    step: int
+    epoch: int
+    ids: list[int] = field(default_factory=list)
+
+
+class Member:
+    """One membership (one member id) of a worker (see the module docstring)."""
+
+    def __init__(self, w: Worker, store: Any, member_id: int, hb: client.Heartbeat) -> None:
+        self.w, self.store, self.id, self.hb = w, store, member_id, hb
+        self.plan: mb.Plan | None = None
+        self.group: ring.Group | None = None
+        self.stepper: Stepper | None = None
+        self.rank = -1
+        self.fresh = True
+        self.was_member = False
+        self.seen = 0
+        self.drain_sent = False
+        self.pending: _Pending | None = None
+        self.busy_s = 0.0  # rank 0's head start in the next step (it evaluates first)
+        self.export_seen = -1
+
+    # -- signals to and from the coordinator -----------------------------------------------------
+
+    def _broken(self, generation: int) -> bool:
+        """Is ``generation`` declared broken? The heartbeat thread's cached answer while it
+        is fresh; a store round trip when it is stale (e.g. this process was frozen)."""
+        if time.monotonic() - self.hb.polled_at > 3 * self.hb.interval_s:
+            return self.store.add(mb.k_broken(generation), 0) > 0
+        return self.hb.is_broken(generation)
+
+    def _report_broken(self, generation: int, why: Exception) -> None:
+        log.warning("generation %d broken: %s", generation, str(why).splitlines()[0])
+        self._drop_group()
+        self.store.add(mb.k_broken(generation), 1)
+
+    def _drop_group(self) -> None:
+        if self.stepper is not None:
+            self.stepper.close()
+            self.stepper = None
+        if self.group is not None:
+            self.group.abort()
+            ring.bury(self.group)
+            self.group = None
+
+    def _ask_drain(self) -> None:
+        if self.w.notice is not None and not self.drain_sent:
+            self.drain_sent = True
+            self.store.set(mb.k_drain(self.id), self.w.notice)
+            self.store.add(mb.DRAINS, 1)
+
+    def _report_job_error(self, e: JobCodeError) -> None:
+        job = self.w.cfg.job
+        message = f"job {job}: {e}"
+        log.error("%s", message, exc_info=e.exc)
+        self.store.set(mb.k_error(self.id), mb.JobFailure(e.step, message).to_json())
+        self.store.add(mb.ERRORS, 1)
+        if self.plan is not None:
+            self.store.add(mb.k_broken(self.plan.generation), 1)  # the others stop waiting
+        self.w.failure = message
+
+    # -- the membership --------------------------------------------------------------------------
+
+    def live(self) -> Outcome:
+        """Run this membership until it ends; returns how."""
+        try:
+            while True:
+                if self.plan is None or self.group is None:
+                    outcome = self._wait_and_form()
+                    if outcome:
+                        return outcome
+                    continue
+                self._ask_drain()
+                plan = self.plan
+                try:
+                    newest = self._step()
+                except ring.RingBroken as e:
+                    self._report_broken(plan.generation, e)
+                    continue
+                except JobCodeError as e:
+                    self._report_job_error(e)
+                    return Outcome.FAILED
+                if self.w.cursor.epoch >= self.w.job.epochs:  # type: ignore[union-attr]
+                    self._finish()
+                    return Outcome.FINISHED
+                if newest > plan.generation:
+                    self._drop_group()  # the old group is finished with; kept until exit
+        finally:
+            if self.stepper is not None:
+                self.stepper.close()
+
+    def _wait_and_form(self) -> Outcome | None:
+        """Wait for a newer plan; form it if it names me. Returns an outcome or None."""
+        current = self.plan.generation if self.plan else 0
+        while True:
+            latest = self.store.add(mb.LATEST, 0)
+            if latest > current and latest > self.seen:
+                break
+            if self.store.check([mb.FINISHED]):
+                return self._ended()
+            if not self.was_member and self.w.notice is not None:
+                self._ask_drain()
+                return Outcome.NOTICED
+            time.sleep(0.01)
+        self.seen = latest
+        try:
+            plan = mb.Plan.from_json(self.store.get(mb.k_plan(latest)))
+        except mb.Malformed as e:  # only token holders write plans: a bug, not an attack
+            log.error("generation %d: plan unreadable (%s); waiting for the next", latest, e)
+            return None
+        rank = plan.rank_of(self.id)
+        if rank is None:
+            if self.id in plan.drained:
+                log.info("drained at generation %d; leaving", plan.generation)
+                return Outcome.DRAINED
+            if not plan.members:
+                log.error("the ring lost every member holding the state: %s", plan.reason)
+                return Outcome.LOST
+            if self.was_member:
+                if self._drained_between(current, plan.generation):
+                    return Outcome.DRAINED
+                log.warning("refused: dropped from the ring at generation %d (%s)",
+                            plan.generation, plan.reason)
+                return Outcome.REFUSED
+            return None  # a generation formed before my turn: keep waiting
+        self.plan = plan
+        self.hb.generation = plan.generation
+        try:
+            self._form(plan, rank)
+        except ring.RingBroken as e:
+            self._report_broken(plan.generation, e)
+        return None
+
+    def _ended(self) -> Outcome:
+        """The job is over (``finished`` is set): how, for this member."""
+        how = self.store.get(mb.FINISHED).decode(errors="replace")
+        if how.startswith("failed"):
+            if self.w.failure is None:
+                self.w.failure = how.removeprefix("failed: ")
+                log.error("the job failed: %s", self.w.failure)
+            return Outcome.FAILED
+        if how == "lost":
+            return Outcome.LOST
+        return Outcome.FINISHED if self.was_member else Outcome.NOTICED
+
+    def _drained_between(self, current: int, latest: int) -> bool:
+        """Was this member drained by a generation after ``current`` and before ``latest``?
+
+        A member whose step broke reads only the newest plan; when a drain plan was
+        published in between (a drain and a kill in the same step), the newest plan no
+        longer names it at all, and without this look back a drained member would take
+        itself for a dropped one and join again as a new member.
+        """
+        for gen in range(current + 1, latest):
+            try:
+                plan = mb.Plan.from_json(self.store.get(mb.k_plan(gen)))
+            except (mb.Malformed, RuntimeError):
+                continue  # deleted long ago, or unreadable: it cannot name me
+            if self.id in plan.drained:
+                log.info("drained at generation %d; leaving", gen)
+                return True
+        return False
+
+    def _form(self, plan: mb.Plan, rank: int) -> None:
+        w, cfg = self.w, self.w.cfg
+        job = w.job
+        assert job is not None
+        gen = plan.generation
+        t0 = time.perf_counter()
+        self.store.set(mb.k_forming(gen, self.id), "")  # the coordinator's roll calls read it
+        self.group = ring.form_group(self.store, gen, rank, len(plan.members),
+                                     cfg.collective_timeout_s, lambda: self._broken(gen),
+                                     backend=plan.backend,
+                                     hostname=cfg.ring_host or self.store.local_address)
+        self.rank = rank
+        self.busy_s = 0.0  # a new generation: no evaluation is pending in it
+        try:
+            state, src, nbytes, best = sync.sync_state(
+                self.group.ctl, rank, len(plan.members), w.step, self.fresh, w.state,
+                lambda: self._broken(gen), initial=gen == 1)
+            if state is not None:
+                sync.check(state, step=best, job=plan.job)
+        except st.BadState as e:  # a peer sent something that is not this job's state
+            raise ring.RingBroken(f"state from the source rejected: {e}") from e
+        discarded = 0
+        if state is not None:
+            if self.pending and int(state["step"]) == self.pending.step + 1:
+                self._record(self.pending)  # the step completed on a peer: it counts
+                self.pending = None
+            if self.fresh or int(state["step"]) != w.step:
+                try:
+                    w.load(state)  # members already at that step hold the same bits: skip
+                except st.BadState as e:
+                    raise ring.RingBroken(f"state from the source rejected: {e}") from e
+        if self.pending is not None:
+            discarded = 1
+            self.pending = None
+        self.fresh = False
+        self.was_member = True
+        self._plan_sizes(plan)
+        if self.stepper is not None:
+            self.stepper.close()
+        self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
+                               rank=rank, device=w.device, precision=job.precision,
+                               scaler=w.scaler, bucket_mb=cfg.bucket_mb)
+        self.export_seen = self.hb.export
+        report = mb.Formed(w.checksum(), w.step, discarded, src, nbytes,
+                           round((time.perf_counter() - t0) * 1000, 2))
+        self.store.set(mb.k_formed(gen, self.id), report.to_json())
+        self.store.add(mb.k_formed_count(gen), 1)
+        log.info("formed generation %d as rank %d/%d (%s)", gen, rank, len(plan.members),
+                 plan.backend, extra=dataclasses.asdict(report))
+
+    def _plan_sizes(self, plan: mb.Plan, timings: list[batching.StepTiming] | None = None
+                    ) -> None:
+        w = self.w
+        keys = plan.keys()
+        if timings:
+            w.speed = batching.observe(w.speed, timings)
+        priors = {k: v for k, v in plan.priors.items() if k in keys and v > 0}
+        prev = w.sizes if sorted(w.sizes) == sorted(keys) else None
+        bp = batching.plan_batches(w.speed, keys, w.job.global_batch,  # type: ignore
+                                   priors=priors, previous=prev, min_batch=w.min_batch)
+        w.sizes = dict(bp.sizes)
+        me = keys[self.rank]
+        if me in bp.drop and not self.drain_sent:
+            w.give_notice("batch planner: " + "; ".join(n for n in bp.notes if me in n))
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def _sizes(self, keys: list[str], total: int) -> list[int]:
+        """Every member's share of a step of ``total`` samples, in rank order."""
+        w = self.w
+        return scale_sizes([w.sizes.get(k, 0) for k in keys], total, min_batch=w.min_batch)
+
+    def _step(self) -> int:
+        """One step of the current generation. Returns the newest generation any member saw.
+
+        Raises :class:`ring.RingBroken` (nothing applied) and :class:`JobCodeError`.
+        """
+        w, job, plan, group, stepper = self.w, self.w.job, self.plan, self.group, self.stepper
+        assert job is not None and plan is not None and group is not None
+        assert stepper is not None
+        world, keys = len(plan.members), plan.keys()
+        total = w.cursor.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+        sizes = self._sizes(keys, total)
+        head_s = self.busy_s
+        if head_s > 0:  # rank 0 evaluated before this step: it takes fewer samples
+            fitted = batching.head_start(w.speed, dict(zip(keys, sizes)), {keys[0]: head_s},
+                                         min_batch=w.min_batch)
+            sizes = [fitted[k] for k in keys]
+            self.busy_s = 0.0
+        ids = split(w.order(), w.cursor, sizes)[self.rank]
+        b = int(ids.numel())
+        latest = self.hb.latest
+        w.maybe_fault()
+        self.pending = _Pending(w.step, w.cursor.epoch, ids.tolist())
+        batch = w.feed.batch(ids) if b > 0 else None
+        w.feed.hint(self._next_ids(keys, total))
+        gen = plan.generation
+        res = stepper.step(group.pg, batch, b, total, step=w.step, latest=latest,
+                           eval_s=w.eval_s, should_abort=lambda: self._broken(gen),
+                           after_compute=w.slow, broken=lambda: self._broken(gen))
+        # -- committed: every member applied the same update
+        self._record(self.pending)
+        self.pending = None
+        w.step += 1
+        epoch_before = w.cursor.epoch
+        w.cursor = w.cursor.advance(len(job), total)
+        w.samples_done += total
+        rows = res.rows
+        timings = [batching.StepTiming(keys[r], int(rows[r, 0]), float(rows[r, 1]))
+                   for r in range(world) if rows[r, 0] > 0]
+        newest = int(rows[:, LATEST_COL].max())
+        w.note_speed(b, res.compute_s)
+        self._plan_sizes(plan, timings)
+        if w.cursor.epoch != epoch_before and job.evaluate is not None:
+            # Rank 0 evaluates now, while the others start the next step: every member
+            # re-splits that step so rank 0 starts it that much later (its last evaluation's
+            # time, from the reduction: the same figure on every member) and all finish
+            # together. The first evaluation of a rank 0 has no figure yet: no head start.
+            self.busy_s = float(rows[0, EVAL_COL])
+            if self.rank == 0:
+                w.evaluate()
+        w.log_step(self.rank, {
+            "t": time.time(), "step": w.step, "generation": gen, "world": world, "batch": b,
+            "compute_s": round(res.compute_s, 6), "wait_s": round(res.wait_s, 6),
+            "samples": total, "loss": res.loss, "step_s": round(res.compute_s + res.wait_s, 6),
+            "member": keys[self.rank], "epoch": w.cursor.epoch, "skipped": res.skipped,
+            "head_start_s": round(head_s, 6) if self.rank == 0 else 0.0})
+        if self.rank == 0:
+            self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done, world,
+                                        res.loss, w.metrics).to_json()
+            if self.hb.export > self.export_seen:
+                self.export_seen = self.hb.export
+                w.write_output("on request")
+        return newest
+
+    def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
+        """The ids this member will probably take in the next step (for prefetching)."""
+        w, job = self.w, self.w.job
+        assert job is not None
+        nxt = w.cursor.advance(len(job), total)
+        if nxt.epoch >= job.epochs:
+            return torch.empty(0, dtype=torch.long)
+        total2 = nxt.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+        order = w.order() if nxt.epoch == w.cursor.epoch else epoch_order(
+            w.cfg.seed, nxt.epoch, len(job))
+        return split(order, CursorState(nxt.epoch, nxt.cursor), self._sizes(keys, total2))[
+            self.rank]
+
+    def _record(self, pending: _Pending | None) -> None:
+        if pending is not None and self.w.cfg.record_samples is not None:
+            self.w.append(self.w.cfg.record_samples, {
+                "epoch": pending.epoch, "step": pending.step, "member": self.id,
+                "ids": pending.ids})
+
+    def _finish(self) -> None:
+        w = self.w
+        assert w.job is not None
+        if self.rank == 0:
+            if not w.metrics and w.job.evaluate is not None:
+                w.evaluate()
+            w.finish_model()
+        done = mb.Done(w.checksum(), w.step, dict(w.metrics))
+        if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
+            last = mb.Progress.parse(self.hb.stats)
+            self.hb.publish_stats(dataclasses.replace(last, metrics=dict(w.metrics)).to_json())
+        self.store.set(mb.k_done(self.id), done.to_json())
+        self.store.add(mb.DONES, 1)
+        log.info("finished at step %d", w.step, extra={"checksum": done.checksum})
