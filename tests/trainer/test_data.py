@@ -221,6 +221,19 @@ def test_wrong_hints_waste_work_but_never_give_wrong_data_and_the_cache_stays_bo
         assert noops <= 2 * 2 * (real + 1), (real, noops)
 
 
+def test_an_exactly_hinted_batch_is_collated_ahead_and_any_other_batch_is_not_taken_for_it(
+        ) -> None:
+    ds = Samples("dict")
+    with Feed(ds, workers=2) as feed:
+        feed.hint([4, 8, 15, 16])
+        assert settle(lambda: feed._loader._ready is not None)  # collated in the background
+        assert_same(feed.batch([4, 8, 15, 16]), default_collate([ds[i] for i in (4, 8, 15, 16)]))
+        feed.hint([23, 42, 7])
+        assert settle(lambda: feed._loader._ready is not None)
+        assert_same(feed.batch([42, 23]), default_collate([ds[42], ds[23]]))  # not the hint
+        assert_same(feed.batch([23, 42, 7]), default_collate([ds[23], ds[42], ds[7]]))
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 
