@@ -113,7 +113,8 @@ class Feed:
     access by id). ``device``: where ``batch()`` puts the batch (CUDA: via pinned host memory
     and non-blocking copies). ``collate_fn``: ``None`` for ``default_collate``, else called
     with the list of samples as a DataLoader would. ``workers``: DataLoader worker processes
-    (``None``: 0 for a ``TensorDataset``, which is indexed in memory, else 2). ``prefetch``:
+    (``None``: 2; a ``TensorDataset`` with the default collate is always indexed in memory,
+    without workers, and with a ``collate_fn`` defaults to 0). ``prefetch``:
     requests outstanding per worker (DataLoader's ``prefetch_factor``). ``timeout_s``: the
     longest ``batch()`` waits for its samples. ``mp_context``: the workers' start method
     (``None``: the DataLoader's default, ``fork`` on Linux up to Python 3.13: millisecond starts
@@ -138,6 +139,8 @@ class Feed:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._dataset = dataset
         self._collate = collate_fn or default_collate
         self._fast = isinstance(dataset, TensorDataset) and collate_fn is None
@@ -411,7 +414,8 @@ class _Loader:
         with self._cond:
             if self._closed or self._error is not None:
                 return
-            self._hinted, self._ready = tuple(ids), None
+            if tuple(ids) != self._hinted:  # a new guess: the batch collated ahead is stale
+                self._hinted, self._ready = tuple(ids), None
             uniq = self._ask_locked(ids)
             self._enqueue_locked(self._missing_locked(uniq), urgent=False)
 
@@ -612,15 +616,14 @@ class _Packer(pickle.Pickler):
 
 
 class _Unpacker(pickle.Unpickler):
-    def __init__(self, f: io.BytesIO, buf: torch.Tensor | None,
-                 metas: list[tuple[int, torch.dtype, tuple[int, ...]]]) -> None:
+    """Rebuilds a request's samples, their tensors as views of the shared buffer."""
+
+    def __init__(self, f: io.BytesIO, buf: torch.Tensor, metas: list[Any]) -> None:
         super().__init__(f)
         self.buf, self.metas = buf, metas
 
     def persistent_load(self, pid: Any) -> torch.Tensor:
-        assert self.buf is not None
-        off, dtype, shape = self.metas[pid]
-        return _view(self.buf, off, dtype, shape)
+        return _view(self.buf, *self.metas[pid])
 
 
 def _view(buf: torch.Tensor, off: int, dtype: torch.dtype,
@@ -686,44 +689,40 @@ def _collate_and_pin(collate: Callable[[list[Any]], Any], device: torch.device,
                      samples: list[Any]) -> Any:
     """``collate(samples)``, its CPU tensors in pinned memory when ``device`` is CUDA."""
     batch = collate(samples)
-    return _pin(batch) if device.type == "cuda" else batch
-
-
-def _pin(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.pin_memory() if obj.device.type == "cpu" else obj
-    if isinstance(obj, Mapping):
-        moved = {k: _pin(v) for k, v in obj.items()}
-        try:
-            return type(obj)(moved)  # type: ignore[call-arg]
-        except TypeError:
-            return moved
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_pin(v) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_pin(v) for v in obj)
-    return obj
+    if device.type != "cuda":
+        return batch
+    return _map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
-    """``obj`` (a collated batch) with its CPU tensors on ``device``: pinned and non-blocking
-    on CUDA. Walks what default_collate builds: mappings, namedtuples, tuples and lists."""
+    """``obj`` (a collated batch) with its tensors on ``device``: from pinned memory with
+    non-blocking copies on CUDA (``pin_memory()`` returns a pinned tensor as it is)."""
     if device.type == "cpu":
         return obj
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.device == device:
+            return t
+        if device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(device, non_blocking=True)
+        return t.to(device)
+
+    return _map_tensors(move, obj)
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
+    """``obj`` with ``fn`` applied to every tensor, through what default_collate builds:
+    mappings, namedtuples, tuples and lists (anything else is returned as it is)."""
     if isinstance(obj, torch.Tensor):
-        if obj.device == device:
-            return obj
-        if device.type == "cuda" and obj.device.type == "cpu":
-            return obj.pin_memory().to(device, non_blocking=True)
-        return obj.to(device)
+        return fn(obj)
     if isinstance(obj, Mapping):
-        moved = {k: _to_device(v, device) for k, v in obj.items()}
+        moved = {k: _map_tensors(fn, v) for k, v in obj.items()}
         try:
             return type(obj)(moved)  # type: ignore[call-arg]
         except TypeError:
             return moved
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_to_device(v, device) for v in obj))
+        return type(obj)(*(_map_tensors(fn, v) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(v, device) for v in obj)
+        return type(obj)(_map_tensors(fn, v) for v in obj)
     return obj
