@@ -61,6 +61,7 @@ import collections
 import functools
 import io
 import logging
+import multiprocessing
 import os
 import pickle
 import threading
@@ -117,9 +118,11 @@ class Feed:
     without workers, and with a ``collate_fn`` defaults to 0). ``prefetch``:
     requests outstanding per worker (DataLoader's ``prefetch_factor``). ``timeout_s``: the
     longest ``batch()`` waits for its samples. ``mp_context``: the workers' start method
-    (``None``: the DataLoader's default, ``fork`` on Linux up to Python 3.13: millisecond starts
-    and the dataset shared copy-on-write; everything sent to the workers is module-level and
-    picklable, so ``"spawn"`` and ``"forkserver"`` work too, with slower starts).
+    (``None``: ``fork`` where there is one, whatever this process's default: millisecond
+    starts, the dataset shared copy-on-write, and no server process left behind; a ring worker
+    started by a forkserver inherits that default and would start a forkserver of its own.
+    Everything sent to the workers is module-level and picklable, so ``"spawn"`` and
+    ``"forkserver"`` work too, with slower starts).
 
     The constructor starts the workers (the slow start a joiner does before joining) and
     returns when they are started. Raises ``TypeError`` for an iterable dataset, ``ValueError``
@@ -281,6 +284,8 @@ class _Loader:
         # Workers are seeded from a private generator: a DataLoader would draw their base seed
         # from torch's global RNG and shift the trainer's random stream.
         seed = int.from_bytes(os.urandom(8), "little") >> 1
+        if mp_context is None and "fork" in multiprocessing.get_all_start_methods():
+            mp_context = "fork"
         self._dl = DataLoader(_Keyed(dataset), batch_sampler=_Requests(self),
                               num_workers=workers, prefetch_factor=prefetch, collate_fn=_pack,
                               multiprocessing_context=mp_context, timeout=_DL_POLL_S,

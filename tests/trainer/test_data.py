@@ -343,6 +343,29 @@ def test_hinting_the_next_batch_hides_most_of_the_load_time() -> None:
     assert waited < 0.5 * sync_s, (waited, sync_s)
 
 
+def _feed_in_a_child(q: Any) -> None:
+    ds = Samples("vector")
+    with Feed(ds, workers=2) as feed:
+        feed.hint([9, 8])
+        got = feed.batch([9, 8])
+    q.put(torch.equal(got[1], default_collate([ds[9], ds[8]])[1]) and len(children()) == 0)
+
+
+def test_a_feed_works_inside_a_worker_forked_from_a_forkserver() -> None:
+    """As the ring's workers run in tests: a non-daemonic child of a forkserver."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    q = ctx.Queue()
+    p = ctx.Process(target=_feed_in_a_child, args=(q,), daemon=False)
+    p.start()
+    try:
+        assert q.get(timeout=60) is True
+    finally:
+        p.join(30)
+    assert p.exitcode == 0
+
+
 def test_workers_can_be_spawned_instead_of_forked() -> None:
     ds = Samples("tuple")
     with Feed(ds, workers=1, mp_context="spawn", timeout_s=60) as feed:
