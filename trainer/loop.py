@@ -198,9 +198,7 @@ class Worker:
         job.model.to(self.device)
         self.scaler = make_scaler(job.precision, self.device)
         self.min_batch = job.min_batch
-        workers = self.cfg.loader_workers if self.cfg.loader_workers is not None else (
-            job.loader_workers)
-        self.feed = _make_feed(job, self.device, workers)
+        self.feed = _make_feed(job, self.device, self._loader_workers())
         log.info("job %s on %s (%s, minimum local batch %d)", self.cfg.job, self.device,
                  job.precision, self.min_batch)
 
@@ -220,13 +218,10 @@ class Worker:
         for _ in range(max(1, self.cfg.profile_steps)):
             t0 = time.perf_counter()
             try:
-                batch = self.feed.batch(ids)
+                batch = self.batch(ids)
                 Stepper.profile_step(job, batch, self.device, self.scaler)
             except JobCodeError as e:
                 raise JobError(f"job {self.cfg.job!r}: {e}") from e
-            except Exception as e:  # noqa: BLE001 - the dataset's own code
-                raise JobError(f"job {self.cfg.job!r}: reading a batch raised "
-                               f"{type(e).__name__}: {str(e)[:300]}; fix the dataset") from e
             self.slow(time.perf_counter() - t0, len(ids))
             times.append(time.perf_counter() - t0)
         job.model.zero_grad(set_to_none=True)
@@ -249,6 +244,31 @@ class Worker:
         del self._per_sample[:-SLOW_WINDOW]
         per_sample = statistics.median(self._per_sample)
         time.sleep((self.cfg.slowdown - 1.0) * batch * per_sample)
+
+    def batch(self, ids: torch.Tensor) -> Any:
+        """The collated batch of ``ids`` on the device. A dead loader process gets one new
+        pipeline; the dataset's own exceptions (and a second failure) are the job's error.
+        Raises :class:`trainer.step.JobCodeError`."""
+        from trainer.data import FeedError
+
+        for attempt in (1, 2):
+            try:
+                return self.feed.batch(ids)
+            except FeedError as e:
+                if attempt == 2:
+                    raise JobCodeError("input pipeline", self.step, len(ids), e) from e
+                log.warning("input pipeline failed (%s); starting a new one", e)
+                self.feed.close()
+                assert self.job is not None
+                self.feed = _make_feed(self.job, self.device, self._loader_workers())
+            except Exception as e:  # noqa: BLE001 - the dataset's own code
+                raise JobCodeError("dataset", self.step, len(ids), e) from e
+        raise AssertionError("unreachable")
+
+    def _loader_workers(self) -> int | None:
+        assert self.job is not None
+        return (self.cfg.loader_workers if self.cfg.loader_workers is not None
+                else self.job.loader_workers)
 
     def note_speed(self, batch: int, compute_s: float) -> None:
         """This worker's last local batch and samples/s (the heartbeat reports them)."""
@@ -398,25 +418,7 @@ class Worker:
             f.write(json.dumps(record) + "\n")
 
 
-class _SyncFeed:
-    """The input pipeline without worker processes: batches made in this thread."""
-
-    def __init__(self, job: Job, device: torch.device) -> None:
-        self._job, self._device = job, device
-
-    def batch(self, ids: torch.Tensor) -> Any:
-        return devices.pin(self._job.batch(ids), self._device)
-
-    def hint(self, ids: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _make_feed(job: Job, device: torch.device, workers: int | None) -> Any:
-    try:
-        from trainer.data import Feed
-    except ImportError:
-        return _SyncFeed(job, device)
+    from trainer.data import Feed
+
     return Feed(job.train_set, device=device, collate_fn=job.collate_fn, workers=workers)

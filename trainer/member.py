@@ -313,7 +313,7 @@ class Member:
         latest = self.hb.latest
         w.maybe_fault()
         self.pending = _Pending(w.step, w.cursor.epoch, ids.tolist())
-        batch = w.feed.batch(ids) if b > 0 else None
+        batch = w.batch(ids) if b > 0 else None
         w.feed.hint(self._next_ids(keys, total))
         gen = plan.generation
         res = stepper.step(group.pg, batch, b, total, step=w.step, latest=latest,
