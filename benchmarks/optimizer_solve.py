@@ -21,7 +21,7 @@ import numpy as np
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer import Candidate, Problem, _block_lp_bounds, _build, _prune, solve
+from provisioner.plan.solve import Candidate, Problem, _block_lp_bounds, _build, _prune, solve
 
 TYPES = [("p3.2xlarge", 1, 1.0, 3.06), ("p3.8xlarge", 4, 4.0, 12.24), ("g5.xlarge", 1, 0.85, 1.01),
          ("g5.12xlarge", 4, 3.4, 5.67), ("p4d.24xlarge", 8, 20.0, 32.77), ("g4dn.xlarge", 1, 0.35, 0.53),

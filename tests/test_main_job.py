@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from pricing.sources.trace import TraceSource
-from provisioner import pricegen
+from pricing.sources import synthetic
 from provisioner.cli import main
-from provisioner.state import State
+from provisioner.daemon.state import State
 
 REPO = Path(__file__).resolve().parent.parent
 EPOCHS = 30
@@ -130,9 +130,9 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
     assert fig["samples"] == EPOCHS * TRAIN_SIZE
 
     # reported spend == Σ instance-seconds × the market price in force, within 1%
-    market = TraceSource([], snapshot=pricegen.generate(
-        pricegen.GeneratorParams(seed=7, outages_per_hour=0.0)))
-    t0 = pricegen.DEFAULT_START
+    market = TraceSource([], snapshot=synthetic.generate(
+        synthetic.GeneratorParams(seed=7, outages_per_hour=0.0)))
+    t0 = synthetic.DEFAULT_START
     expected = 0.0
     for r in state.instances():
         assert r.ended_at is not None

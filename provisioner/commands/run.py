@@ -2,18 +2,18 @@
 
 Design: this module parses flags, checks every input *before* anything starts (a missing
 trace, a trace with no usable offering, a port in use: one line, exit 2, nothing left
-running), builds the parts and hands them to :class:`provisioner.daemon.Daemon`. The main
+running), builds the parts and hands them to :class:`provisioner.daemon.scheduler.Daemon`. The main
 job (no ``--config``) wires the whole loop on this machine:
 
 - the market: ``--trace PATH`` (any format :func:`pricing.sources.trace.load_trace` reads;
-  availability-only traces get generated prices, :func:`provisioner.pricegen.fill_prices`),
-  else the seeded generator of :mod:`provisioner.pricegen`; replayed at ``--speed``;
+  availability-only traces get generated prices, :func:`pricing.sources.synthetic.fill_prices`),
+  else the seeded generator of :mod:`pricing.sources.synthetic`; replayed at ``--speed``;
 - the ring: a :class:`trainer.coordinator.Coordinator` inside this process; instances are
   ``python -m trainer worker`` processes started by the local driver, training
   ``job.job_file`` (``examples/digits.py``);
 - the end: ``--until-epochs`` (passed to the example as ``DIGITS_EPOCHS``), ``--duration``
   (simulated), the job finishing, or Ctrl-C/SIGTERM (drain, stop, terminate the fleet);
-- the report: ``--report DIR`` (default ``WORKDIR/report``), see :mod:`provisioner.runreport`.
+- the report: ``--report DIR`` (default ``WORKDIR/report``), see :mod:`provisioner.daemon.report`.
 
 Rule for callers: run from the repository root (or give ``job.job_file`` as an absolute
 path); ``--workdir`` is reset at the start of a local run (leftover workers terminated).
@@ -124,24 +124,24 @@ class LocalRun:
         from dataclasses import replace
 
         from pricing.sources.trace import load_trace
-        from provisioner import pricegen
+        from pricing.sources import synthetic
 
         if self.args.trace:
             for p in self.args.trace:
                 if not Path(p).exists():
                     raise UserError(f"--trace {p}: no such file or folder (see "
                                     f"../shared/data/README.md for real traces)")
-            snap = pricegen.fill_prices(load_trace(self.args.trace),
-                                        pricegen.GeneratorParams(seed=self.args.seed))
+            snap = synthetic.fill_prices(load_trace(self.args.trace),
+                                        synthetic.GeneratorParams(seed=self.args.seed))
             origin = ", ".join(self.args.trace)
         else:
-            params = pricegen.GeneratorParams(seed=self.args.seed)
+            params = synthetic.GeneratorParams(seed=self.args.seed)
             if self.args.outages_per_hour is not None:
                 if self.args.outages_per_hour < 0:
                     raise UserError(f"--outages-per-hour {self.args.outages_per_hour}: must "
                                     "be >= 0")
                 params = replace(params, outages_per_hour=self.args.outages_per_hour)
-            snap = pricegen.generate(params)
+            snap = synthetic.generate(params)
             origin = "the built-in generator"
         return snap, [origin, *snap.notes[-3:]]
 
@@ -152,7 +152,7 @@ class LocalRun:
         from pricing import sanity
         from provisioner.drivers.local import slowdown_for
         from provisioner.errors import DriverError
-        from provisioner.throughput import ThroughputModel
+        from provisioner.plan.throughput import ThroughputModel
 
         job = self.settings.job
         model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
@@ -182,8 +182,8 @@ class LocalRun:
 
     def run(self) -> int:
         from pricing.sources.trace import ReplayClock, TraceSource
-        from provisioner.metrics import Metrics
-        from provisioner.pricegen import AvailabilityIndex
+        from provisioner.daemon.metrics import Metrics
+        from pricing.sources.synthetic import AvailabilityIndex
 
         snap, notes = self.market()
         snap, start = self.usable(snap)
@@ -258,9 +258,9 @@ class LocalRun:
 
     def _daemon(self, source: Any, now: Any, coordinator: Any, token_file: Path, job: str,
                 availability: Any, metrics: Any) -> Any:
-        from provisioner.daemon import Daemon
+        from provisioner.daemon.scheduler import Daemon
         from provisioner.drivers.local import LocalDriver
-        from provisioner.state import State
+        from provisioner.daemon.state import State
 
         host, port = coordinator.address
         py = self.settings.local.python or sys.executable
@@ -327,7 +327,7 @@ class LocalRun:
         return None
 
     def _watch(self, daemon: Any, t0: float) -> None:
-        from provisioner.dashboard import render
+        from provisioner.daemon.dashboard import render
 
         live = None
         if not self.args.no_dashboard and sys.stdout.isatty():
@@ -358,7 +358,7 @@ class LocalRun:
                 live.stop()
 
     def _finish(self, daemon: Any, ring: dict[str, Any], notes: list[str]) -> int:
-        from provisioner.runreport import write_report
+        from provisioner.daemon.report import write_report
 
         end_t = daemon.now().timestamp()
         reason = getattr(self, "reason", "stopped")
@@ -382,9 +382,9 @@ class LocalRun:
 def run_cloud(settings: Settings, args: argparse.Namespace) -> int:
     """``provision run --config FILE`` with ``[cloud] driver = "aws"|"gcp"`` (real time)."""
     from pricing.sources import make_source
-    from provisioner.daemon import Daemon
-    from provisioner.metrics import Metrics
-    from provisioner.state import State
+    from provisioner.daemon.scheduler import Daemon
+    from provisioner.daemon.metrics import Metrics
+    from provisioner.daemon.state import State
 
     from provisioner.errors import DriverError
 

@@ -1,8 +1,8 @@
 """``provision simulate``: replay real traces against policies and write a report.
 
 Design: wiring only: traces -> :func:`pricing.sources.trace.load_trace` ->
-:func:`provisioner.simworld.build_world` -> :func:`provisioner.simreport.run_all` ->
-:func:`provisioner.simreport.write_report`. Job and fleet figures (model size, batch, boot,
+:func:`provisioner.sim.world.build_world` -> :func:`provisioner.sim.report.run_all` ->
+:func:`provisioner.sim.report.write_report`. Job and fleet figures (model size, batch, boot,
 re-form, zone share, max size) come from ``--config`` when given; flags override the few
 the simulation needs. The simulator runs on a virtual clock: it never sleeps.
 
@@ -50,7 +50,7 @@ def _kv(text: str) -> tuple[str, float]:
 
 
 #: The policy names (kept here so building the parser imports neither scipy nor matplotlib;
-#: tests check it equals provisioner.simreport.ALL_POLICIES).
+#: tests check it equals provisioner.sim.report.ALL_POLICIES).
 ALL_POLICIES = ("spotring", "on-demand", "cheapest-first", "static-spot", "uniform-progress",
                 "hindsight")
 
@@ -95,10 +95,10 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace import load_trace
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
-    from provisioner.policies import Params
-    from provisioner.simreport import figures, run_all, write_report
-    from provisioner.simworld import build_world
-    from provisioner.throughput import ThroughputModel
+    from provisioner.sim.policies import Params
+    from provisioner.sim.report import figures, run_all, write_report
+    from provisioner.sim.world import build_world
+    from provisioner.plan.throughput import ThroughputModel
 
     if not args.work > 0:
         raise UserError(f"--work {args.work}: must be a positive number of samples")

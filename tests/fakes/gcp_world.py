@@ -117,10 +117,10 @@ def market() -> Any:
 def build_daemon(world: GcpWorld, settings: Any, state_path: str | Path, *,
                  coordinator: Any = None,
                  now: Callable[[], datetime] | None = None) -> Any:
-    """A :class:`~provisioner.daemon.Daemon` on the real GCP driver against ``world``."""
+    """A :class:`~provisioner.daemon.scheduler.Daemon` on the real GCP driver against ``world``."""
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon import Daemon
-    from provisioner.state import State
+    from provisioner.daemon.scheduler import Daemon
+    from provisioner.daemon.state import State
     from tests.fakes.local_coordinator import FakeCoordinator
 
     return Daemon(settings, world.driver(settings), TraceSource([], snapshot=market()),

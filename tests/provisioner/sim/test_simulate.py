@@ -9,10 +9,10 @@ import pytest
 
 from pricing.model import Availability, Offering, PriceQuote, Snapshot
 from provisioner.errors import UserError
-from provisioner.policies import Params
-from provisioner.simulate import hindsight, simulate_policy
-from provisioner.simworld import Step, build_world
-from provisioner.throughput import ThroughputModel
+from provisioner.sim.policies import Params
+from provisioner.sim.engine import hindsight, simulate_policy
+from provisioner.sim.world import Step, build_world
+from provisioner.plan.throughput import ThroughputModel
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 A = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
@@ -253,7 +253,7 @@ def _late_view(failed: dict) -> "View":
     # 360,000 samples at the job's pace of 100/s set its own deadline at 1 h; at 0.9 h
     # nothing is done: 360,000 left in 0.1 h. Even 4 on-demand instances (400/s) need 0.25 h,
     # so the job's own deadline is lost whatever is bought.
-    from provisioner.policies import View
+    from provisioner.sim.policies import View
     od = A.with_market("on-demand")
     return View(t=3240.0, start=0.0, work=360_000, done=0.0, deadline_s=None,
                 prices={A: 1.0, od: 4.0}, held={}, failed=failed,
@@ -265,7 +265,7 @@ def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
     # of the price, so the fastest fleet, 4 spot in A (max_size), not on-demand. (It bought
     # 3 on-demand: the all-or-nothing soft floor at slack 0, at a quarter of a target that
     # no fleet reaches.)
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     d = Spotring(params()).decide(_late_view({}))
     assert dict(d.target) == {A: 4}
 
@@ -273,7 +273,7 @@ def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
 def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
     # Same, but A failed a launch 240 s ago (within avoid_s, 600 s): spot cannot be had now,
     # so on-demand covers the gap, the fastest fleet: 4 on-demand.
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     d = Spotring(params()).decide(_late_view({A: 3000.0}))
     assert dict(d.target) == {A.with_market("on-demand"): 4}
 
@@ -281,7 +281,7 @@ def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
 def test_a_baseline_type_without_an_on_demand_price_is_refused_up_front_with_the_fix():
     # Spot prices only (no on-demand in the quotes, no --on-demand): the on-demand baseline
     # cannot run; say so before any policy runs, naming the flag and the type.
-    from provisioner.simreport import run_all
+    from provisioner.sim.report import run_all
     quotes = (PriceQuote(A, at(0), 1.0),)
     av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
     world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
@@ -300,7 +300,7 @@ def _ahead_view(done: float, held: dict, t: float = 1800.0) -> "View":
     # progress line is at 180,000. p3.2xlarge in A ($1/h, 100/s) failed a launch 100 s ago
     # (so none can be had); p2.xlarge in the same zone does the same 100/s for $1.5/h: 1.5x
     # the cost per sample (same hazard, same loss), beyond the 1.10 tolerance.
-    from provisioner.policies import View
+    from provisioner.sim.policies import View
     return View(t=t, start=0.0, work=360_000, done=done, deadline_s=None,
                 prices={A: 1.0, SMALL_B: 1.5}, held=held, failed={A: t - 100.0},
                 speed={"p3.2xlarge": 100.0, "p2.xlarge": 100.0}, running=True)
@@ -310,7 +310,7 @@ def test_spotring_ahead_of_its_line_waits_for_the_cheapest_per_sample_instead_of
     # 200,000 done at 0.5 h: ahead of the line (180,000), so the work due is done and waiting
     # for A is free: nothing bought (p2.xlarge would cost 1.5x per sample). 150,000 done:
     # behind; 210,000 left in 1,800 s needs 116.7/s: 2 p2.xlarge.
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     assert dict(Spotring(params()).decide(_ahead_view(200_000, {})).target) == {}
     assert dict(Spotring(params()).decide(_ahead_view(150_000, {})).target) == {SMALL_B: 2}
 
@@ -320,7 +320,7 @@ def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line
     # (0.1 h = 360 s) ahead of the line, 360,000 x 2,160 / 3,600 = 216,000 at 0.5 h, else it
     # would be dropped at the line and booted again at the next tick. 200,000 done: kept
     # (160,000 left in 1,800 s: 88.9/s, one); 220,000 done: dropped.
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.1)
     assert dict(Spotring(p).decide(_ahead_view(200_000, {SMALL_B: 1})).target) == {SMALL_B: 1}
     assert dict(Spotring(p).decide(_ahead_view(220_000, {SMALL_B: 1})).target) == {}
@@ -335,7 +335,7 @@ class _Swap:
         pass
 
     def decide(self, v):
-        from provisioner.policies import Decision
+        from provisioner.sim.policies import Decision
         return Decision({A: 4} if not v.held else {BIG: 1})
 
 
@@ -344,7 +344,7 @@ def test_a_replacement_launch_without_capacity_keeps_every_instance_it_was_to_re
     # wants 1 p3.8xlarge (400/s) instead, in a zone with no capacity. Make before break: the
     # missing launch was worth 400/s, so all 4 (400/s) stay: 1.44e6 samples at 400/s = 1 h,
     # $4.00, 4 launches. (Keeping one per missing launch tore 3 down at every try.)
-    from provisioner.policies import POLICIES
+    from provisioner.sim.policies import POLICIES
     monkeypatch.setitem(POLICIES, "swap", _Swap)
     world = _small_and_big_world(big_price=2.0, big_count=0, big_speed=400.0)
     r = simulate_policy(world, "swap", params(max_size=16), work=1.44e6)
@@ -359,7 +359,7 @@ def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_f
     # (1,800 + 1,800) / 3,600) = 360,000, 160,000 short, within the churn horizon (0.25 h =
     # 900 s): 177.8/s, two A. With A the only hardware there is nothing to bank against: one.
     from dataclasses import replace as dc_replace
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     p = params(bank_hours=0.5, churn_horizon_hours=0.25)
     v = dc_replace(_ahead_view(200_000, {}), failed={})
     assert dict(Spotring(p).decide(v).target) == {A: 2}
@@ -372,7 +372,7 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     # there is nothing to bank for: one A keeps the pace. After a 0.5 h outage the learned
     # bank is 0.5 h (1,800^2 / 1,800 s) and the decision is the fixed 0.5 h one above: two A.
     from dataclasses import replace as dc_replace
-    from provisioner.policies import Spotring
+    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.25)
     assert p.bank_hours is None
     v = dc_replace(_ahead_view(200_000, {}), failed={})
@@ -383,7 +383,7 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
 
 
 def test_outage_log_measures_outages_from_failure_to_holding_again():
-    from provisioner.policies import OutageLog
+    from provisioner.sim.policies import OutageLog
     log = OutageLog()
     log.observe(0.0, held=True, last_failure=None)
     assert log.bank_s(0.0) == 0.0  # nothing seen: no bank

@@ -10,23 +10,25 @@ import pytest
 
 from pricing.model import Availability, Offering
 from pricing.sources.trace import TraceSource
-from provisioner import pricegen
+from pricing.sources import synthetic
 from provisioner.config import parse_settings
-from provisioner.daemon import JOB_IDS, Daemon
+from provisioner.daemon.scheduler import JOB_IDS, Daemon
 from provisioner.drivers.base import LaunchRequest
 from provisioner.drivers.local import LocalDriver
 from provisioner.errors import UserError
-from provisioner.metrics import Metrics
-from provisioner.state import State
+from provisioner.daemon.metrics import Metrics
+from provisioner.daemon.state import State
 from provisioner.timing import Intervals
 from tests.fakes.local_coordinator import FakeCoordinator
 
-FAKE = Path(__file__).resolve().parent.parent / "fakes" / "local_worker.py"
+from tests.conftest import REPO  # noqa: E402
+
+FAKE = REPO / "tests" / "fakes" / "local_worker.py"
 
 
 class Clock:
     def __init__(self):
-        self.t = pricegen.DEFAULT_START
+        self.t = synthetic.DEFAULT_START
 
     def __call__(self):
         return self.t
@@ -37,8 +39,8 @@ class Clock:
 
 def quiet_market(**kw):
     """The generated market with no outages unless asked (tests script revocations)."""
-    p = pricegen.GeneratorParams(outages_per_hour=kw.pop("outages_per_hour", 0.0), **kw)
-    return pricegen.generate(p)
+    p = synthetic.GeneratorParams(outages_per_hour=kw.pop("outages_per_hour", 0.0), **kw)
+    return synthetic.generate(p)
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ def world(tmp_path):
         clock = kw.pop("clock", None) or Clock()
         out = tmp_path / "out"
         out.mkdir(exist_ok=True)
-        avail = pricegen.AvailabilityIndex(snap.availability)
+        avail = synthetic.AvailabilityIndex(snap.availability)
         drv = LocalDriver(tmp_path / "cloud",
                           lambda s: [sys.executable, str(FAKE), str(out), s.instance_id],
                           clock=clock, availability=avail, notice_window_s=30,
@@ -81,7 +83,7 @@ def test_first_round_launches_the_plan_and_accounts_spend(world):
     # independent check: Σ instance-seconds × the price in force, from the trace itself
     src = d.source
     expected = 0.0
-    t0 = pricegen.DEFAULT_START
+    t0 = synthetic.DEFAULT_START
     for r in st.instances():
         end = r.ended_at or clock.t.timestamp()
         for k in range(int(r.launched_at), int(end), 10):
@@ -120,11 +122,11 @@ def test_notice_drains_first_and_replaces_in_another_zone(world):
 
 
 def test_hard_kill_from_trace_is_replaced(world):
-    p = pricegen.GeneratorParams(outages_per_hour=0.0, capacity=2)
-    snap = pricegen.generate(p)
+    p = synthetic.GeneratorParams(outages_per_hour=0.0, capacity=2)
+    snap = synthetic.generate(p)
     # script an outage: every offering of the first zone loses all capacity after 10 minutes
     zone = "local-1a"
-    outage = tuple(Availability(a.offering, pricegen.DEFAULT_START + timedelta(minutes=10),
+    outage = tuple(Availability(a.offering, synthetic.DEFAULT_START + timedelta(minutes=10),
                                          0, 2, "test") for a in snap.availability
                    if a.offering.zone == zone)
     snap = type(snap)(quotes=snap.quotes, availability=snap.availability + outage, gpus=snap.gpus)
@@ -211,12 +213,12 @@ def test_real_availability_trace_revokes_and_replaces_elsewhere(world, shared_da
     from pricing.sources.trace import load_trace
 
     folder = shared_data / "spot_availability_traces/cant_be_late/availability/1-node/aws-02-15-2023"
-    snap = pricegen.fill_prices(load_trace(folder))
+    snap = synthetic.fill_prices(load_trace(folder))
     src = TraceSource([], snapshot=snap)
     clock = Clock()
     clock.t = src.start
     d, _, drv, st = world(snapshot=snap, clock=clock)
-    avail = pricegen.AvailabilityIndex(snap.availability)
+    avail = synthetic.AvailabilityIndex(snap.availability)
     d.poll_prices(); d.plan_and_reconcile()
     for _ in range(6 * 3600 // 195):
         clock.advance(195)

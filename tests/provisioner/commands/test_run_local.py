@@ -11,9 +11,9 @@ from pricing.model import Offering
 from provisioner.cli import main
 from provisioner.commands.run import parse_duration
 from provisioner.errors import UserError
-from provisioner.state import State
+from provisioner.daemon.state import State
 
-REPO = Path(__file__).resolve().parent.parent.parent
+from tests.conftest import REPO  # noqa: E402
 
 
 class Result:
@@ -148,9 +148,9 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
 
     from rich.console import Console
 
-    from provisioner.daemon import Status
-    from provisioner.dashboard import render
-    from provisioner.state import Event
+    from provisioner.daemon.scheduler import Status
+    from provisioner.daemon.dashboard import render
+    from provisioner.daemon.state import Event
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
     key = "local/local-1/local-1a/p3.2xlarge/spot"

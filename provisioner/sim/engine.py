@@ -5,7 +5,7 @@ fleet, and so the training rate, is constant; events are decision ticks, policy 
 boots finishing, re-forms and restarts ending, revocations (availability falling below what
 is held, or a drawn lifetime ending) and the end of the trace. Money is exact: an instance
 costs the integral of its offering's price step function from launch to termination
-(:meth:`provisioner.simworld.Step.between`), i.e. instance-seconds x price at that time.
+(:meth:`provisioner.sim.world.Step.between`), i.e. instance-seconds x price at that time.
 
 Two execution models:
 - ``hot`` (spotring): every ready instance contributes; a join or a drain stalls the ring for
@@ -15,13 +15,13 @@ Two execution models:
   after ``restart_s``; it checkpoints every ``checkpoint_s``; a revocation rolls the work
   back to the last checkpoint; a planned change checkpoints first (nothing lost).
 
-The ring's throughput is ``S / (1 + S t_comm / B)`` (see :mod:`provisioner.optimizer`).
+The ring's throughput is ``S / (1 + S t_comm / B)`` (see :mod:`provisioner.plan.solve`).
 :func:`hindsight` is the offline bound: a program over the whole trace, cut where any price
 or availability changes, with the simulator's own speeds, prices and ring model (integer ring
 sizes); it pays no boot, restart or revocation loss. See its docstring for why it bounds
 every policy.
 
-Rule for callers: build the world with :func:`provisioner.simworld.build_world`; pass
+Rule for callers: build the world with :func:`provisioner.sim.world.build_world`; pass
 ``seed`` to make drawn revocations repeatable.
 """
 
@@ -38,9 +38,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from pricing.model import Offering
-from provisioner.optimizer import ring_efficiency
-from provisioner.policies import POLICIES, Params, View, online_hazards
-from provisioner.simworld import World
+from provisioner.plan.solve import ring_efficiency
+from provisioner.sim.policies import POLICIES, Params, View, online_hazards
+from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
 

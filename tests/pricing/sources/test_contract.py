@@ -16,7 +16,7 @@ from pricing.sources.base import PriceSource
 from pricing.sources.gcp import GcpSource
 from pricing.sources.trace import TraceSource
 from pricing.sources.trace_formats import USER_COLUMNS
-from tests.pricing.test_gcp_source import fake as gcp_fake
+from tests.pricing.sources.test_gcp import fake as gcp_fake
 
 
 @contextlib.contextmanager

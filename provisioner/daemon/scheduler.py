@@ -3,8 +3,8 @@
 Design: four jobs with fixed ids (``poll_prices``, ``watch_notices``, ``plan_and_reconcile``,
 ``record_metrics``), each ``coalesce=True, max_instances=1``, periods from ``[daemon]`` in
 *simulated* seconds divided by the clock's speed. Every decision goes through the pure parts
-(:func:`provisioner.optimizer.solve`, :func:`provisioner.reconcile.reconcile`); this module
-only moves data between them and the outside world, writing to :class:`~provisioner.state.State`
+(:func:`provisioner.plan.solve.solve`, :func:`provisioner.plan.reconcile.reconcile`); this module
+only moves data between them and the outside world, writing to :class:`~provisioner.daemon.state.State`
 *before* each cloud call (write-ahead intents) so a SIGKILL at any point loses nothing:
 
 - At start (:meth:`Daemon.recover`): open launch intents are repeated with their token (the
@@ -20,7 +20,7 @@ only moves data between them and the outside world, writing to :class:`~provisio
   redirect alone made the next plan drain the redirected instance as surplus and redirect
   again, a launch and a drain every round), and the round re-plans at once so the launch
   fails over in the same round rather than a ``plan_s`` later.
-- Samples/s measured per worker flow into the :class:`~provisioner.throughput.ThroughputModel`
+- Samples/s measured per worker flow into the :class:`~provisioner.plan.throughput.ThroughputModel`
   the next plan uses (the closed loop).
 
 Rule for callers: build the daemon, call :meth:`Daemon.start`, and :meth:`Daemon.stop` from
@@ -46,8 +46,8 @@ from pricing.model import Offering, PriceQuote
 from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, REBALANCE, CloudDriver, can_place,
                                       LaunchRequest, Notice)
 from provisioner.errors import CapacityError, DriverError, InfeasibleError
-from provisioner.reconcile import ChurnLimits, Held, reconcile, zone_of
-from provisioner.state import Event, State
+from provisioner.plan.reconcile import ChurnLimits, Held, reconcile, zone_of
+from provisioner.daemon.state import Event, State
 from provisioner.timing import Intervals, TtlCache
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Daemon:
                  intervals: Intervals | None = None, coordinator: Any = None,
                  throughput: Any = None, metrics: Any = None,
                  launch_env: Mapping[str, str] | None = None) -> None:
-        from provisioner.throughput import ThroughputModel
+        from provisioner.plan.throughput import ThroughputModel
 
         self.settings = settings
         self.job_id: str = settings.job.id
@@ -334,7 +334,7 @@ class Daemon:
         follows (``final`` false): the log holds one decision per round, the one acted on."""
         if self.stopping.is_set():
             return False
-        from provisioner.optimizer import build_problem, solve
+        from provisioner.plan.solve import build_problem, solve
 
         if self._job_over():
             return False  # the job is over: nothing to launch or replace

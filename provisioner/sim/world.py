@@ -37,7 +37,7 @@ import numpy as np
 
 from pricing.model import Offering, PriceQuote, Snapshot
 from provisioner.errors import UserError
-from provisioner.throughput import ThroughputModel
+from provisioner.plan.throughput import ThroughputModel
 
 log = logging.getLogger(__name__)
 

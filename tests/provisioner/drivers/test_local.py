@@ -13,7 +13,9 @@ from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, TERMINATED_NOTICE
 from provisioner.drivers.local import LocalDriver, slowdown_for
 from provisioner.errors import CapacityError, DriverError
 
-FAKE = Path(__file__).resolve().parent.parent / "fakes" / "local_worker.py"
+from tests.conftest import REPO  # noqa: E402
+
+FAKE = REPO / "tests" / "fakes" / "local_worker.py"
 V = Offering("local", "r1", "r1-a", "local.v100")
 K = Offering("local", "r1", "r1-b", "local.k80")
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -17,7 +17,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer import Candidate, Problem, ring_efficiency, solve
+from provisioner.plan.solve import Candidate, Problem, ring_efficiency, solve
 
 TYPES = (("p3.2xlarge", 1, 100.0, 3.0), ("p4d.24xlarge", 8, 900.0, 30.0))
 
@@ -50,7 +50,7 @@ def random_problem(rng: np.random.Generator) -> Problem:
 
 
 def objective(p: Problem, counts: dict) -> float:
-    """The solver's objective (module docstring of provisioner.optimizer) of a fleet,
+    """The solver's objective (module docstring of provisioner.plan.solve) of a fleet,
     computed by hand here, without the optimiser's model or its 1e-4 tie-break."""
     cands = p.candidates
     cur_cost = sum(c.current * c.price_per_hour for c in cands)
@@ -171,7 +171,7 @@ def reference_ring_search(p: Problem):
     """The ring term's guess-and-resolve as the module docstring states it, every pass
     solved (no shortcut): guess the fewest of the fastest instances, re-solve with a larger
     guess until the fleet is no bigger than the guess, max_size as the last resort."""
-    from provisioner.optimizer_milp import _prune, _solve_model
+    from provisioner.plan.milp import _prune, _solve_model
     cands, _ = _prune(p)
     g = min(p.max_size, max(1, p.min_size,
                             math.ceil(p.target_samples_per_s / max(c.useful for c in cands))))

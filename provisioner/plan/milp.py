@@ -1,13 +1,13 @@
 """The MILP machinery of the optimiser: pruning, the model, HiGHS calls, LP fallback.
 
-Design: everything here is private to :mod:`provisioner.optimizer`, whose docstring writes
+Design: everything here is private to :mod:`provisioner.plan.solve`, whose docstring writes
 the MILP out; this module only builds the sparse model of a :class:`Problem` (one row dict
 per constraint, so rows can be named, dropped for diagnosis and checked for binding), runs
 ``scipy.optimize.milp`` with a time limit, repairs a rounded LP relaxation when no integer
 solution came back in time, and splits a one-region ring into per-region MILPs ordered by
 one block LP. Pure functions of their arguments.
 
-Rule: callers outside the optimiser use :func:`provisioner.optimizer.solve`.
+Rule: callers outside the optimiser use :func:`provisioner.plan.solve.solve`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from scipy.sparse import coo_matrix
 from provisioner.errors import InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from provisioner.optimizer import Candidate, Problem
+    from provisioner.plan.solve import Candidate, Problem
 
 
 def family_of(instance_type: str) -> str:
@@ -397,7 +397,7 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     cannot beat the best fleet found by more than :data:`REGION_GAP`: with each MILP within
     :data:`MIP_GAP` of its own optimum, within 0.5% of the optimum, and far faster than
     region binaries with big-M links. A re-solve for the ring term (see
-    :func:`provisioner.optimizer.solve`) stays in the region found first.
+    :func:`provisioner.plan.solve.solve`) stays in the region found first.
     """
     regions: dict[str, list[Candidate]] = defaultdict(list)
     for c in cands:

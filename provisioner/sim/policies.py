@@ -1,11 +1,11 @@
 """Provisioning policies replayed by the simulator: ours and honest baselines.
 
 Design: a policy is a small object with a ``decide(view) -> Decision`` method; the engine
-(:mod:`provisioner.simulate`) owns time, money, instances and progress, and calls it at
+(:mod:`provisioner.sim.engine`) owns time, money, instances and progress, and calls it at
 every decision tick, after every revocation and failed launch, and when the policy asked to
 be woken. Policies see only what a real one would: current prices, what they hold, which
 zones just failed them, the progress made; never future prices or availability (except
-:func:`hindsight`, the offline lower bound, which lives in :mod:`provisioner.simulate`).
+:func:`hindsight`, the offline lower bound, which lives in :mod:`provisioner.sim.engine`).
 
 - ``spotring``: our optimiser with the deadline objective: the user's deadline, else its own
   (the work at the baselines' nominal rate less ``rate_tolerance``), paced uniformly: the
@@ -41,7 +41,7 @@ from typing import Mapping
 
 from pricing.model import Lifetime, Offering
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer import Candidate, Problem, deadline_floor, ring_efficiency, solve
+from provisioner.plan.solve import Candidate, Problem, deadline_floor, ring_efficiency, solve
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.errors import ConfigError
-from provisioner.state import State, integrate_step
+from provisioner.daemon.state import State, integrate_step
 
 A = Offering("local", "r1", "r1-a", "local.v100")
 B = Offering("local", "r1", "r1-b", "local.k80")

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pricing.model import Offering
-from provisioner.reconcile import ChurnLimits, Held, reconcile, zone_of
+from provisioner.plan.reconcile import ChurnLimits, Held, reconcile, zone_of
 from provisioner.timing import Intervals, TtlCache
 
 A = Offering("local", "r1", "r1-a", "local.v100")

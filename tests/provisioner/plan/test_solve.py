@@ -7,7 +7,7 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer import (Candidate, Problem, ThroughputModel, _build, _prune,
+from provisioner.plan.solve import (Candidate, Problem, ThroughputModel, _build, _prune,
                                    _repair, _row_ok, _run, ring_efficiency, solve)
 
 

@@ -1,6 +1,6 @@
 """The report of a ``provision run``: figures, markdown and PNG plots from the state file.
 
-Design: a function of the :class:`~provisioner.state.State` (and the ring's final stats),
+Design: a function of the :class:`~provisioner.daemon.state.State` (and the ring's final stats),
 written after the run; nothing here talks to a cloud or the ring. The figures:
 
 - ``spend_usd``: Σ over instances of ∫ price dt (:meth:`State.spend`);
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from provisioner import plots
-from provisioner.state import State
+from provisioner.daemon.state import State
 
 EVENT_ROWS = ("launch", "notice", "killed", "left", "exited", "terminated", "ring-join",
               "ring-leave", "ring-lost")

@@ -21,7 +21,7 @@ from tests.fakes.aws_world import AwsWorld  # noqa: E402
 
 pytestmark = pytest.mark.slow
 JOB = "cli-aws"
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_provision_run_against_moto(world, tmp_path):
 
 
 def _events(tmp: Path) -> list[str]:
-    from provisioner.state import State
+    from provisioner.daemon.state import State
 
     path = tmp / "state.sqlite"
     if not path.exists():

@@ -95,7 +95,7 @@ def test_simulate_uniform_progress_needs_a_deadline(tmp_path, prices, capsys):
 
 def test_cli_policy_names_match_the_simulator():
     from provisioner.commands.simulate import ALL_POLICIES as cli
-    from provisioner.simreport import ALL_POLICIES
+    from provisioner.sim.report import ALL_POLICIES
 
     assert cli == ALL_POLICIES
 

@@ -13,7 +13,8 @@ KEYS = {"cloud", "region", "zone", "instance_type", "market", "gpu", "gpu_count"
         "on_demand_price", "hazard_per_hour", "discount", "quote_time", "age_s", "hazard_basis"}
 
 
-def test_target_command_on_real_gcp_history(gcp_weekly_path, shared_data, capsys):
+def test_target_command_on_real_gcp_history(shared_data, capsys):
+    gcp_weekly_path = shared_data / "gcp_gpu_price_history" / "gcp_gpu_vm_prices_history.csv.gz"
     lifetimes = shared_data / "preemption_lifetimes" / "gcp_preemptible_gpu_lifetimes_2019.csv"
     assert main(["prices", "--source", "trace", "--trace", str(gcp_weekly_path), str(lifetimes), "--json"]) == 0
     out, err = capsys.readouterr()

@@ -1,6 +1,6 @@
 """The live dashboard of ``provision run`` and the view of ``provision status`` (rich).
 
-Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.Status` into a
+Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.scheduler.Status` into a
 rich renderable (fleet by offering, prices, spend, samples/s, accuracy, last events); the
 caller owns the ``rich.live.Live`` and the refresh. Nothing here reads the state or a clock.
 
@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.daemon import Status
+from provisioner.daemon.scheduler import Status
 
 
 def _h(t: float, t0: float) -> str:

@@ -12,7 +12,7 @@ from pricing.model import Offering  # noqa: E402
 from pricing.sources import make_source  # noqa: E402
 from pricing.sources.base import PriceSource  # noqa: E402
 from pricing.sources.gcp import GcpSource  # noqa: E402
-from tests.pricing.gcp_catalog_fake import GcpCatalogFake, sku  # noqa: E402
+from tests.fakes.gcp_catalog_fake import GcpCatalogFake, sku  # noqa: E402
 
 AMERICAS = ["us-central1", "us-east1"]
 # us-central1 list prices (USD/h): A2 core/RAM and A100 GPU as on cloud.google.com/compute/gpus-pricing

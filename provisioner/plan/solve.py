@@ -4,7 +4,7 @@ Design: a pure function over frozen data (SkyPilot's ``optimizer.py`` writes its
 same way, but here nothing is printed or mutated). :func:`build_problem` turns settings,
 quotes and risk estimates into a :class:`Problem`; :func:`solve` returns a :class:`Plan` that
 explains itself. A solve is one ``scipy.optimize.milp`` call (HiGHS) per region tried, each
-with a time limit (the MILP machinery is in :mod:`provisioner.optimizer_milp`);
+with a time limit (the MILP machinery is in :mod:`provisioner.plan.milp`);
 if it yields no integer solution in time, the LP relaxation is rounded and repaired, so a
 decision always comes back. An impossible configuration raises
 :class:`~provisioner.errors.InfeasibleError` naming the constraint that cannot be met.
@@ -81,10 +81,10 @@ import numpy as np
 
 from pricing.model import Offering, PriceQuote, RiskEstimate, utc
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer_milp import (_block_lp_bounds, _build, _binding, _current,  # noqa: F401
+from provisioner.plan.milp import (_block_lp_bounds, _build, _binding, _current,  # noqa: F401
                                         _link, _Model, _prune, _repair, _row_ok, _run,
                                         _solve_model, family_of)
-from provisioner.throughput import ThroughputModel
+from provisioner.plan.throughput import ThroughputModel
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
