@@ -1,7 +1,7 @@
 """``provision plan``: the fleet the optimiser would run now, and why.
 
 Design: wiring only, in the one order the daemon also uses: source -> sanity -> risk ->
-:func:`provisioner.plan.solve.build_problem` -> :func:`provisioner.plan.solve.solve`. Output is
+:func:`provisioner.plan.build.build_problem` -> :func:`provisioner.plan.solve.solve`. Output is
 ``Plan.explain()`` for people or one JSON object (``--json``) for programs.
 
 Rule: an infeasible configuration is a user error (exit 2) whose message names the
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sanity import check
     from pricing.sources import make_source
     from provisioner.config import load_settings
-    from provisioner.plan.solve import build_problem, solve
+    from provisioner.plan.build import build_problem
+    from provisioner.plan.solve import solve
 
     settings = load_settings(args.config)
     kind = args.source or settings.source.kind

@@ -334,7 +334,8 @@ class Daemon:
         follows (``final`` false): the log holds one decision per round, the one acted on."""
         if self.stopping.is_set():
             return False
-        from provisioner.plan.solve import build_problem, solve
+        from provisioner.plan.build import build_problem
+        from provisioner.plan.solve import solve
 
         if self._job_over():
             return False  # the job is over: nothing to launch or replace

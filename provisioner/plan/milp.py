@@ -17,25 +17,19 @@ import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from provisioner.errors import InfeasibleError
+from provisioner.plan.model import Candidate, Problem, family_of
 
-if TYPE_CHECKING:  # pragma: no cover
-    from provisioner.plan.solve import Candidate, Problem
-
-
-def family_of(instance_type: str) -> str:
-    """Instance family: ``p3`` for ``p3.2xlarge``, ``a2`` for ``a2-highgpu-1g``."""
-    return instance_type.replace("-", ".").split(".", 1)[0]
 
 # ----------------------------------------------------------------------------- pruning
 
-def _prune(p: Problem) -> tuple[list[Candidate], int]:
+def prune(p: Problem) -> tuple[list[Candidate], int]:
     keep: list[tuple[tuple[str, ...], Candidate]] = []
     dropped = 0
     budget = math.inf if p.budget_per_hour is None else p.budget_per_hour
@@ -86,7 +80,7 @@ def _ub(p: Problem, c: Candidate) -> int:
 # ----------------------------------------------------------------------------- the MILP
 
 @dataclass
-class _Model:
+class Model:
     cands: list[Candidate]
     c: np.ndarray
     integrality: np.ndarray
@@ -95,7 +89,7 @@ class _Model:
     rows: list[tuple[str, dict[int, float], float, float]]  # name, coefs, lo, hi
     n: int
     #: ub tightened by single-row implications (x_o <= budget / c_o, quota / g_o): the same
-    #: integer fleets, a tighter LP; HiGHS gets these, while ``ub`` stays what _binding reads
+    #: integer fleets, a tighter LP; HiGHS gets these, while ``ub`` stays what binding_rows reads
     run_ub: np.ndarray | None = None
 
     @property
@@ -103,7 +97,7 @@ class _Model:
         return self.ub if self.run_ub is None else self.run_ub
 
 
-def _current(cands: Sequence[Candidate]) -> tuple[float, float]:
+def current_fleet(cands: Sequence[Candidate]) -> tuple[float, float]:
     """Cost per hour and useful samples/s of the fleet held now."""
     held = [c for c in cands if c.current]
     return (sum(c.current * c.price_per_hour for c in held),
@@ -132,9 +126,9 @@ def _raw_target(target: float, t_comm: float, p: Problem, name: str) -> float:
     return target / (1.0 - target * k)
 
 
-def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
+def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
            drop: frozenset[str] = frozenset(),
-           current: tuple[float, float] | None = None) -> _Model:
+           current: tuple[float, float] | None = None) -> Model:
     n = len(cands)
     held = [i for i, c in enumerate(cands) if c.current > 0]
     m = len(held)
@@ -152,7 +146,7 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         cap = c.max_count
         ub[i] = max_size if no_avail or cap is None or cap > max_size else max(cap, 0)
     horizon = p.churn_horizon_hours
-    cur_cost, cur_rate = current or _current(cands)
+    cur_cost, cur_rate = current or current_fleet(cands)
     prices = [c.price_per_hour for c in cands]  # each property computed once
     useful = [c.useful for c in cands]
     mean_c = (sum(prices) / n if n else 0.0) or 1.0
@@ -231,10 +225,10 @@ def _build(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
             for j, w in co.items():
                 if j < n and w > 0:
                     run_ub[j] = min(run_ub[j], math.floor(hi / w + 1e-9))
-    return _Model(cands, cost, integ, lb, ub, rows, n, run_ub)
+    return Model(cands, cost, integ, lb, ub, rows, n, run_ub)
 
 
-def _run(model: _Model, time_limit_s: float, relax: bool = False,
+def run_highs(model: Model, time_limit_s: float, relax: bool = False,
          cutoff: float | None = None):
     """One HiGHS call. ``cutoff``: only fleets with an objective below it are of interest
     (HiGHS prunes every node whose bound reaches it, so a model that cannot beat it is
@@ -278,7 +272,7 @@ MIP_GAP = 1e-3
 _MIP_OPTIONS = {"mip_heuristic_run_feasibility_jump": False}
 
 
-def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:
+def row_ok(model: Model, x: np.ndarray, tol: float = 1e-6) -> bool:
     for _, co, l, h in model.rows:
         v = sum(x[j] * w for j, w in co.items())
         if v < l - tol * max(1.0, abs(l)) or v > h + tol * max(1.0, abs(h)):
@@ -286,7 +280,7 @@ def _row_ok(model: _Model, x: np.ndarray, tol: float = 1e-6) -> bool:
     return True
 
 
-def _repair(model: _Model, x_lp: np.ndarray) -> np.ndarray | None:
+def repair(model: Model, x_lp: np.ndarray) -> np.ndarray | None:
     """Round an LP solution down, then add instances greedily until every row holds."""
     x = np.floor(x_lp + 1e-9)
     x = np.minimum(np.maximum(x, model.lb), model.ub)
@@ -305,7 +299,7 @@ def _repair(model: _Model, x_lp: np.ndarray) -> np.ndarray | None:
     order = sorted(range(n), key=lambda i: model.c[i] / max(model.cands[i].useful, 1e-9))
     for _ in range(int(sum(model.ub[:n])) + 1):
         fix_aux(x)
-        if _row_ok(model, x):
+        if row_ok(model, x):
             return x
         for i in order:
             if x[i] + 1 <= model.ub[i]:
@@ -321,7 +315,7 @@ def _repair(model: _Model, x_lp: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _binding(model: _Model, x: np.ndarray) -> list[str]:
+def binding_rows(model: Model, x: np.ndarray) -> list[str]:
     """Constraints that bind in the integer sense: one instance more (for an upper bound)
     or one fewer (for a lower bound) would break them."""
     out = []
@@ -347,7 +341,7 @@ def _binding(model: _Model, x: np.ndarray) -> list[str]:
     return sorted(set(out), key=out.index)
 
 
-def _link(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple[str, float]:
+def link_of(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple[str, float]:
     if x is None:
         if p.max_regions > 1 and len({c.offering.region for c in cands}) > 1:
             return "inter-region", p.inter_region_gbps
@@ -364,20 +358,20 @@ def _link(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tuple
     return "intra-zone", p.intra_zone_gbps
 
 
-def _solve_one(model: _Model, limit: float,
-               cutoff: float | None = None) -> tuple[_Model, np.ndarray, str] | None:
+def _solve_one(model: Model, limit: float,
+               cutoff: float | None = None) -> tuple[Model, np.ndarray, str] | None:
     """One MILP; on a time-out without a solution, the repaired LP relaxation.
 
-    With ``cutoff`` (see :func:`_run`) None also means "nothing below the cutoff", and a
+    With ``cutoff`` (see :func:`run_highs`) None also means "nothing below the cutoff", and a
     fleet returned may be any fleet at or above it (callers compare its objective).
     """
-    res = _run(model, limit, cutoff=cutoff)
+    res = run_highs(model, limit, cutoff=cutoff)
     if res.x is not None and res.status in (0, 1):
         return model, np.round(res.x), "optimal" if res.status == 0 else "time-limit"
     if res.status == 2 or (cutoff is not None and res.status != 1):
         return None
-    lp = _run(model, limit, relax=True)
-    x = _repair(model, lp.x) if lp.x is not None else None
+    lp = run_highs(model, limit, relax=True)
+    x = repair(model, lp.x) if lp.x is not None else None
     return None if x is None else (model, x, "fallback-lp")
 
 
@@ -387,8 +381,8 @@ def _solve_one(model: _Model, limit: float,
 REGION_GAP = 0.004
 
 
-def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
-                 limit: float) -> tuple[_Model, np.ndarray, str] | None:
+def solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
+                 limit: float) -> tuple[Model, np.ndarray, str] | None:
     """Solve the MILP; a ring confined to one region is solved region by region.
 
     With ``max_regions == 1`` the problem splits into one small MILP per region (held
@@ -403,8 +397,8 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     for c in cands:
         regions[c.offering.region].append(c)
     if p.max_regions != 1 or len(regions) == 1:
-        return _solve_one(_build(p, cands, n_guess, gbps), limit)
-    cur = _current(cands)
+        return _solve_one(build_model(p, cands, n_guess, gbps), limit)
+    cur = current_fleet(cands)
     remove = _removal(p, cur)
     deadline = time.perf_counter() + limit
     if p.target_samples_per_s and p.objective != "max-throughput":
@@ -413,12 +407,12 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         except InfeasibleError:
             return None
 
-    models = {r: _build(p, m, n_guess, gbps, current=cur) for r, m in regions.items()}
+    models = {r: build_model(p, m, n_guess, gbps, current=cur) for r, m in regions.items()}
     held_total = sum(c.current for c in cands)  # held elsewhere than r: removed, a constant
     outside = {r: (held_total - sum(c.current for c in m)) * remove for r, m in regions.items()}
-    bounds = _block_lp_bounds(models, limit)
+    bounds = block_lp_bounds(models, limit)
     order = sorted((b + outside[r], r) for r, b in bounds.items() if b is not None)
-    best: tuple[float, tuple[_Model, np.ndarray, str]] | None = None
+    best: tuple[float, tuple[Model, np.ndarray, str]] | None = None
     timed_out = False
     for bound, region in order:
         if best is not None and bound >= best[0] - REGION_GAP * max(1.0, abs(best[0])):
@@ -442,7 +436,7 @@ def _solve_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     return model, x, ("time-limit" if timed_out and status == "optimal" else status)
 
 
-def _block_lp_bounds(models: Mapping[str, _Model], limit: float) -> dict[str, float | None]:
+def block_lp_bounds(models: Mapping[str, Model], limit: float) -> dict[str, float | None]:
     """LP relaxation bound of every region's MILP in ONE LP call.
 
     The regions' models are independent blocks, so minimising their sum minimises each;
@@ -474,8 +468,8 @@ def _block_lp_bounds(models: Mapping[str, _Model], limit: float) -> dict[str, fl
     c = np.concatenate(cs + [np.full(len(slack_cols), big)])
     lb = np.concatenate(lbs + [np.zeros(len(slack_cols))])
     ub = np.concatenate(ubs + [np.full(len(slack_cols), 1.0)])
-    block = _Model([], c, np.zeros(len(c)), lb, ub, [r[:4] for r in rows], 0)
-    res = _run(block, limit, relax=True)
+    block = Model([], c, np.zeros(len(c)), lb, ub, [r[:4] for r in rows], 0)
+    res = run_highs(block, limit, relax=True)
     if res.x is None:
         return {r: 0.0 for r in keys}  # no bound: solve every region
     needs = {r for j, r in slack_cols if res.x[j] > 1e-7}

@@ -15,7 +15,7 @@ Two execution models:
   after ``restart_s``; it checkpoints every ``checkpoint_s``; a revocation rolls the work
   back to the last checkpoint; a planned change checkpoints first (nothing lost).
 
-The ring's throughput is ``S / (1 + S t_comm / B)`` (see :mod:`provisioner.plan.solve`).
+The ring's throughput is ``S / (1 + S t_comm / B)`` (see :mod:`provisioner.plan.model`).
 :func:`hindsight` is the offline bound: a program over the whole trace, cut where any price
 or availability changes, with the simulator's own speeds, prices and ring model (integer ring
 sizes); it pays no boot, restart or revocation loss. See its docstring for why it bounds
@@ -38,7 +38,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from pricing.model import Offering
-from provisioner.plan.solve import ring_efficiency
+from provisioner.plan.model import ring_efficiency
 from provisioner.sim.policies import POLICIES, Params, View, online_hazards
 from provisioner.sim.world import World
 

@@ -41,7 +41,9 @@ from typing import Mapping
 
 from pricing.model import Lifetime, Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.solve import Candidate, Problem, deadline_floor, ring_efficiency, solve
+from provisioner.plan.build import deadline_floor
+from provisioner.plan.model import Candidate, Problem, ring_efficiency
+from provisioner.plan.solve import solve
 
 log = logging.getLogger(__name__)
 

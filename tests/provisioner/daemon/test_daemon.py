@@ -4,7 +4,6 @@ import sys
 import time
 import urllib.request
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 

@@ -3,7 +3,6 @@
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 

@@ -9,7 +9,8 @@ import pytest
 from pricing.model import Offering, PriceQuote, RiskEstimate
 from provisioner.config import parse_settings
 from provisioner.errors import InfeasibleError
-from provisioner.plan.solve import build_problem, deadline_floor, solve
+from provisioner.plan.build import build_problem, deadline_floor
+from provisioner.plan.solve import solve
 
 NOW = datetime(2024, 1, 1, 12, tzinfo=timezone.utc)
 A = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")

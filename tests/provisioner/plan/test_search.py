@@ -17,7 +17,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.solve import Candidate, Problem, ring_efficiency, solve
+from provisioner.plan.model import Candidate, Problem, ring_efficiency
+from provisioner.plan.solve import solve
 
 TYPES = (("p3.2xlarge", 1, 100.0, 3.0), ("p4d.24xlarge", 8, 900.0, 30.0))
 
@@ -171,15 +172,15 @@ def reference_ring_search(p: Problem):
     """The ring term's guess-and-resolve as the module docstring states it, every pass
     solved (no shortcut): guess the fewest of the fastest instances, re-solve with a larger
     guess until the fleet is no bigger than the guess, max_size as the last resort."""
-    from provisioner.plan.milp import _prune, _solve_model
-    cands, _ = _prune(p)
+    from provisioner.plan.milp import prune, solve_model
+    cands, _ = prune(p)
     g = min(p.max_size, max(1, p.min_size,
                             math.ceil(p.target_samples_per_s / max(c.useful for c in cands))))
     for attempt in range(4):
         if attempt == 3:
             g = p.max_size
         try:
-            found = _solve_model(p, cands, g, 5.0, 10.0)
+            found = solve_model(p, cands, g, 5.0, 10.0)
         except InfeasibleError:
             found = None
         if found is None:

@@ -7,8 +7,10 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.solve import (Candidate, Problem, ThroughputModel, _build, _prune,
-                                   _repair, _row_ok, _run, ring_efficiency, solve)
+from provisioner.plan.milp import build_model, prune, repair, row_ok, run_highs
+from provisioner.plan.model import Candidate, Problem, ring_efficiency
+from provisioner.plan.solve import solve
+from provisioner.plan.throughput import ThroughputModel
 
 
 def O(zone: str, itype: str = "p3.2xlarge", market: str = "spot",
@@ -210,7 +212,7 @@ def test_dominated_offerings_are_pruned_without_changing_the_answer():
     worse = O("us-east-1a", itype="p3.xlarge")
     cands = (Candidate(A, 1.0, 100), Candidate(worse, 1.2, 90))
     p = Problem(cands, objective="min-cost", target_samples_per_s=200)
-    kept, dropped = _prune(p)
+    kept, dropped = prune(p)
     assert [c.offering for c in kept] == [A] and dropped == 1
     plan = solve(p)
     assert fleet(plan) == {A.key: 2} and plan.pruned == 1
@@ -220,7 +222,7 @@ def test_held_offerings_are_never_pruned():
     worse = O("us-east-1a", itype="p3.xlarge")
     p = Problem((Candidate(A, 1.0, 100), Candidate(worse, 1.2, 90, current=1)),
                 objective="min-cost", target_samples_per_s=200)
-    kept, _ = _prune(p)
+    kept, _ = prune(p)
     assert {c.offering for c in kept} == {A, worse}
 
 
@@ -231,12 +233,12 @@ def test_lp_fallback_rounds_and_repairs_to_a_feasible_integer_fleet():
                   for z in "abcdef" for k in range(5))
     p = Problem(cands, objective="min-cost", target_samples_per_s=1234.5, max_size=20,
                 max_zone_share=0.4, budget_per_hour=40)
-    kept, _ = _prune(p)
-    model = _build(p, kept, p.max_size, p.intra_zone_gbps)
-    lp = _run(model, 1.0, relax=True)
-    x = _repair(model, lp.x)
+    kept, _ = prune(p)
+    model = build_model(p, kept, p.max_size, p.intra_zone_gbps)
+    lp = run_highs(model, 1.0, relax=True)
+    x = repair(model, lp.x)
     assert x is not None and np.all(x[:model.n] == np.round(x[:model.n]))
-    assert _row_ok(model, x)
+    assert row_ok(model, x)
     best = solve(p)
     repaired_cost = float(sum(c.price_per_hour * v for c, v in zip(kept, x[:model.n])))
     assert best.cost_per_hour <= repaired_cost + 1e-9
