@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace import load_trace
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
+    from provisioner.plan.pipeline import plan_settings
     from provisioner.sim.policies import Params
     from provisioner.sim.report import figures, run_all, write_report
     from provisioner.sim.world import build_world
@@ -125,12 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if itype is None or itype not in world.speed:
         raise UserError(f"--type {itype!r}: not in the traces; types there: "
                         + ", ".join(sorted(spot_types)))
-    params = Params(itype=itype, size=args.size, boot_s=fleet.boot_s, restart_s=args.restart,
-                    checkpoint_s=args.checkpoint, step_s=fleet.step_s, reform_s=fleet.reform_s,
-                    model_mb=job.model_mb, global_batch=job.global_batch,
-                    max_zone_share=fleet.max_zone_share, max_size=max_size,
-                    churn_horizon_hours=fleet.churn_horizon_hours,
-                    safety_hours=settings.objective.safety_hours)
+    d = settings.daemon
+    params = Params.of(plan_settings(settings), itype=itype, size=args.size,
+                       restart_s=args.restart, checkpoint_s=args.checkpoint, max_size=max_size,
+                       avoid_s=d.zone_avoid_ttl_s, retry_s=d.plan_s, plan_s=d.plan_s,
+                       max_launches=d.max_launches_per_round,
+                       max_removals=d.max_removals_per_round)
     names = args.policy or [n for n in ALL_POLICIES
                             if n != "uniform-progress" or args.deadline is not None]
     with quiet_stdout():

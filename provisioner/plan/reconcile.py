@@ -19,15 +19,19 @@ returns the actions with a reason each; it never calls a cloud or mutates its in
   used (avoidance only holds "while another exists") and an offering out of capacity is
   skipped.
 
-Rule for callers: pass every live instance, including draining ones; apply the actions in
-the order terminations, drains, launches.
+:func:`apply_round` is the one order in which the daemon and the simulator carry a plan out
+(make before break: launches first; nothing removed while a replacement is refused, which
+plans again at once), through an :class:`Actuator` each implements.
+
+Rule for callers: pass every live instance, including draining ones; act through
+:func:`apply_round`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from pricing.model import Offering
 
@@ -75,6 +79,8 @@ class Actions:
     drains: tuple[Removal, ...] = ()
     terminations: tuple[Removal, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    deferred: int = 0  # launches and removals the churn limits left for a later round
+    skipped: int = 0  # launches skipped: out of capacity with no alternative
 
     @property
     def empty(self) -> bool:
@@ -113,6 +119,7 @@ def reconcile(
         have[o] += n
 
     notes: list[str] = []
+    deferred = skipped = 0
     # Surplus: newest first, pending terminated, running drained.
     removals: list[Removal] = []
     for off in sorted(set(active) | set(target)):
@@ -125,6 +132,7 @@ def reconcile(
             removals.append(Removal(h.id, off, f"surplus: {why}"))
     if len(removals) > limits.max_removals:
         notes.append(f"churn limit: {len(removals) - limits.max_removals} removals deferred")
+        deferred += len(removals) - limits.max_removals
         removals = removals[: limits.max_removals]
     pending_ids = {h.id for h in held if not h.running}
     terminations = tuple(r for r in removals if r.instance_id in pending_ids)
@@ -142,15 +150,17 @@ def reconcile(
         chosen, why = _place(off, avoid_zones, unavailable, alternatives)
         if chosen is None:
             notes.append(f"{off}: {why}; launch of {deficit} skipped")
+            skipped += deficit
             continue
         count = min(deficit, budget)
         if count < deficit:
             notes.append(f"churn limit: {deficit - count} launches of {off} deferred")
+            deferred += deficit - count
         if count > 0:
             launches.append(Launch(chosen, count, f"deficit of {deficit} for {off}" +
                                    (f" ({why})" if why else "")))
             budget -= count
-    return Actions(tuple(launches), drains, terminations, tuple(notes))
+    return Actions(tuple(launches), drains, terminations, tuple(notes), deferred, skipped)
 
 
 def _place(off: Offering, avoid: frozenset[tuple[str, str, str]], unavailable: frozenset[Offering],
@@ -168,3 +178,76 @@ def _place(off: Offering, avoid: frozenset[tuple[str, str, str]], unavailable: f
     if blocked_cap:
         return None, "no capacity and no alternative"
     return off, "zone just revoked but no other zone offers it"
+
+
+# ----------------------------------------------------------------------------- a round
+
+class Actuator(Protocol):
+    """Carries a round's actions out: the daemon's write-ahead actuator on a cloud driver,
+    or the simulator's instances on a virtual clock."""
+
+    def launch(self, launch: Launch) -> bool:
+        """Start ``launch.count`` instances; False when some were refused for capacity (the
+        actuator then blocks the offering, so the next plan keeps but does not grow it)."""
+        ...
+
+    def terminate(self, removals: Sequence[Removal]) -> None:
+        """End pending instances at once."""
+        ...
+
+    def drain(self, removal: Removal) -> None:
+        """Ask a running instance to leave at its next step boundary, then end it."""
+        ...
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """One plan of a round: the target and what the reconciler needs besides."""
+
+    target: Mapping[Offering, int]
+    held: Sequence[Held]
+    avoid_zones: frozenset[tuple[str, str, str]] = frozenset()
+    unavailable: frozenset[Offering] = frozenset()
+    alternatives: Sequence[Offering] = ()
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What a round did: the actions of its last plan, whether a launch was refused, and
+    whether the churn limits deferred some (the caller plans again a period later)."""
+
+    actions: Actions
+    refused: bool
+    deferred: bool
+    plans: int
+
+
+def apply_round(plan: Callable[[int], RoundInput | None], act: Actuator, *,
+                limits: ChurnLimits = ChurnLimits(), replans: int = 2) -> RoundResult | None:
+    """Plan, reconcile and act, make before break: launches first, and nothing is removed
+    in a plan whose launches were refused or skipped (out of capacity). A refusal plans again at once (``plan(attempt)``
+    with the refused offering now blocked by the actuator), up to ``replans`` times, so the
+    launch fails over within the round; the surplus goes once a plan's launches all
+    succeeded (a replacement that found no capacity must not tear down what it was to
+    replace). ``plan`` returns None to stop (nothing to do); so does this function then.
+    """
+    result: RoundResult | None = None
+    for attempt in range(replans + 1):
+        given = plan(attempt)
+        if given is None:
+            return result
+        actions = reconcile(given.target, given.held, avoid_zones=given.avoid_zones,
+                            unavailable=given.unavailable, alternatives=given.alternatives,
+                            limits=limits)
+        refused = False
+        for launch in actions.launches:
+            refused = not act.launch(launch) or refused
+        if not refused and not actions.skipped:  # a replacement that cannot be had yet
+            if actions.terminations:
+                act.terminate(actions.terminations)
+            for d in actions.drains:
+                act.drain(d)
+        result = RoundResult(actions, refused, actions.deferred > 0, attempt + 1)
+        if not refused:
+            break
+    return result

@@ -39,10 +39,15 @@ from scipy.sparse import coo_matrix
 
 from pricing.model import Offering
 from provisioner.plan.model import ring_efficiency
+from provisioner.plan.reconcile import (ChurnLimits, Held, Launch, Removal, RoundInput,
+                                        apply_round)
 from provisioner.sim.policies import POLICIES, Params, View, online_hazards
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
+
+#: Re-plans within one round after a launch refused for capacity (the daemon's number).
+CAPACITY_REPLANS = 2
 
 
 @dataclass
@@ -92,6 +97,7 @@ class _Inst:
     launched: float
     ready: float
     dies: float = math.inf
+    id: str = ""
 
 
 def _rate(world: World, p: Params, insts: Sequence[_Inst], t: float) -> float:
@@ -150,60 +156,73 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             h[i.o] = h.get(i.o, 0) + 1
         return h
 
-    def decide(revoked: bool) -> None:
-        nonlocal wake, launches, stall_until, hz_at, hazards, done, fail_wake
-        if hot and world.lifetimes and t - hz_at >= 3600.0:
-            hazards = online_hazards(world.lifetimes, spot, t, default_hazard)
-            hz_at = t
-        prices = {o: s.at(t) for o, s in world.price.items()}
-        view = View(t, world.start, work, done, deadline_s, prices, held(), dict(failed),
-                    world.speed, run_start is not None, hazards, revoked)
-        d = policy.decide(view)
-        wake = d.wake_at
+    limits = (ChurnLimits(params.max_launches, params.max_removals) if hot
+              else ChurnLimits(10 ** 9, 10 ** 9))  # the baselines model other systems
+    serial = iter(range(10 ** 12))
+
+    class Act:
+        """The simulator's :class:`~provisioner.plan.reconcile.Actuator`: instances on the
+        virtual clock (a drain ends the instance at once: it leaves at a step boundary)."""
+
         changed = False
-        have = held()
-        short = 0.0  # samples/s of the launches that found no capacity (make before break)
-        for o in sorted(set(d.target) - set(have) | {o for o in have if d.target.get(o, 0) > have[o]}):
-            want, now_n = int(d.target.get(o, 0)), have.get(o, 0)
-            room = max(0, world.available(o, t) - now_n)
-            k = min(want - now_n, room)
-            if k < want - now_n:
-                failed[o] = t
-                fail_wake = t + (params.retry_s if hot else params.backoff_s)
-                short += (want - now_n - k) * world.speed[o.instance_type]
+
+        def launch(self, launch: Launch) -> bool:
+            nonlocal launches, fail_wake
+            o, n = launch.offering, launch.count
+            room = max(0, world.available(o, t) - held().get(o, 0))
+            k = min(n, room)
             for _ in range(k):
                 h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
                 dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
                                                             and o in world.hazard) else math.inf
-                insts.append(_Inst(o, t, t + params.boot_s, dies))
+                insts.append(_Inst(o, t, t + params.boot_s, dies, f"i-{next(serial)}"))
             launches += k
-            changed = changed or k > 0
-        drop: list[_Inst] = []
-        for o in sorted(have):
-            want, now_n = int(d.target.get(o, 0)), have[o]
-            if want < now_n:
-                mine = sorted((i for i in insts if i.o == o), key=lambda i: -i.launched)
-                drop += mine[:now_n - want]
-        if hot and short:  # keep the cheapest of those planned to go until they make up the
-            # speed of the missing launches: they were to be replaced, not just dropped (one
-            # kept per missing launch tore down 3 of 4 p2.xlarge when 1 p3.2xlarge found no
-            # capacity, and they came back 30 s later, booting again)
-            drop.sort(key=lambda i: (world.price[i.o].at(t), i.o))
-            kept = 0.0
-            while drop and kept < short:
-                kept += world.speed[drop[0].o.instance_type]
-                drop.pop(0)
-        for i in drop:
-            terminate(i, t)
-            changed = True
-        if changed:
+            self.changed = self.changed or k > 0
+            if k < n:
+                failed[o] = t
+                fail_wake = t + (params.retry_s if hot else params.backoff_s)
+            return k == n
+
+        def terminate(self, removals: Sequence[Removal]) -> None:
+            gone = {r.instance_id for r in removals}
+            for i in [i for i in insts if i.id in gone]:
+                terminate(i, t)
+                self.changed = True
+
+        def drain(self, removal: Removal) -> None:
+            self.terminate([removal])
+
+    def decide(revoked: bool) -> None:
+        nonlocal wake, stall_until, hz_at, hazards
+        if hot and world.lifetimes and t - hz_at >= 3600.0:
+            hazards = online_hazards(world.lifetimes, spot, t, default_hazard)
+            hz_at = t
+        prices = {o: s.at(t) for o, s in world.price.items()}
+        alternatives = sorted(prices, key=lambda o: (prices[o], o)) if hot else ()
+        act = Act()
+        wakes: list[float | None] = []
+
+        def plan(attempt: int) -> RoundInput:
+            view = View(t, world.start, work, done, deadline_s, prices, held(), dict(failed),
+                        world.speed, run_start is not None, hazards, revoked or attempt > 0)
+            d = policy.decide(view)
+            wakes.append(d.wake_at)
+            blocked = frozenset(o for o, when in failed.items()
+                                if hot and t - when < params.avoid_s)
+            return RoundInput({o: n for o, n in d.target.items() if n > 0},
+                              [Held(i.id, i.o, i.launched, i.ready <= t) for i in insts],
+                              unavailable=blocked, alternatives=alternatives)
+
+        done_round = apply_round(plan, act, limits=limits, replans=CAPACITY_REPLANS if hot else 0)
+        wake = wakes[-1] if wakes else None
+        if done_round is not None and done_round.deferred:  # the daemon's next round
+            wake = min(wake if wake is not None else math.inf, t + params.plan_s)
+        if act.changed:
             if hot:
                 stall_until = max(stall_until, t + params.reform_s) if any(
                     i.ready <= t for i in insts) else stall_until
             else:
                 stall_until = max([t] + [i.ready for i in insts]) + params.restart_s
-        if have and not insts and not hot:
-            pass
 
     while True:
         if need:

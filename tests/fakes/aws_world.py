@@ -98,7 +98,7 @@ class AwsWorld:
             "aws": {"region": REGION, "endpoint_url": self.endpoint,
                     "launch_template": TEMPLATE,
                     "queue_url": self.queue_url if queue else None},
-            "fleet": {"max_size": max_size, "markets": ["spot"]},
+            "fleet": {"max_size": max_size, "markets": ["spot"], "max_zone_share": 0.5},
             "daemon": {"notice_poll_s": 2.0, "plan_s": 30.0, "price_poll_s": 60.0,
                        "metrics_s": 5.0, **daemon},
         }, origin="aws_world")

@@ -69,7 +69,7 @@ class GcpWorld:
             "cloud": {"driver": "gcp"},
             "gcp": {"project": PROJECT, "zones": list(ZONES), "api_endpoint": self.endpoint,
                     "startup_script": "python -m trainer worker"},
-            "fleet": {"max_size": max_size, "markets": ["spot"]},
+            "fleet": {"max_size": max_size, "markets": ["spot"], "max_zone_share": 0.5},
             "daemon": {"notice_poll_s": 2.0, "plan_s": 30.0, "price_poll_s": 60.0,
                        "metrics_s": 5.0, **daemon},
         }, origin="gcp_world")

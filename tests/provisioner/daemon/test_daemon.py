@@ -56,7 +56,8 @@ def world(tmp_path):
                           lambda s: [sys.executable, str(FAKE), str(out), s.instance_id],
                           clock=clock, availability=avail, notice_window_s=30,
                           hard_kill_every=kw.pop("hard_kill_every", 0), terminate_grace_s=0.5)
-        s = settings or parse_settings({"fleet": {"max_size": 3, "markets": ["spot"]}})
+        s = settings or parse_settings({"fleet": {"max_size": 3, "markets": ["spot"],
+                                                  "max_zone_share": 0.5}})
         st = State(state_path or tmp_path / "state.sqlite")
         d = Daemon(s, drv, TraceSource([], snapshot=snap), st, now=clock,
                    coordinator=coordinator if coordinator is not None else FakeCoordinator(),

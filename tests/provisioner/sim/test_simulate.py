@@ -378,12 +378,12 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     v = dc_replace(_ahead_view(200_000, {}), failed={})
     assert dict(Spotring(p).decide(v).target) == {A: 1}
     seen = Spotring(p)
-    seen.outages.lengths.append(1800.0)
+    seen.planner.outages.lengths.append(1800.0)
     assert dict(seen.decide(v).target) == {A: 2}
 
 
 def test_outage_log_measures_outages_from_failure_to_holding_again():
-    from provisioner.sim.policies import OutageLog
+    from provisioner.plan.pacing import OutageLog
     log = OutageLog()
     log.observe(0.0, held=True, last_failure=None)
     assert log.bank_s(0.0) == 0.0  # nothing seen: no bank
