@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from pricing.sources.trace import TraceSource
 from pricing.sources import synthetic
 from provisioner.cli import main
+from tests.fakes.wait import wait_for as wait
 from provisioner.daemon.state import State
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,14 +30,11 @@ BATCH = 64  # its global batch (DIGITS_BATCH default)
 
 
 def wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"provision run exited early: {proc.stdout.read()}")
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+    def exited() -> str | None:
+        return (f"provision run exited early: {proc.stdout.read()}"
+                if proc.poll() is not None else None)
+
+    assert wait(pred, timeout, step_s=0.2, abort=exited), "timed out"
 
 
 def events(path: Path, kind: str) -> list:

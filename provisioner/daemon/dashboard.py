@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.daemon.scheduler import Status
+from provisioner.daemon.status import Status
 
 
 def _h(t: float, t0: float) -> str:

@@ -23,6 +23,7 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -51,12 +52,59 @@ CREATE INDEX IF NOT EXISTS metrics_by_name ON metrics (name, t);
 """
 
 
+class IntentKind(StrEnum):
+    """What a write-ahead intent is about."""
+
+    LAUNCH = "launch"
+    TERMINATE = "terminate"
+
+
+class RowState(StrEnum):
+    """An instance row's life: RUNNING (launched or adopted) -> DRAINING (asked to leave)
+    -> TERMINATED (ended: terminated, preempted, gone while the daemon was down)."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    TERMINATED = "terminated"
+
+
+class EventKind(StrEnum):
+    """The kinds of the time line's events (``provision status`` and the report read them);
+    the ring's membership events are copied as ``ring-<kind>`` (:func:`ring_kind`)."""
+
+    STARTED = "started"
+    STOPPED = "stopped"
+    ERROR = "error"
+    LAUNCH = "launch"
+    LAUNCH_ERROR = "launch-error"
+    LAUNCH_FAILED = "launch-failed"
+    NO_CAPACITY = "no-capacity"
+    DRAIN = "drain"
+    TERMINATED = "terminated"
+    NOTICE = "notice"
+    KILLED = "killed"
+    LEFT = "left"
+    EXITED = "exited"
+    REBALANCE = "rebalance"
+    ADOPTED = "adopted"
+    GONE = "gone"
+    RECOVERED_LAUNCH = "recovered-launch"
+    PLAN_FAILED = "plan-failed"
+    QUOTES_REJECTED = "quotes-rejected"
+    RECONCILE_NOTE = "reconcile-note"
+
+
+def ring_kind(kind: object) -> str:
+    """The time line's kind of a ring membership event (``join`` -> ``ring-join``)."""
+    return f"ring-{kind}"
+
+
 @dataclass(frozen=True)
 class InstanceRow:
     id: str
     offering: Offering
     token: str | None
-    state: str
+    state: RowState
     launched_at: float
     ended_at: float | None
     end_reason: str | None
@@ -66,7 +114,7 @@ class InstanceRow:
 @dataclass(frozen=True)
 class Intent:
     token: str
-    kind: str  # "launch" | "terminate"
+    kind: IntentKind
     offering: Offering | None
     count: int
     instance_ids: tuple[str, ...]
@@ -182,7 +230,7 @@ class State:
 
     @staticmethod
     def _intent(r: tuple) -> Intent:
-        return Intent(r[0], r[1], Offering.from_key(r[2]) if r[2] else None, int(r[3] or 0),
+        return Intent(r[0], IntentKind(r[1]), Offering.from_key(r[2]) if r[2] else None, int(r[3] or 0),
                       tuple(json.loads(r[4])), r[5], r[6], r[7])
 
     # -- instances ---------------------------------------------------------------------------
@@ -219,7 +267,8 @@ class State:
 
     @staticmethod
     def _instance(r: tuple) -> InstanceRow:
-        return InstanceRow(r[0], Offering.from_key(r[1]), r[2], r[3], r[4], r[5], r[6], r[7])
+        return InstanceRow(r[0], Offering.from_key(r[1]), r[2], RowState(r[3]), r[4], r[5], r[6],
+                           r[7])
 
     # -- prices and cost ---------------------------------------------------------------------
     def record_price(self, offering: Offering, t: float, price: float) -> None:

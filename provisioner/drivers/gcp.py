@@ -363,6 +363,10 @@ class GcpDriver:
 
     # -- notices --------------------------------------------------------------------------------
 
+    def can_place(self, offering: Offering) -> bool:
+        """GCP offerings (any zone of the project)."""
+        return offering.cloud == "gcp"
+
     def notices(self) -> list[Notice]:
         """Preemptions since the last call (zone operations), then the list fallback.
 

@@ -289,6 +289,10 @@ class LocalDriver:
                 pass
 
     @_locked
+    def can_place(self, offering: Offering) -> bool:
+        """Any offering: a local "instance" is a process on this machine."""
+        return True
+
     def notices(self) -> list[Notice]:
         """Revocations from the feed and ``revoke``, deadline kills, and unexpected exits.
 

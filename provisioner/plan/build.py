@@ -1,9 +1,12 @@
-"""Settings, checked quotes and risk estimates in; a :class:`~provisioner.plan.model.Problem` out.
+"""Quotes, risks and settings in; a market view and a :class:`~provisioner.plan.model.Problem` out.
 
-Design: pure. :func:`build_problem` picks the latest quote per offering, prices on-demand
-offerings from spot quotes that carry it, and turns each offering into a
-:class:`~provisioner.plan.model.Candidate` (throughput prior, hazard, loss per revocation,
-GPUs, caps). :func:`deadline_floor` is Uniform Progress' on-demand safety net.
+Design: pure. :func:`latest_prices` picks the latest quote per offering at ``now`` no older
+than the settings allow (a spot quote carrying its on-demand price also prices the
+on-demand offering); :func:`market_view` adds speeds from the throughput model, hazards from
+the risk estimates, GPUs from the catalog and known capacity, as the
+:class:`~provisioner.plan.pipeline.MarketView` every decision reads. :func:`build_problem`
+is the one-shot Problem of those (``provision plan``'s and the tests' view of the solver),
+built with the planner's own :func:`~provisioner.plan.pipeline.candidates`.
 
 Rule for callers: never build a Problem from unchecked quotes: pass them through
 ``pricing.sanity.check`` first.
@@ -15,13 +18,57 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Collection, Mapping, Sequence
 
-from pricing.model import GpuSpec, Offering, PriceQuote, RiskEstimate, utc
+from pricing.model import Offering, PriceQuote, RiskEstimate, utc
 from provisioner.errors import InfeasibleError
-from provisioner.plan.model import Candidate, Problem
+from provisioner.plan.model import Problem, gpu_spec
+from provisioner.plan.pacing import pace
+from provisioner.plan.pipeline import (FleetView, MarketView, candidates, plan_settings,
+                                       problem_of)
 from provisioner.plan.throughput import ThroughputModel
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
+
+
+def latest_prices(quotes: Sequence[PriceQuote], now: datetime | None,
+                  max_age: timedelta) -> dict[Offering, float]:
+    """The latest quote per offering at ``now`` (default: the newest quote) no older than
+    ``max_age``; a spot quote that carries its on-demand price also prices the on-demand
+    offering."""
+    if now is None:
+        now = max((q.time for q in quotes), default=None)
+    now = utc(now) if now is not None else None
+    latest: dict[Offering, PriceQuote] = {}
+    for q in quotes:
+        if now is not None and (q.time > now or now - q.time > max_age):
+            continue
+        if q.offering not in latest or q.time > latest[q.offering].time:
+            latest[q.offering] = q
+    prices = {o: q.price_per_hour for o, q in latest.items()}
+    for o, q in latest.items():
+        od = o.with_market("on-demand")
+        if o.market == "spot" and q.on_demand_per_hour and od not in prices:
+            prices[od] = q.on_demand_per_hour
+    return prices
+
+
+def market_view(prices: Mapping[Offering, float], throughput: ThroughputModel,
+                risks: Mapping[Offering, RiskEstimate],
+                caps: Mapping[Offering, int] | None = None) -> MarketView:
+    """A :class:`MarketView` of ``prices``: speeds from ``throughput`` (types without a
+    prior are left out, and the planner notes them), hazards from ``risks``."""
+    speeds: dict[str, float] = {}
+    gpus: dict[str, int] = {}
+    for itype in sorted({o.instance_type for o in prices}):
+        try:
+            speeds[itype] = throughput.samples_per_s(itype)
+        except KeyError:
+            continue
+        spec = gpu_spec(itype)
+        gpus[itype] = spec.count if spec else 1
+    hazards = {o: r.hazard_per_hour for o, r in risks.items() if o.market == "spot"}
+    return MarketView(prices=dict(prices), speeds=speeds, hazards=hazards,
+                      caps=dict(caps or {}), gpus=gpus)
 
 
 def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],
@@ -33,116 +80,32 @@ def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],
                   elapsed_hours: float = 0.0) -> Problem:
     """Turn settings, checked quotes and risk estimates into a :class:`Problem`.
 
-    The latest quote per offering at ``now`` (default: the newest quote) no older than
-    ``optimizer.max_quote_age_hours`` is used; a spot quote that carries its on-demand price
-    also yields the on-demand offering. ``avoid`` names zones (``zone`` or ``region/zone``)
-    that just revoked: their spot offerings may keep what they hold but not grow, unless
-    every spot zone is avoided. ``available`` caps counts (availability traces).
-    ``work_done``/``elapsed_hours`` give progress for the deadline objective.
-    Raises InfeasibleError when the deadline has passed.
+    ``avoid`` names zones (``zone`` or ``region/zone``) that just revoked: their spot
+    offerings may keep what they hold but not grow, unless every spot zone is avoided.
+    ``available`` caps counts (availability traces). For the deadline objective,
+    ``work_done``/``elapsed_hours`` give progress and the rate is the planner's pace (the
+    deadline less its safety margin). Raises InfeasibleError when the deadline has passed.
     """
-    job, obj, fleet, opt = settings.job, settings.objective, settings.fleet, settings.optimizer
+    job, obj, opt = settings.job, settings.objective, settings.optimizer
     model = throughput or ThroughputModel(priors=job.throughput_priors,
                                           unit=job.samples_per_s_per_unit)
-    if now is None:
-        now = max((q.time for q in quotes), default=None)
-    now = utc(now) if now is not None else None
-    max_age = timedelta(hours=opt.max_quote_age_hours)
-    latest: dict[Offering, PriceQuote] = {}
-    for q in quotes:
-        if now is not None and (q.time > now or now - q.time > max_age):
-            continue
-        if q.offering not in latest or q.time > latest[q.offering].time:
-            latest[q.offering] = q
-    prices: dict[Offering, float] = {o: q.price_per_hour for o, q in latest.items()}
-    for o, q in latest.items():
-        od = o.with_market("on-demand")
-        if o.market == "spot" and q.on_demand_per_hour and od not in prices:
-            prices[od] = q.on_demand_per_hour
-    regions = set(settings.source.regions)
-    gpus = {g.lower() for g in settings.source.gpus}
-    notes: list[str] = []
-    unknown: set[str] = set()
-    n_ref = max(1, sum(current.values()), fleet.min_size)
-    loss_h = (fleet.boot_s + (fleet.step_s + fleet.reform_s) * n_ref) / 3600.0
+    prices = latest_prices(quotes, now, timedelta(hours=opt.max_quote_age_hours))
+    market = market_view(prices, model, risks, available)
     avoid_set = set(avoid)
-    spot_zones = {(o.zone, f"{o.region}/{o.zone}") for o in prices if o.market == "spot"}
-    if spot_zones and all(z in avoid_set or rz in avoid_set for z, rz in spot_zones):
-        notes.append("every spot zone was to be avoided; avoiding none")
-        avoid_set = set()
-    cands = []
-    for o in sorted(prices):
-        if o.market not in fleet.markets or (regions and o.region not in regions):
-            continue
-        spec = gpu_spec(o.instance_type)
-        if gpus and (spec is None or spec.model.lower() not in gpus):
-            continue
-        try:
-            s = model.samples_per_s(o.instance_type)
-        except KeyError:
-            unknown.add(o.instance_type)
-            continue
-        r = risks.get(o)
-        if r is not None:
-            hz = r.hazard_per_hour
-        else:
-            hz = 0.0 if o.market == "on-demand" else opt.default_spot_hazard_per_hour
-        cap = available.get(o)
-        held = int(current.get(o, 0))
-        if o.market == "spot" and (o.zone in avoid_set or f"{o.region}/{o.zone}" in avoid_set):
-            cap = held if cap is None else min(cap, held)
-        cands.append(Candidate(o, prices[o], s, hz, loss_h, spec.count if spec else 1,
-                               cap, held))
-    if unknown:
-        notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
-                     + ", ".join(sorted(unknown)[:8]))
-    target = obj.target_samples_per_s
-    floor = 0.0
-    if obj.kind == "deadline":
-        left = max(0.0, (obj.work_samples or 0.0) - work_done)
-        hours = (obj.deadline_hours or 0.0) - elapsed_hours
-        if left > 0 and hours <= 0:
-            raise InfeasibleError(f"objective.deadline_hours = {obj.deadline_hours}: the deadline "
-                                  f"has passed with {left:.0f} samples left")
-        target = max(left / (hours * 3600.0), 1e-9) if left > 0 else 1e-9
-        od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                      default=0.0) * fleet.max_size
-        floor = deadline_floor(target, left, hours, od_rate, obj.safety_hours)
-    return Problem(
-        candidates=tuple(cands), objective=obj.kind, target_samples_per_s=target,
-        budget_per_hour=obj.budget_per_hour, ondemand_floor_samples_per_s=floor,
-        min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
-        zone_allowance=fleet.zone_allowance, region_quota_gpus=dict(fleet.region_quota_gpus),
-        family_quota_gpus=dict(fleet.family_quota_gpus), max_regions=fleet.max_regions,
-        model_mb=job.model_mb, global_batch=job.global_batch,
-        intra_zone_gbps=fleet.intra_zone_gbps, inter_zone_gbps=fleet.inter_zone_gbps,
-        inter_region_gbps=fleet.inter_region_gbps, boot_s=fleet.boot_s,
-        reform_s=fleet.reform_s, churn_horizon_hours=fleet.churn_horizon_hours,
-        notes=tuple(notes))
-
-
-def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
-                   safety_hours: float) -> float:
-    """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
-
-    slack = hours left - hours the largest on-demand fleet (``od_rate``) would need; the
-    floor is ``rate * (1 - slack / safety_hours)`` clipped to [0, rate] (all on-demand when
-    the slack is gone; none while it exceeds ``safety_hours``).
-    """
-    if work_left <= 0:
-        return 0.0
-    if od_rate <= 0:
-        return 0.0
-    slack = hours_left - work_left / (od_rate * 3600.0)
-    if safety_hours <= 0:
-        return rate if slack <= 0 else 0.0
-    return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
-
-
-def gpu_spec(instance_type: str) -> GpuSpec | None:
-    """The GPUs of an instance type from :mod:`pricing.catalog`, or None when unknown."""
-    try:
-        from pricing import catalog
-        return catalog.gpu_for(instance_type)
-    except (ImportError, KeyError, ValueError, LookupError):
-        return None
+    blocked = frozenset(o for o in prices if o.market == "spot" and (
+        o.zone in avoid_set or f"{o.region}/{o.zone}" in avoid_set))
+    s = plan_settings(settings)
+    cands, notes = candidates(market, FleetView(held=dict(current), blocked=blocked), s,
+                              unblock_all=True)
+    if obj.kind != "deadline":
+        return problem_of(cands, s, notes)
+    left = max(0.0, (obj.work_samples or 0.0) - work_done)
+    hours = (obj.deadline_hours or 0.0) - elapsed_hours
+    if left > 0 and hours <= 0:
+        raise InfeasibleError(f"objective.deadline_hours = {obj.deadline_hours}: the deadline "
+                              f"has passed with {left:.0f} samples left")
+    od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
+                  default=0.0) * s.max_size
+    target, floor, _ = pace(left, hours, obj.deadline_hours or 0.0, od_rate, hard=True,
+                            safety_hours=s.safety_hours)
+    return problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)

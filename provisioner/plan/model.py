@@ -14,9 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from pricing.model import Offering
+from pricing.model import GpuSpec, Offering
 
 KINDS = ("max-throughput", "min-cost", "deadline")
+
+
+def gpu_spec(instance_type: str) -> GpuSpec | None:
+    """The GPUs of an instance type from :mod:`pricing.catalog`, or None when unknown."""
+    try:
+        from pricing import catalog
+        return catalog.gpu_for(instance_type)
+    except (ImportError, KeyError, ValueError, LookupError):
+        return None
 
 
 def family_of(instance_type: str) -> str:

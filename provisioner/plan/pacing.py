@@ -10,6 +10,8 @@ free and dearer spot is what an outage would leave, the job banks progress with 
 ahead as :class:`OutageLog` learned its outages last. Among fleets that keep pace, the one
 with the most useful work per dollar is taken (:func:`per_sample_fleet`).
 
+:func:`pace` is the rate and the on-demand floor (Uniform Progress' safety net).
+
 Rule: callers pass candidates already built for this decision; nothing here solves.
 """
 
@@ -115,3 +117,35 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
                     best = (per_sample, rate, c.offering.region)
                 break
     return None if best is None else (best[1], best[2])
+
+
+def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
+                   safety_hours: float) -> float:
+    """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
+
+    slack = hours left - hours the largest on-demand fleet (``od_rate``) would need; the
+    floor is ``rate * (1 - slack / safety_hours)`` clipped to [0, rate] (all on-demand when
+    the slack is gone; none while it exceeds ``safety_hours``).
+    """
+    if work_left <= 0:
+        return 0.0
+    if od_rate <= 0:
+        return 0.0
+    slack = hours_left - work_left / (od_rate * 3600.0)
+    if safety_hours <= 0:
+        return rate if slack <= 0 else 0.0
+    return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
+
+
+def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float, *,
+         hard: bool, safety_hours: float) -> tuple[float, float, float]:
+    """(target samples/s, on-demand floor samples/s, safety margin hours) of a paced job.
+
+    A user's deadline is hard: Uniform Progress' on-demand safety margin is kept as time
+    (``safety_hours``, at most a quarter of the deadline for short jobs): the pace aims at
+    the deadline less the margin, so a run on pace never eats into it (pacing to the
+    deadline itself made the margin buy on-demand in the last hours of every run), and the
+    floor phases on-demand in as the slack falls. The job's own pace is soft: no margin."""
+    safety = min(safety_hours, 0.25 * deadline_h) if hard else 0.0
+    target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
+    return target, deadline_floor(target, work_left, hours_left, od_rate, safety), safety

@@ -12,7 +12,7 @@ Two modes, chosen by the progress it is given:
 - **paced** (the work is known and a deadline set: the user's, hard, or the job's own pace,
   soft): Uniform Progress' rate that finishes on time, recomputed at every decision, so
   spot capacity missing now is made up later. A hard deadline keeps a safety margin as
-  time and phases on-demand in as the slack falls (:func:`~provisioner.plan.build.
+  time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
   deadline_floor`); the job's own pace buys on-demand only to cover spot's gaps (every
   spot offering failed lately): on-demand runs the same instances as fast at 3x the price.
   Ahead of the line only the cheapest hardware per sample is bought, and some hours are
@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Mapping
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.build import deadline_floor
-from provisioner.plan.model import Candidate, Plan, Problem
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, good_offerings,
+from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
+from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, good_offerings, pace,
                                      per_sample_fleet)
 from provisioner.plan.solve import solve
 
@@ -59,6 +58,7 @@ class PlanSettings:
     safety_hours: float = 2.0
     markets: tuple[str, ...] = ("spot", "on-demand")
     regions: frozenset[str] = frozenset()
+    gpus: frozenset[str] = frozenset()  # GPU models to use (lowercase); empty: any
     min_size: int = 0
     max_size: int = 16
     max_zone_share: float = 1.0
@@ -90,6 +90,7 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         objective=obj.kind, budget_per_hour=obj.budget_per_hour,
         target_samples_per_s=obj.target_samples_per_s, safety_hours=obj.safety_hours,
         markets=tuple(fleet.markets), regions=frozenset(settings.source.regions),
+        gpus=frozenset(g.lower() for g in settings.source.gpus),
         min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
         zone_allowance=fleet.zone_allowance,
         region_quota_gpus=MappingProxyType(dict(fleet.region_quota_gpus)),
@@ -172,6 +173,10 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     for o in sorted(market.prices):
         if o.market not in s.markets or (s.regions and o.region not in s.regions):
             continue
+        if s.gpus:
+            spec = gpu_spec(o.instance_type)
+            if spec is None or spec.model.lower() not in s.gpus:
+                continue
         speed = market.speeds.get(o.instance_type)
         if speed is None:
             unknown.add(o.instance_type)
@@ -232,15 +237,8 @@ class Planner:
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
                       default=0.0) * s.max_size
-        # The user's deadline is hard: keep Uniform Progress' on-demand safety margin, as
-        # time: the pace aims at the deadline less the margin, so a run on pace never eats
-        # into it (pacing to the deadline itself made the margin buy on-demand in the last
-        # hours of every run). The job's own pace is soft: no margin, on-demand only once
-        # spot alone can no longer make it.
-        safety = (min(s.safety_hours, 0.25 * deadline_s / 3600) if pr.hard  # short jobs:
-                  else 0.0)                                                  # a quarter
-        target = max(left / (max(hours - safety, 0.5 * hours) * 3600), 1e-9)
-        floor = deadline_floor(target, left, hours, od_rate, safety)
+        target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
+                                     safety_hours=s.safety_hours)
         if not pr.hard and floor > 0.0 and any(
                 c.offering.market == "spot" and c.max_count is None for c in cands):
             # The job's own pace can no longer be kept even by on-demand at max_size (the

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("moto.server")
 
 from tests.fakes.aws_world import AwsWorld, build_daemon  # noqa: E402
-from tests.fakes.local_coordinator import FakeCoordinator  # noqa: E402
+from tests.fakes.ring import FakeRing as FakeCoordinator  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +25,6 @@ def world():
     w.close()
 
 
-def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
 
 
 def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):

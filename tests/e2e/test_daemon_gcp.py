@@ -9,7 +9,6 @@ stray; ``stop("terminate")`` leaves nothing."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -17,7 +16,8 @@ pytest.importorskip("google.cloud.compute_v1")
 
 from pricing.model import Offering  # noqa: E402
 from tests.fakes.gcp_world import L4_TYPE, V100_TYPE, ZONES, GcpWorld, build_daemon  # noqa: E402
-from tests.fakes.local_coordinator import FakeCoordinator  # noqa: E402
+from tests.fakes.ring import FakeRing as FakeCoordinator  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +32,6 @@ def world():
         yield w
 
 
-def wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
 
 
 def assert_cloud_matches_state(world, job, d):

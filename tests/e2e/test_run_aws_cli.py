@@ -22,6 +22,7 @@ from tests.fakes.aws_world import AwsWorld  # noqa: E402
 pytestmark = pytest.mark.slow
 JOB = "cli-aws"
 from tests.conftest import REPO  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +71,6 @@ def start(cfg: Path, tmp: Path, n: int) -> subprocess.Popen:
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
-def wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def alive(world: AwsWorld) -> set[str]:

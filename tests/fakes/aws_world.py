@@ -158,10 +158,10 @@ def build_daemon(settings: Any, state_path: str | Path, driver: Any = None,
                  coordinator: Any = None, now: Callable[[], datetime] | None = None) -> Any:
     """A :class:`~provisioner.daemon.scheduler.Daemon` on the AWS driver of ``settings``."""
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon.scheduler import Daemon
+    from provisioner.daemon.wiring import build_daemon as Daemon
     from provisioner.drivers.aws import AwsDriver
     from provisioner.daemon.state import State
-    from tests.fakes.local_coordinator import FakeCoordinator
+    from tests.fakes.ring import FakeRing as FakeCoordinator
 
     return Daemon(settings, driver or AwsDriver(settings.aws),
                   TraceSource([], snapshot=market()), State(state_path),
@@ -201,6 +201,9 @@ class PausingDriver:
 
     def notices(self) -> Any:
         return self.inner.notices()
+
+    def can_place(self, offering: Any) -> bool:
+        return self.inner.can_place(offering)
 
 
 def _child(settings: Any, state_path: str, point: str, k: int, reached: Any) -> None:

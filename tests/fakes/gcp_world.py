@@ -119,9 +119,9 @@ def build_daemon(world: GcpWorld, settings: Any, state_path: str | Path, *,
                  now: Callable[[], datetime] | None = None) -> Any:
     """A :class:`~provisioner.daemon.scheduler.Daemon` on the real GCP driver against ``world``."""
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon.scheduler import Daemon
+    from provisioner.daemon.wiring import build_daemon as Daemon
     from provisioner.daemon.state import State
-    from tests.fakes.local_coordinator import FakeCoordinator
+    from tests.fakes.ring import FakeRing as FakeCoordinator
 
     return Daemon(settings, world.driver(settings), TraceSource([], snapshot=market()),
                   State(state_path), now=now or real_clock(),

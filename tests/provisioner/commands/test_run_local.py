@@ -148,7 +148,7 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
 
     from rich.console import Console
 
-    from provisioner.daemon.scheduler import Status
+    from provisioner.daemon.status import Status
     from provisioner.daemon.dashboard import render
     from provisioner.daemon.state import Event
 

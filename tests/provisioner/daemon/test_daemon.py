@@ -11,14 +11,15 @@ from pricing.model import Availability, Offering
 from pricing.sources.trace import TraceSource
 from pricing.sources import synthetic
 from provisioner.config import parse_settings
-from provisioner.daemon.scheduler import JOB_IDS, Daemon
+from provisioner.daemon.scheduler import JOB_IDS
+from provisioner.daemon.wiring import build_daemon
 from provisioner.drivers.base import LaunchRequest
 from provisioner.drivers.local import LocalDriver
 from provisioner.errors import UserError
 from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.state import State
 from provisioner.timing import Intervals
-from tests.fakes.local_coordinator import FakeCoordinator
+from tests.fakes.ring import FakeRing as FakeCoordinator
 
 from tests.conftest import REPO  # noqa: E402
 
@@ -59,7 +60,7 @@ def world(tmp_path):
         s = settings or parse_settings({"fleet": {"max_size": 3, "markets": ["spot"],
                                                   "max_zone_share": 0.5}})
         st = State(state_path or tmp_path / "state.sqlite")
-        d = Daemon(s, drv, TraceSource([], snapshot=snap), st, now=clock,
+        d = build_daemon(s, drv, TraceSource([], snapshot=snap), st, now=clock,
                    coordinator=coordinator if coordinator is not None else FakeCoordinator(),
                    **kw)
         made.append(d)

@@ -243,16 +243,14 @@ def test_describe_fallback_finds_instances_gone_without_an_event(aws):
 
 
 def test_can_place_only_its_region_and_configured_zones(aws):
-    from provisioner.drivers.base import can_place
-
     open_driver = AwsDriver(settings(), ec2=aws["ec2"])
-    assert can_place(open_driver, OFF_B) and can_place(open_driver, OFF_C)
-    assert not can_place(open_driver, Offering("aws", "us-west-2", "us-west-2a", "g5.xlarge"))
-    assert not can_place(open_driver, Offering("gcp", "us-central1", "*", "g2-standard-4"))
+    assert open_driver.can_place(OFF_B) and open_driver.can_place(OFF_C)
+    assert not open_driver.can_place(Offering("aws", "us-west-2", "us-west-2a", "g5.xlarge"))
+    assert not open_driver.can_place(Offering("gcp", "us-central1", "*", "g2-standard-4"))
     subnet = aws["ec2"].describe_subnets(Filters=[
         {"Name": "availability-zone", "Values": ["us-east-1b"]}])["Subnets"][0]["SubnetId"]
     fenced = AwsDriver(settings(subnets={"us-east-1b": subnet}), ec2=aws["ec2"])
-    assert can_place(fenced, OFF_B) and not can_place(fenced, OFF_C)
+    assert fenced.can_place(OFF_B) and not fenced.can_place(OFF_C)
 
 
 def test_a_zone_id_offering_lands_in_that_zones_default_subnet(aws):

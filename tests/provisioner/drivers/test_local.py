@@ -13,6 +13,7 @@ from provisioner.drivers.local import LocalDriver, slowdown_for
 from provisioner.errors import CapacityError, DriverError
 
 from tests.conftest import REPO  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
 
 FAKE = REPO / "tests" / "fakes" / "local_worker.py"
 V = Offering("local", "r1", "r1-a", "local.v100")
@@ -28,13 +29,6 @@ class Clock:
         return self.t
 
 
-def wait_for(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture
@@ -72,7 +66,7 @@ def test_is_a_cloud_driver_and_launch_is_idempotent(env):
     r1 = d.launch(LaunchRequest(V, 2, "job", "tok-1"))
     r2 = d.launch(LaunchRequest(V, 2, "job", "tok-1"))
     assert [i.id for i in r1.instances] == [i.id for i in r2.instances]
-    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2)
+    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2, 10.0)
     time.sleep(0.2)
     assert len(list(out.glob("*.started"))) == 2  # no second process
     # a restarted daemon (new driver object) finds them by job tag
@@ -112,7 +106,7 @@ def test_feed_revocation_notice_then_kill_at_window_end(env):
     extra.append("--ignore-term")
     d = make()
     ids = [i.id for i in d.launch(LaunchRequest(V, 2, "job", "tok-1")).instances]
-    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2)
+    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2, 10.0)
     avail[V] = 2
     assert d.notices() == []
     avail[V] = 1
@@ -121,11 +115,11 @@ def test_feed_revocation_notice_then_kill_at_window_end(env):
     assert len(notes) == 1 and notes[0].kind == INTERRUPTION
     assert notes[0].deadline == clock.t + timedelta(seconds=30)
     victim = notes[0].instance_id
-    assert wait_for(lambda: (out / f"{victim}.noticed").exists())
+    assert wait_for(lambda: (out / f"{victim}.noticed").exists(), 10.0)
     assert d.notices() == []  # delivered once, and the noticed one is not revoked twice
     assert len(d.list("job")) == 2  # still alive inside its window
     clock.t = T0 + timedelta(seconds=41)
-    assert wait_for(lambda: len(d.list("job")) == 1)
+    assert wait_for(lambda: len(d.list("job")) == 1, 10.0)
     assert [n.kind for n in d.notices()] == [TERMINATED_NOTICE]
     # full offering: a launch is a capacity error
     with pytest.raises(CapacityError):
@@ -137,11 +131,11 @@ def test_hard_kill_and_manual_revoke_from_another_driver(env):
     make, clock, avail, out, _ = env
     d = make(hard_kill_every=1)
     ids = [i.id for i in d.launch(LaunchRequest(K, 2, "job", "tok-1")).instances]
-    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2)
+    assert wait_for(lambda: len(list(out.glob("*.started"))) == 2, 10.0)
     avail[K] = 1
     notes = d.notices()
     assert [n.kind for n in notes] == [PREEMPTED] and notes[0].deadline is None
-    assert wait_for(lambda: len(d.list("job")) == 1)
+    assert wait_for(lambda: len(d.list("job")) == 1, 10.0)
     survivor = d.list("job")[0].id
     assert float((out / f"{survivor}.started").read_text().split()[1]) == 4.0
     # provision revoke: another process's driver object on the same state dir
@@ -150,8 +144,8 @@ def test_hard_kill_and_manual_revoke_from_another_driver(env):
     assert not other.revoke(survivor)  # already noticed
     notes = d.notices()
     assert [(n.instance_id, n.kind) for n in notes] == [(survivor, INTERRUPTION)]
-    assert wait_for(lambda: (out / f"{survivor}.noticed").exists())
-    assert wait_for(lambda: d.list("job") == [])  # the fake worker drains and exits
+    assert wait_for(lambda: (out / f"{survivor}.noticed").exists(), 10.0)
+    assert wait_for(lambda: d.list("job") == [], 10.0)  # the fake worker drains and exits
     assert not other.revoke("loc-nope")
     assert set(ids) == {ids[0], ids[1]}
 

@@ -9,7 +9,8 @@ import pytest
 from pricing.model import Offering, PriceQuote, RiskEstimate
 from provisioner.config import parse_settings
 from provisioner.errors import InfeasibleError
-from provisioner.plan.build import build_problem, deadline_floor
+from provisioner.plan.build import build_problem
+from provisioner.plan.pacing import deadline_floor
 from provisioner.plan.solve import solve
 
 NOW = datetime(2024, 1, 1, 12, tzinfo=timezone.utc)
@@ -52,8 +53,9 @@ def test_deadline_sets_the_rate_and_a_passed_deadline_is_infeasible():
     s = settings(kind="deadline", work_samples=400 * 3600 * 10.0, deadline_hours=20.0)
     p = build_problem(s, [PriceQuote(A, NOW, 1.0, 3.06)], {}, now=NOW, work_done=400 * 3600 * 5.0,
                       elapsed_hours=10.0)
-    # 5 instance-hours of work left in 10 h -> 200 samples/s
-    assert p.target_samples_per_s == pytest.approx(200.0)
+    # 5 instance-hours of work left in 10 h, paced to the deadline less its 2 h safety
+    # margin (the planner's pace): 8 h -> 250 samples/s
+    assert p.target_samples_per_s == pytest.approx(250.0)
     with pytest.raises(InfeasibleError, match="deadline has passed"):
         build_problem(s, [PriceQuote(A, NOW, 1.0)], {}, now=NOW, elapsed_hours=21.0)
 
