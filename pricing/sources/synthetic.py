@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from pricing.model import Availability, Offering, PriceQuote, Snapshot
+from pricing.series import Step
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 REGION = "local-1"
@@ -180,22 +181,16 @@ def fill_prices(snapshot: Snapshot, params: GeneratorParams = GeneratorParams())
 
 
 class AvailabilityIndex:
-    """Availability in force at a time, per offering (for the local driver's feed)."""
+    """Availability in force at a time, per offering (for the local driver's feed): one
+    :class:`pricing.series.Step` per offering."""
 
     def __init__(self, records: Sequence[Availability]) -> None:
-        import bisect
-
-        self._bisect = bisect.bisect_right
-        self._t: dict[Offering, list[datetime]] = {}
-        self._v: dict[Offering, list[int]] = {}
+        points: dict[Offering, list[tuple[float, float]]] = {}
         for a in sorted(records, key=lambda a: a.time):
-            self._t.setdefault(a.offering, []).append(a.time)
-            self._v.setdefault(a.offering, []).append(a.available)
+            points.setdefault(a.offering, []).append((a.time.timestamp(), float(a.available)))
+        self._steps = {o: Step.of(pts) for o, pts in points.items()}
 
     def __call__(self, offering: Offering, now: datetime) -> int | None:
         """Instances available at ``now``; None when the trace says nothing about it."""
-        times = self._t.get(offering)
-        if not times:
-            return None
-        i = self._bisect(times, now)
-        return self._v[offering][i - 1] if i else self._v[offering][0]
+        step = self._steps.get(offering)
+        return None if step is None else int(step.at(now.timestamp()))

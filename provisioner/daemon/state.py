@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pricing.model import Offering
+from pricing.series import Step
 from provisioner.errors import ConfigError
 
 SCHEMA = """
@@ -286,7 +287,7 @@ class State:
     def price_at(self, offering: Offering, t: float) -> float | None:
         """The recorded price in force at ``t`` (the first one when ``t`` precedes it)."""
         series = self.price_series(offering)
-        return _step_value(series, t)
+        return Step.of(series).at(t) if series else None
 
     def spend(self, now: float) -> float:
         """Σ over instances of ∫ price dt (USD), open instances counted up to ``now``."""
@@ -295,7 +296,8 @@ class State:
         for row in self.instances():
             series = cache.setdefault(row.offering, self.price_series(row.offering))
             end = row.ended_at if row.ended_at is not None else now
-            total += integrate_step(series, row.launched_at, max(end, row.launched_at)) / 3600.0
+            if series:
+                total += Step.of(series).between(row.launched_at, end) / 3600.0
         return total
 
     def instance_seconds(self, now: float) -> float:
@@ -337,31 +339,3 @@ class State:
     def metric_series(self, name: str) -> list[tuple[float, str, float]]:
         return [tuple(r) for r in self._rows(  # type: ignore[misc]
             "SELECT t, labels, value FROM metrics WHERE name = ? ORDER BY t", (name,))]
-
-
-def _step_value(series: Sequence[tuple[float, float]], t: float) -> float | None:
-    if not series:
-        return None
-    value = series[0][1]
-    for start, price in series:
-        if start > t:
-            break
-        value = price
-    return value
-
-
-def integrate_step(series: Sequence[tuple[float, float]], a: float, b: float) -> float:
-    """∫_a^b of a step function given as sorted (start, value) pairs, in value·seconds.
-
-    Before the first change the first value holds (the price at launch is recorded at or
-    before the launch, so this only matters for rounding). Returns 0 for an empty series.
-    """
-    if not series or b <= a:
-        return 0.0
-    total = 0.0
-    for i, (start, value) in enumerate(series):
-        seg_start = a if i == 0 else max(a, start)
-        seg_end = b if i + 1 == len(series) else min(b, series[i + 1][0])
-        if seg_end > seg_start:
-            total += (seg_end - seg_start) * value
-    return total

@@ -25,7 +25,6 @@ Rule for callers: times are Unix seconds (floats) throughout the simulator.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 from collections import defaultdict
@@ -36,6 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pricing.model import Offering, PriceQuote, Snapshot
+from pricing.series import Step
 from provisioner.errors import UserError
 from provisioner.plan.throughput import ThroughputModel
 
@@ -50,43 +50,6 @@ def ts(dt: datetime) -> float:
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
-
-
-class Step:
-    """A right-continuous step function: value[i] holds on [times[i], times[i+1])."""
-
-    def __init__(self, times: Sequence[float], values: Sequence[float]) -> None:
-        if not len(times):
-            raise ValueError("Step needs at least one point")
-        self.t = np.asarray(times, dtype=float)
-        self.v = np.asarray(values, dtype=float)
-        # cumulative integral at each breakpoint
-        self.c = np.concatenate(([0.0], np.cumsum(self.v[:-1] * np.diff(self.t))))
-
-    def at(self, t: float) -> float:
-        i = bisect.bisect_right(self.t, t) - 1
-        return float(self.v[max(i, 0)])
-
-    def integral(self, t: float) -> float:
-        """Integral from times[0] to t (before times[0] the first value holds)."""
-        i = bisect.bisect_right(self.t, t) - 1
-        if i < 0:
-            return float(self.v[0] * (t - self.t[0]))
-        return float(self.c[i] + self.v[i] * (t - self.t[i]))
-
-    def between(self, a: float, b: float) -> float:
-        return self.integral(b) - self.integral(a)
-
-    def next_below(self, t: float, level: float) -> float | None:
-        """First time > t at which the value falls below ``level``, or None."""
-        i = bisect.bisect_right(self.t, t)
-        below = np.nonzero(self.v[i:] < level)[0]
-        return float(self.t[i + below[0]]) if below.size else None
-
-    def min_over(self, a: float, b: float) -> float:
-        i = max(bisect.bisect_right(self.t, a) - 1, 0)
-        j = bisect.bisect_left(self.t, b)
-        return float(self.v[i:max(j, i + 1)].min())
 
 
 @dataclass

@@ -8,19 +8,10 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.errors import ConfigError
-from provisioner.daemon.state import State, integrate_step
+from provisioner.daemon.state import State
 
 A = Offering("local", "r1", "r1-a", "local.v100")
 B = Offering("local", "r1", "r1-b", "local.k80")
-
-
-def test_integrate_step_matches_hand_sum():
-    series = [(0.0, 1.0), (10.0, 3.0), (20.0, 2.0)]
-    assert integrate_step(series, 5, 25) == pytest.approx(5 * 1 + 10 * 3 + 5 * 2)
-    assert integrate_step(series, 12, 15) == pytest.approx(9)
-    assert integrate_step(series, -5, 5) == pytest.approx(10)  # first price holds before
-    assert integrate_step([], 0, 10) == 0.0
-    assert integrate_step(series, 10, 10) == 0.0
 
 
 def test_spend_over_price_changes_and_instance_lives(tmp_path):

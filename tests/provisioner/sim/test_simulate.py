@@ -11,7 +11,7 @@ from pricing.model import Availability, Offering, PriceQuote, Snapshot
 from provisioner.errors import UserError
 from provisioner.sim.policies import Params
 from provisioner.sim.engine import hindsight, simulate_policy
-from provisioner.sim.world import Step, build_world
+from provisioner.sim.world import build_world
 from provisioner.plan.throughput import ThroughputModel
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -41,13 +41,6 @@ def two_zone_world(a_gone: tuple[float, float] | None, end_h: float = 10.0):
     av.append(Availability(A, at(end_h), 100))
     return build_world(Snapshot(quotes=quotes, availability=tuple(sorted(av, key=lambda a: a.time))),
                        SPEED, max_size=4)
-
-
-def test_step_integral_is_exact():
-    s = Step([0.0, 3600.0], [1.0, 2.0])
-    assert s.between(0, 5400) == pytest.approx(3600 * 1 + 1800 * 2)
-    assert s.at(3599.9) == 1.0 and s.at(3600) == 2.0
-    assert s.next_below(0, 1.5) is None and Step([0, 10, 20], [3, 1, 3]).next_below(0, 2) == 10
 
 
 def test_cost_is_instance_seconds_times_the_price_at_that_time():
@@ -389,21 +382,3 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     seen = Spotring(p)
     seen.planner.outages.lengths.append(1800.0)
     assert dict(seen.decide(v).target) == {A: 2}
-
-
-def test_outage_log_measures_outages_from_failure_to_holding_again():
-    from provisioner.plan.pacing import OutageLog
-    log = OutageLog()
-    log.observe(0.0, held=True, last_failure=None)
-    assert log.bank_s(0.0) == 0.0  # nothing seen: no bank
-    log.observe(100.0, held=False, last_failure=90.0)  # revoked at 90 s: out since then
-    log.observe(200.0, held=False, last_failure=150.0)  # a failed relaunch: the same outage
-    assert log.bank_s(1890.0) == pytest.approx(1800.0)  # the running one counts so far
-    log.observe(3690.0, held=True, last_failure=150.0)  # back: 3,600 s
-    log.observe(4000.0, held=False, last_failure=150.0)  # not held, but no new failure
-    assert log.lengths == [3600.0] and log.since is None
-    log.observe(5000.0, held=False, last_failure=4800.0)
-    log.observe(6000.0, held=True, last_failure=4800.0)
-    # length-biased mean: (3,600^2 + 1,200^2) / (3,600 + 1,200) = 3,000 s
-    assert log.lengths == [3600.0, 1200.0]
-    assert log.bank_s(6000.0) == pytest.approx(3000.0)
