@@ -81,6 +81,7 @@ class LocalRun:
         self.stop = threading.Event()
         self.interrupted = False
         self.failure: str | None = None
+        self.reason = "stopped"
         self._old_handlers: dict[int, Any] = {}
 
     def market(self) -> tuple[Any, list[str]]:
@@ -307,7 +308,7 @@ class LocalRun:
         from provisioner.daemon.report import write_report
 
         end_t = daemon.now().timestamp()
-        reason = getattr(self, "reason", "stopped")
+        reason = self.reason
         path = write_report(daemon.state, self.report_dir, end_t, ring,
                             title="spotring: local main job",
                             notes=[f"market: {n}" for n in notes] + [f"stopped: {reason}",

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from provisioner import plots
-from provisioner.daemon.state import State
+from provisioner.daemon.state import EventKind, State, ring_kind
 
-EVENT_ROWS = ("launch", "notice", "killed", "left", "exited", "terminated", "ring-join",
-              "ring-leave", "ring-lost")
+EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
+              EventKind.EXITED, EventKind.TERMINATED, ring_kind("join"),
+              ring_kind("leave"), ring_kind("lost"))
 
 
 def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,10 +52,10 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
         "epochs": ring.get("epoch"),
         "simulated_hours": round((end_t - started) / 3600.0, 4),
         "instance_hours": round(state.instance_seconds(end_t) / 3600.0, 6),
-        "launches": counts["launch"],
-        "notices": counts["notice"],
-        "kills": counts["killed"],
-        "joins": counts["ring-join"],
+        "launches": counts[EventKind.LAUNCH],
+        "notices": counts[EventKind.NOTICE],
+        "kills": counts[EventKind.KILLED],
+        "joins": counts[ring_kind("join")],
         "ring_drains": counts["ring-drain"],
         "ring_lost": counts["ring-lost"],
     }
