@@ -1,7 +1,7 @@
 """Running every policy over one world and reporting: markdown, PNG plots, JSON figures.
 
 Design: :func:`run_all` is the only place that knows the order (the online policies first,
-then :func:`~provisioner.sim.engine.hindsight` over the horizon the others set);
+then :func:`~provisioner.sim.hindsight.hindsight` over the horizon the others set);
 :func:`write_report` turns results into files and never simulates. Plots go through the
 generic :mod:`provisioner.plots`.
 
@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 from provisioner.errors import UserError
 from provisioner.plots import lines
 from provisioner.sim.policies import POLICIES, Params
-from provisioner.sim.engine import Result, hindsight, simulate_policy
+from provisioner.sim.engine import Result, simulate_policy
+from provisioner.sim.hindsight import hindsight
 from provisioner.sim.world import World, iso
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ import pytest
 from pricing.model import Availability, Offering, PriceQuote, Snapshot
 from provisioner.errors import UserError
 from provisioner.sim.policies import Params
-from provisioner.sim.engine import hindsight, simulate_policy
+from provisioner.sim.engine import simulate_policy
+from provisioner.sim.hindsight import hindsight
 from provisioner.sim.world import build_world
 from provisioner.plan.throughput import ThroughputModel
 
@@ -382,3 +383,29 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     seen = Spotring(p)
     seen.planner.outages.lengths.append(1800.0)
     assert dict(seen.decide(v).target) == {A: 2}
+
+
+class _Ten:
+    """Wants 10 instances of A at once."""
+
+    name, mode = "ten", "hot"
+
+    def __init__(self, p) -> None:
+        pass
+
+    def decide(self, v):
+        from provisioner.sim.policies import Decision
+        return Decision({A: 10})
+
+
+def test_the_simulator_keeps_the_daemons_churn_limits(monkeypatch):
+    # The daemon launches at most max_launches (4) a round and plans again a plan period
+    # (30 s) later; the simulator carries decisions out through the same reconciler: 4 at
+    # 0 s, 8 at 30 s, 10 at 60 s (not 10 at once).
+    from provisioner.sim.policies import POLICIES
+    monkeypatch.setitem(POLICIES, "ten", _Ten)
+    world = two_zone_world(None)
+    r = simulate_policy(world, "ten", params(max_size=16), work=3.6e6)
+    sizes = {round(x * 3600): n for x, n in zip(r.series[0], r.series[1])}
+    assert sizes[0] == 4 and sizes[30] == 8 and sizes[60] == 10
+    assert r.launches == 10
