@@ -25,6 +25,7 @@ from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
 from provisioner.daemon.scheduler import Daemon, intervals_from
 from provisioner.daemon.state import State
 from provisioner.daemon.telemetry import Telemetry
+from provisioner.drivers import DRIVERS
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import ConfigError, DriverError, UserError
 from provisioner.plan.pipeline import Planner, plan_settings
@@ -80,18 +81,10 @@ def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriv
     from pricing.sources import make_source
 
     try:  # a driver that cannot be built from its section is a configuration error
-        if settings.cloud.driver == "aws":
-            from provisioner.drivers.aws import from_settings
-
-            driver: CloudDriver = from_settings(settings.aws)
-            endpoint = settings.aws.endpoint_url
-        else:
-            from provisioner.drivers.gcp import from_settings as gcp_from_settings
-
-            driver = gcp_from_settings(settings.gcp)
-            endpoint = None
+        driver = DRIVERS[settings.cloud.driver](settings)
     except DriverError as exc:
         raise ConfigError(f"[{settings.cloud.driver}]: {exc}") from None
+    endpoint = settings.aws.endpoint_url if settings.cloud.driver == "aws" else None
     src = settings.source
     try:
         source = make_source(src.kind, trace=traces or ([src.trace, *src.traces]
