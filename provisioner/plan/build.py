@@ -105,7 +105,7 @@ def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],
         raise InfeasibleError(f"objective.deadline_hours = {obj.deadline_hours}: the deadline "
                               f"has passed with {left:.0f} samples left")
     od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                  default=0.0) * s.max_size
+                  default=0.0) * s.bounds.max_size
     target, floor, _ = pace(left, hours, obj.deadline_hours or 0.0, od_rate, hard=True,
                             safety_hours=s.safety_hours)
     return problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)

@@ -50,31 +50,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """Every knob of a decision (from :func:`plan_settings`; tests build it by hand)."""
+    """Every knob of a decision (from :func:`plan_settings`). ``bounds`` is a Problem with
+    no candidates: the objective and every constraint a decision's Problem gets."""
 
-    objective: str = "max-throughput"
-    budget_per_hour: float | None = None
-    target_samples_per_s: float | None = None
+    bounds: Problem = Problem(())
     safety_hours: float = 2.0
     markets: tuple[str, ...] = ("spot", "on-demand")
     regions: frozenset[str] = frozenset()
     gpus: frozenset[str] = frozenset()  # GPU models to use (lowercase); empty: any
-    min_size: int = 0
-    max_size: int = 16
-    max_zone_share: float = 1.0
-    zone_allowance: int = 1
-    region_quota_gpus: Mapping[str, int] = field(default_factory=dict)
-    family_quota_gpus: Mapping[str, int] = field(default_factory=dict)
-    max_regions: int = 1
-    model_mb: float = 50.0
-    global_batch: int = 1024
-    intra_zone_gbps: float = 10.0
-    inter_zone_gbps: float = 5.0
-    inter_region_gbps: float = 1.0
-    boot_s: float = 180.0
-    reform_s: float = 5.0
     step_s: float = 1.0
-    churn_horizon_hours: float = 1.0
     default_hazard: float = 0.1
     time_limit_s: float = 1.0
     ahead_tolerance: float = 1.10
@@ -86,11 +70,9 @@ def plan_settings(settings: "Settings") -> PlanSettings:
     """The :class:`PlanSettings` of validated settings (the only place that maps them)."""
     job, obj, fleet, opt, pace = (settings.job, settings.objective, settings.fleet,
                                   settings.optimizer, settings.pacing)
-    return PlanSettings(
-        objective=obj.kind, budget_per_hour=obj.budget_per_hour,
-        target_samples_per_s=obj.target_samples_per_s, safety_hours=obj.safety_hours,
-        markets=tuple(fleet.markets), regions=frozenset(settings.source.regions),
-        gpus=frozenset(g.lower() for g in settings.source.gpus),
+    bounds = Problem(
+        (), objective="max-throughput" if obj.kind == "deadline" else obj.kind,
+        target_samples_per_s=obj.target_samples_per_s, budget_per_hour=obj.budget_per_hour,
         min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
         zone_allowance=fleet.zone_allowance,
         region_quota_gpus=MappingProxyType(dict(fleet.region_quota_gpus)),
@@ -98,7 +80,11 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         max_regions=fleet.max_regions, model_mb=job.model_mb, global_batch=job.global_batch,
         intra_zone_gbps=fleet.intra_zone_gbps, inter_zone_gbps=fleet.inter_zone_gbps,
         inter_region_gbps=fleet.inter_region_gbps, boot_s=fleet.boot_s, reform_s=fleet.reform_s,
-        step_s=fleet.step_s, churn_horizon_hours=fleet.churn_horizon_hours,
+        churn_horizon_hours=fleet.churn_horizon_hours)
+    return PlanSettings(
+        bounds=bounds, safety_hours=obj.safety_hours, markets=tuple(fleet.markets),
+        regions=frozenset(settings.source.regions),
+        gpus=frozenset(g.lower() for g in settings.source.gpus), step_s=fleet.step_s,
         default_hazard=opt.default_spot_hazard_per_hour, time_limit_s=opt.time_limit_s,
         ahead_tolerance=pace.ahead_tolerance, bank_hours=pace.bank_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps))
@@ -166,8 +152,9 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unblock_all and blocked and spot and all(o in blocked for o in spot):
         notes.append("every spot zone was to be avoided; avoiding none")
         blocked = frozenset()
-    n_ref = max(1, sum(fleet.held.values()), s.min_size)
-    loss_h = (s.boot_s + (s.step_s + s.reform_s) * n_ref) / 3600.0
+    b = s.bounds
+    n_ref = max(1, sum(fleet.held.values()), b.min_size)
+    loss_h = (b.boot_s + (s.step_s + b.reform_s) * n_ref) / 3600.0
     unknown: set[str] = set()
     out: list[Candidate] = []
     for o in sorted(market.prices):
@@ -197,18 +184,13 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
 def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
                objective: str | None = None, target: float | None = None,
                floor: float = 0.0) -> Problem:
-    """A :class:`Problem` over ``cands`` with every constraint of the settings."""
-    return Problem(
-        tuple(cands), objective=objective or s.objective,
-        target_samples_per_s=target if objective else s.target_samples_per_s,
-        budget_per_hour=s.budget_per_hour, ondemand_floor_samples_per_s=floor,
-        min_size=s.min_size, max_size=s.max_size, max_zone_share=s.max_zone_share,
-        zone_allowance=s.zone_allowance, region_quota_gpus=dict(s.region_quota_gpus),
-        family_quota_gpus=dict(s.family_quota_gpus), max_regions=s.max_regions,
-        model_mb=s.model_mb, global_batch=s.global_batch, intra_zone_gbps=s.intra_zone_gbps,
-        inter_zone_gbps=s.inter_zone_gbps, inter_region_gbps=s.inter_region_gbps,
-        boot_s=s.boot_s, reform_s=s.reform_s, churn_horizon_hours=s.churn_horizon_hours,
-        notes=tuple(notes))
+    """A :class:`Problem` over ``cands`` with every constraint of the settings; the
+    settings' own objective unless ``objective`` (and its ``target``) is given."""
+    if objective is None:
+        return replace(s.bounds, candidates=tuple(cands), notes=tuple(notes))
+    return replace(s.bounds, candidates=tuple(cands), objective=objective,
+                   target_samples_per_s=target, ondemand_floor_samples_per_s=floor,
+                   notes=tuple(notes))
 
 
 class Planner:
@@ -236,7 +218,7 @@ class Planner:
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                      default=0.0) * s.max_size
+                      default=0.0) * s.bounds.max_size
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours)
         if not pr.hard and floor > 0.0 and any(
@@ -251,7 +233,7 @@ class Planner:
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
             line_s = deadline_s - safety * 3600
             cheap = good_offerings(cands, s.ahead_tolerance)
-            horizon_s = s.churn_horizon_hours * 3600
+            horizon_s = s.bounds.churn_horizon_hours * 3600
             good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
                                    line_s, horizon_s)
             fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
@@ -310,8 +292,9 @@ class Planner:
         offering's region (the held fleet stays in the problem for the churn term)."""
         s = self.s
         tries = [(target * k, prob) for k in s.work_per_dollar_steps]
-        best_one = per_sample_fleet(prob.candidates, target, s.max_size, s.model_mb,
-                                    s.global_batch, s.intra_zone_gbps)
+        b = s.bounds
+        best_one = per_sample_fleet(prob.candidates, target, b.max_size, b.model_mb,
+                                    b.global_batch, b.intra_zone_gbps)
         if best_one is not None:
             rate, region = best_one
             tries.append((rate, replace(prob, candidates=tuple(

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 from pricing.model import Lifetime, Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.model import ring_efficiency
+from provisioner.plan.model import Problem, ring_efficiency
 from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
 
 log = logging.getLogger(__name__)
@@ -112,17 +112,20 @@ class Params:
     def of(cls, plan: PlanSettings, **kw: Any) -> "Params":
         """Params whose spotring knobs are those of ``plan`` (the settings the daemon uses);
         ``kw`` gives the baselines' own (itype, size, restart_s, ...)."""
-        shared = {f.name: getattr(plan, f.name) for f in fields(plan)
-                  if f.name in {g.name for g in fields(cls)}}
+        mine = {g.name for g in fields(cls)}
+        shared = {f.name: getattr(src, f.name) for src in (plan, plan.bounds)
+                  for f in fields(src) if f.name in mine}
         return cls(**{**shared, **kw})
 
     def plan_settings(self) -> PlanSettings:
         """The :class:`PlanSettings` spotring decides with (a job's ring: one region, every
         market priced)."""
-        names = {f.name for f in fields(PlanSettings)}
-        return PlanSettings(**{f.name: getattr(self, f.name) for f in fields(self)
-                               if f.name in names}, objective="deadline", max_regions=1,
-                            zone_allowance=1)
+        def pick(cls: Any) -> dict[str, Any]:
+            names = {f.name for f in fields(cls)}
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name in names}
+
+        bounds = Problem((), max_regions=1, zone_allowance=1, **pick(Problem))
+        return PlanSettings(bounds=bounds, **pick(PlanSettings))
 
 
 def _cheapest(prices: Mapping[Offering, float], itype: str, market: str,
