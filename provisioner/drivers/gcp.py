@@ -361,11 +361,11 @@ class GcpDriver:
                 raise
         log.info("gcp terminate %s", ",".join(ids))
 
-    # -- notices --------------------------------------------------------------------------------
-
     def can_place(self, offering: Offering) -> bool:
         """GCP offerings (any zone of the project)."""
         return offering.cloud == "gcp"
+
+    # -- notices --------------------------------------------------------------------------------
 
     def notices(self) -> list[Notice]:
         """Preemptions since the last call (zone operations), then the list fallback.
