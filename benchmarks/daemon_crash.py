@@ -58,6 +58,9 @@ class TimedDriver:
     def notices(self):
         return self.inner.notices()
 
+    def can_place(self, offering):
+        return self.inner.can_place(offering)
+
 
 def _wait(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s

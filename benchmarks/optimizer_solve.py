@@ -21,7 +21,9 @@ import numpy as np
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.optimizer import Candidate, Problem, _block_lp_bounds, _build, _prune, solve
+from provisioner.plan.milp import block_lp_bounds, build_model, prune
+from provisioner.plan.model import Candidate, Problem
+from provisioner.plan.solve import solve
 
 TYPES = [("p3.2xlarge", 1, 1.0, 3.06), ("p3.8xlarge", 4, 4.0, 12.24), ("g5.xlarge", 1, 0.85, 1.01),
          ("g5.12xlarge", 4, 3.4, 5.67), ("p4d.24xlarge", 8, 20.0, 32.77), ("g4dn.xlarge", 1, 0.35, 0.53),
@@ -86,12 +88,12 @@ def main() -> None:
             by_kind.setdefault(p.objective, []).append(times[-1])
             statuses[status] = statuses.get(status, 0) + 1
             fallbacks += status == "fallback-lp"
-            kept, _ = _prune(p)
+            kept, _ = prune(p)
             t0 = time.perf_counter()
             by_region: dict = {}
             for c in kept:
                 by_region.setdefault(c.offering.region, []).append(c)
-            _block_lp_bounds({r: _build(p, m, p.max_size, p.inter_zone_gbps)
+            block_lp_bounds({r: build_model(p, m, p.max_size, p.inter_zone_gbps)
                               for r, m in by_region.items()}, args.time_limit)
             lp_times.append((time.perf_counter() - t0) * 1000)
         out[f"p50_ms_{n}"] = round(float(np.percentile(times, 50)), 2)

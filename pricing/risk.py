@@ -1,6 +1,7 @@
 """Revocation hazard per offering: maximum likelihood from observations, then priors.
 
-Design: a pure function of data (no I/O besides :func:`load_spot_advisor`). Revocations are
+Design: a pure function of data, no I/O (Spot Advisor files are read by
+:func:`pricing.sources.advisor.load_spot_advisor`). Revocations are
 modelled as a Poisson process with a constant hazard ``h`` per hour for each offering (the
 exponential lifetime model). Given lifetimes, some revoked (events) and some censored (still
 alive when observation stopped), the likelihood is ``h^d * exp(-h * T)`` with ``d`` events and
@@ -27,16 +28,12 @@ only for offerings with no lifetimes, so nothing is counted twice.
 
 from __future__ import annotations
 
-import csv
-import gzip
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Mapping
 
 from pricing.catalog import gpu_for
-from pricing.errors import TraceFormatError
 from pricing.model import Availability, Lifetime, Offering, RiskEstimate
 
 #: A basis is used only with at least this many revocations (one event gives an interval
@@ -132,35 +129,6 @@ def advisor_hazard(band: int) -> float:
     fraction ``f`` of instances is interrupted within 30 days."""
     f = ADVISOR_BAND_FRACTION[band]
     return -math.log(1.0 - f) / ADVISOR_WINDOW_HOURS
-
-
-def load_spot_advisor(path: str | Path, os_name: str = "Linux") -> dict[tuple[str, str], float]:
-    """Read a Spot Advisor CSV (``snapshot_date,region,os,instance_type,interruption_bucket,
-    ...``) into ``{(region, instance_type): hazard_per_hour}`` for ``os_name`` rows.
-
-    Raises TraceFormatError naming file and line for a bad header or bucket.
-    """
-    p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    out: dict[tuple[str, str], float] = {}
-    try:
-        with opener(p, "rt", encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f)
-            need = {"region", "os", "instance_type", "interruption_bucket"}
-            if not need <= set(reader.fieldnames or ()):
-                raise TraceFormatError(str(p), 1, f"not a Spot Advisor file: needs columns {sorted(need)}")
-            for line, row in enumerate(reader, start=2):
-                if row["os"] != os_name:
-                    continue
-                try:
-                    band = int(row["interruption_bucket"])
-                    out[(row["region"], row["instance_type"])] = advisor_hazard(band)
-                except (ValueError, KeyError):
-                    raise TraceFormatError(str(p), line, f"interruption_bucket "
-                                           f"{row['interruption_bucket']!r} must be 0..4") from None
-    except OSError as exc:
-        raise TraceFormatError(str(p), None, f"cannot read: {exc}") from None
-    return out
 
 
 def _estimate(off: Offering, obs: _Obs, basis: str) -> RiskEstimate:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from pricing.sources.trace import TraceSource
-from provisioner import pricegen
+from pricing.sources import synthetic
 from provisioner.cli import main
-from provisioner.state import State
+from tests.fakes.wait import wait_for as wait
+from provisioner.daemon.state import State
 
 REPO = Path(__file__).resolve().parent.parent
 EPOCHS = 30
@@ -30,14 +30,11 @@ BATCH = 64  # its global batch (DIGITS_BATCH default)
 
 
 def wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"provision run exited early: {proc.stdout.read()}")
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+    def exited() -> str | None:
+        return (f"provision run exited early: {proc.stdout.read()}"
+                if proc.poll() is not None else None)
+
+    assert wait(pred, timeout, step_s=0.2, abort=exited), "timed out"
 
 
 def events(path: Path, kind: str) -> list:
@@ -130,9 +127,9 @@ def test_main_job_survives_notice_and_kill_and_accounts_exactly(tmp_path):
     assert fig["samples"] == EPOCHS * TRAIN_SIZE
 
     # reported spend == Σ instance-seconds × the market price in force, within 1%
-    market = TraceSource([], snapshot=pricegen.generate(
-        pricegen.GeneratorParams(seed=7, outages_per_hour=0.0)))
-    t0 = pricegen.DEFAULT_START
+    market = TraceSource([], snapshot=synthetic.generate(
+        synthetic.GeneratorParams(seed=7, outages_per_hour=0.0)))
+    t0 = synthetic.DEFAULT_START
     expected = 0.0
     for r in state.instances():
         assert r.ended_at is not None

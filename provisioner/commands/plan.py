@@ -1,8 +1,10 @@
 """``provision plan``: the fleet the optimiser would run now, and why.
 
-Design: wiring only, in the one order the daemon also uses: source -> sanity -> risk ->
-:func:`provisioner.optimizer.build_problem` -> :func:`provisioner.optimizer.solve`. Output is
-``Plan.explain()`` for people or one JSON object (``--json``) for programs.
+Design: argparse and wiring only: source -> sanity -> risk -> the market view
+(:func:`provisioner.plan.build.market_view`) -> :class:`provisioner.plan.pipeline.Planner`,
+the decision the daemon and the simulator's spotring make, with nothing held and (for the
+deadline objective) no work done yet. Output is ``Plan.explain()`` for people or one JSON
+object (``--json``) for programs.
 
 Rule: an infeasible configuration is a user error (exit 2) whose message names the
 constraint; nothing is launched by this command.
@@ -58,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sanity import check
     from pricing.sources import make_source
     from provisioner.config import load_settings
-    from provisioner.optimizer import build_problem, solve
+    from provisioner.plan.build import latest_prices, market_view
+    from provisioner.plan.pipeline import FleetView, Planner, Progress, plan_settings
+    from provisioner.plan.throughput import ThroughputModel
 
     settings = load_settings(args.config)
     kind = args.source or settings.source.kind
@@ -84,11 +88,22 @@ def run(args: argparse.Namespace) -> int:
     risks = estimate({q.offering for q in ok} | {q.offering.with_market("on-demand")
                                                  for q in ok if q.on_demand_per_hour},
                      snap.lifetimes)
-    problem = build_problem(settings, ok, risks, now=now)
+    job, obj = settings.job, settings.objective
+    model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
+    prices = latest_prices(ok, now, timedelta(hours=settings.optimizer.max_quote_age_hours))
+    t = now.timestamp()
+    progress = Progress(start=t)
+    if obj.kind == "deadline":
+        progress = Progress(start=t, work=obj.work_samples, done=0.0,
+                            deadline_s=(obj.deadline_hours or 0.0) * 3600.0)
     from provisioner.commands.simulate import quiet_stdout
 
     with quiet_stdout():
-        plan = solve(problem, time_limit_s=settings.optimizer.time_limit_s)
+        decision = Planner(plan_settings(settings)).decide(
+            market_view(prices, model, risks), FleetView(), progress, t)
+    if decision.plan is None:
+        raise UserError("nothing to plan: " + decision.explain())
+    plan = decision.plan
     if args.json:
         out = plan_json(plan)
         out["refused_quotes"] = len(refused) + len(snap.rejected)

@@ -141,7 +141,8 @@ def _report_rejections(snapshot_rejected: tuple, stale: list, now_rejected: list
 
 
 def run(args: argparse.Namespace) -> int:
-    from pricing.risk import estimate, load_spot_advisor
+    from pricing.risk import estimate
+    from pricing.sources.advisor import load_spot_advisor
     from pricing.sanity import check
     from pricing.sources import make_source
 

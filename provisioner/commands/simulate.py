@@ -1,8 +1,8 @@
 """``provision simulate``: replay real traces against policies and write a report.
 
 Design: wiring only: traces -> :func:`pricing.sources.trace.load_trace` ->
-:func:`provisioner.simworld.build_world` -> :func:`provisioner.simreport.run_all` ->
-:func:`provisioner.simreport.write_report`. Job and fleet figures (model size, batch, boot,
+:func:`provisioner.sim.world.build_world` -> :func:`provisioner.sim.report.run_all` ->
+:func:`provisioner.sim.report.write_report`. Job and fleet figures (model size, batch, boot,
 re-form, zone share, max size) come from ``--config`` when given; flags override the few
 the simulation needs. The simulator runs on a virtual clock: it never sleeps.
 
@@ -50,7 +50,7 @@ def _kv(text: str) -> tuple[str, float]:
 
 
 #: The policy names (kept here so building the parser imports neither scipy nor matplotlib;
-#: tests check it equals provisioner.simreport.ALL_POLICIES).
+#: tests check it equals provisioner.sim.report.ALL_POLICIES).
 ALL_POLICIES = ("spotring", "on-demand", "cheapest-first", "static-spot", "uniform-progress",
                 "hindsight")
 
@@ -95,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace import load_trace
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
-    from provisioner.policies import Params
-    from provisioner.simreport import figures, run_all, write_report
-    from provisioner.simworld import build_world
-    from provisioner.throughput import ThroughputModel
+    from provisioner.plan.pipeline import plan_settings
+    from provisioner.sim.policies import Params
+    from provisioner.sim.report import figures, run_all, write_report
+    from provisioner.sim.world import build_world
+    from provisioner.plan.throughput import ThroughputModel
 
     if not args.work > 0:
         raise UserError(f"--work {args.work}: must be a positive number of samples")
@@ -125,12 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if itype is None or itype not in world.speed:
         raise UserError(f"--type {itype!r}: not in the traces; types there: "
                         + ", ".join(sorted(spot_types)))
-    params = Params(itype=itype, size=args.size, boot_s=fleet.boot_s, restart_s=args.restart,
-                    checkpoint_s=args.checkpoint, step_s=fleet.step_s, reform_s=fleet.reform_s,
-                    model_mb=job.model_mb, global_batch=job.global_batch,
-                    max_zone_share=fleet.max_zone_share, max_size=max_size,
-                    churn_horizon_hours=fleet.churn_horizon_hours,
-                    safety_hours=settings.objective.safety_hours)
+    d = settings.daemon
+    params = Params.of(plan_settings(settings), itype=itype, size=args.size,
+                       restart_s=args.restart, checkpoint_s=args.checkpoint, max_size=max_size,
+                       avoid_s=d.zone_avoid_ttl_s, retry_s=d.plan_s, plan_s=d.plan_s,
+                       max_launches=d.max_launches_per_round,
+                       max_removals=d.max_removals_per_round)
     names = args.policy or [n for n in ALL_POLICIES
                             if n != "uniform-progress" or args.deadline is not None]
     with quiet_stdout():

@@ -1,6 +1,6 @@
 """``provision status``: the fleet, the cost so far and the recent events, from the state file.
 
-Design: read-only over :class:`provisioner.state.State` (SQLite in WAL mode, so it reads
+Design: read-only over :class:`provisioner.daemon.state.State` (SQLite in WAL mode, so it reads
 while a daemon writes); no cloud call. "Now" is the newest time the daemon recorded (the
 daemon's clock may be simulated), so the cost is the spend up to that moment.
 """
@@ -38,7 +38,7 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.state import State
+    from provisioner.daemon.state import State
 
     path = _state_path(args)
     if not path.is_file():

@@ -14,23 +14,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from pricing.model import Offering
 
-# Instance states as the drivers report them (each driver maps its cloud's states here).
-PENDING = "pending"
-RUNNING = "running"
-STOPPING = "stopping"
-TERMINATED = "terminated"
-STATES = (PENDING, RUNNING, STOPPING, TERMINATED)
+class InstanceState(StrEnum):
+    """Instance states as the drivers report them (each driver maps its cloud's states here).
 
-# Notice kinds.
-INTERRUPTION = "interruption"  # will be taken back soon (AWS 2-minute warning, local notice)
-REBALANCE = "rebalance"  # elevated risk (AWS rebalance recommendation)
-PREEMPTED = "preempted"  # already taken back (GCP preemption, AWS state change)
-TERMINATED_NOTICE = "terminated"  # gone for any other reason
-NOTICE_KINDS = (INTERRUPTION, REBALANCE, PREEMPTED, TERMINATED_NOTICE)
+    PENDING -> RUNNING -> STOPPING -> TERMINATED; a launch may go straight to TERMINATED
+    (refused after acceptance), and a preemption from any state to TERMINATED."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+
+
+class NoticeKind(StrEnum):
+    """What a notice says about an instance."""
+
+    INTERRUPTION = "interruption"  # will be taken back soon (AWS 2-minute warning, local)
+    REBALANCE = "rebalance"  # elevated risk (AWS rebalance recommendation)
+    PREEMPTED = "preempted"  # already taken back (GCP preemption, AWS state change)
+    TERMINATED = "terminated"  # gone for any other reason
+
+
+# The members under the names the drivers and tests import.
+PENDING, RUNNING, STOPPING, TERMINATED = (InstanceState.PENDING, InstanceState.RUNNING,
+                                          InstanceState.STOPPING, InstanceState.TERMINATED)
+STATES = tuple(InstanceState)
+INTERRUPTION, REBALANCE, PREEMPTED = (NoticeKind.INTERRUPTION, NoticeKind.REBALANCE,
+                                      NoticeKind.PREEMPTED)
+TERMINATED_NOTICE = NoticeKind.TERMINATED
+NOTICE_KINDS = tuple(NoticeKind)
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class LaunchRequest:
 class Instance:
     id: str
     offering: Offering
-    state: str
+    state: InstanceState
     launched_at: datetime | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -70,18 +87,10 @@ class Notice:
     """A revocation or risk signal about one instance."""
 
     instance_id: str
-    kind: str
+    kind: NoticeKind
     time: datetime
     deadline: datetime | None = None  # when the instance will be taken back, if known
     source: str = ""
-
-
-def can_place(driver: object, offering: Offering) -> bool:
-    """Can ``driver`` launch ``offering``? Drivers limited to some regions or zones (e.g. the
-    AWS driver to its region and configured subnets) define ``can_place(offering)``; others
-    place anything. The daemon plans only over offerings its driver can place."""
-    check = getattr(driver, "can_place", None)
-    return True if check is None else bool(check(offering))
 
 
 @runtime_checkable
@@ -103,4 +112,9 @@ class CloudDriver(Protocol):
 
     def notices(self) -> list[Notice]:
         """Notices received since the last call (each delivered once)."""
+        ...
+
+    def can_place(self, offering: Offering) -> bool:
+        """Can this driver launch ``offering``? (The AWS driver: its region and configured
+        subnets; others: anything.) The daemon plans only over offerings it can place."""
         ...

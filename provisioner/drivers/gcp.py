@@ -361,6 +361,10 @@ class GcpDriver:
                 raise
         log.info("gcp terminate %s", ",".join(ids))
 
+    def can_place(self, offering: Offering) -> bool:
+        """GCP offerings (any zone of the project)."""
+        return offering.cloud == "gcp"
+
     # -- notices --------------------------------------------------------------------------------
 
     def notices(self) -> list[Notice]:

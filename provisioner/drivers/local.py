@@ -288,6 +288,10 @@ class LocalDriver:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def can_place(self, offering: Offering) -> bool:
+        """Any offering: a local "instance" is a process on this machine."""
+        return True
+
     @_locked
     def notices(self) -> list[Notice]:
         """Revocations from the feed and ``revoke``, deadline kills, and unexpected exits.

@@ -5,7 +5,7 @@ Design: :class:`AwsWorld` starts moto's ``ThreadedMotoServer`` on an ephemeral p
 up what the Terraform module would: a worker launch template, an SQS notice queue and an
 EventBridge rule sending the EC2 interruption, rebalance and state-change events to it. The
 daemon talks to it over HTTP exactly as to AWS (``[aws] endpoint_url``). A generated market
-(:mod:`provisioner.pricegen`'s price walk) prices two GPU types in three us-east-1 zones.
+(:mod:`pricing.sources.synthetic`'s price walk) prices two GPU types in three us-east-1 zones.
 
 :func:`crash_trial` forks a daemon process, lets it run to a kill point (a driver wrapper
 pauses *before* or *after* the k-th launch or terminate call and tells the parent; or the
@@ -98,7 +98,7 @@ class AwsWorld:
             "aws": {"region": REGION, "endpoint_url": self.endpoint,
                     "launch_template": TEMPLATE,
                     "queue_url": self.queue_url if queue else None},
-            "fleet": {"max_size": max_size, "markets": ["spot"]},
+            "fleet": {"max_size": max_size, "markets": ["spot"], "max_zone_share": 0.5},
             "daemon": {"notice_poll_s": 2.0, "plan_s": 30.0, "price_poll_s": 60.0,
                        "metrics_s": 5.0, **daemon},
         }, origin="aws_world")
@@ -136,15 +136,15 @@ def market() -> Any:
     import random as _random
 
     from pricing.model import Offering, Snapshot
-    from provisioner import pricegen
+    from pricing.sources import synthetic
 
-    params = pricegen.GeneratorParams(outages_per_hour=0.0, horizon_s=6 * 3600)
+    params = synthetic.GeneratorParams(outages_per_hour=0.0, horizon_s=6 * 3600)
     rng = _random.Random(11)
     quotes = []
     for itype, spot, od in TYPES:
         for zone in ZONES:
             off = Offering("aws", REGION, zone, itype, "spot")
-            quotes += pricegen.price_walk(rng, spot, od, START, params, off, "aws-world")
+            quotes += synthetic.price_walk(rng, spot, od, START, params, off, "aws-world")
     return Snapshot(quotes=tuple(quotes))
 
 
@@ -156,12 +156,12 @@ def real_clock(start: datetime = START) -> Callable[[], datetime]:
 
 def build_daemon(settings: Any, state_path: str | Path, driver: Any = None,
                  coordinator: Any = None, now: Callable[[], datetime] | None = None) -> Any:
-    """A :class:`~provisioner.daemon.Daemon` on the AWS driver of ``settings``."""
+    """A :class:`~provisioner.daemon.scheduler.Daemon` on the AWS driver of ``settings``."""
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon import Daemon
+    from provisioner.daemon.wiring import build_daemon as Daemon
     from provisioner.drivers.aws import AwsDriver
-    from provisioner.state import State
-    from tests.fakes.local_coordinator import FakeCoordinator
+    from provisioner.daemon.state import State
+    from tests.fakes.ring import FakeRing as FakeCoordinator
 
     return Daemon(settings, driver or AwsDriver(settings.aws),
                   TraceSource([], snapshot=market()), State(state_path),
@@ -201,6 +201,9 @@ class PausingDriver:
 
     def notices(self) -> Any:
         return self.inner.notices()
+
+    def can_place(self, offering: Any) -> bool:
+        return self.inner.can_place(offering)
 
 
 def _child(settings: Any, state_path: str, point: str, k: int, reached: Any) -> None:
@@ -260,7 +263,7 @@ def crash_trial(world: AwsWorld, workdir: Path, n: int, rng: random.Random,
     os.kill(child.pid, signal.SIGKILL)
     child.join(10)
 
-    from provisioner.state import State
+    from provisioner.daemon.state import State
 
     held = {r.id for r in State(state_path).live_instances()}
     baseline = len({i["InstanceId"] for i in world.instances(job)} - held)

@@ -69,7 +69,7 @@ class GcpWorld:
             "cloud": {"driver": "gcp"},
             "gcp": {"project": PROJECT, "zones": list(ZONES), "api_endpoint": self.endpoint,
                     "startup_script": "python -m trainer worker"},
-            "fleet": {"max_size": max_size, "markets": ["spot"]},
+            "fleet": {"max_size": max_size, "markets": ["spot"], "max_zone_share": 0.5},
             "daemon": {"notice_poll_s": 2.0, "plan_s": 30.0, "price_poll_s": 60.0,
                        "metrics_s": 5.0, **daemon},
         }, origin="gcp_world")
@@ -117,11 +117,11 @@ def market() -> Any:
 def build_daemon(world: GcpWorld, settings: Any, state_path: str | Path, *,
                  coordinator: Any = None,
                  now: Callable[[], datetime] | None = None) -> Any:
-    """A :class:`~provisioner.daemon.Daemon` on the real GCP driver against ``world``."""
+    """A :class:`~provisioner.daemon.scheduler.Daemon` on the real GCP driver against ``world``."""
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon import Daemon
-    from provisioner.state import State
-    from tests.fakes.local_coordinator import FakeCoordinator
+    from provisioner.daemon.wiring import build_daemon as Daemon
+    from provisioner.daemon.state import State
+    from tests.fakes.ring import FakeRing as FakeCoordinator
 
     return Daemon(settings, world.driver(settings), TraceSource([], snapshot=market()),
                   State(state_path), now=now or real_clock(),

@@ -1,7 +1,7 @@
 """The scaffold the local HTTP fakes of cloud APIs share: a JSON answer, quiet logs, and a
 threaded server on an ephemeral port started and stopped as a context manager.
 
-Design: each fake (tests/fakes/gcp_fake.py for Compute Engine, tests/pricing/gcp_catalog_fake.py
+Design: each fake (tests/fakes/gcp_fake.py for Compute Engine, tests/fakes/gcp_catalog_fake.py
 for the billing catalog) is a real HTTP server that the real client libraries talk to; what
 differs is only the routing, so a fake subclasses :class:`HttpFake` and returns its request
 handler class (a subclass of :class:`JsonHandler`) from :meth:`HttpFake.handler`.

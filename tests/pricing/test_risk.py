@@ -12,7 +12,8 @@ from scipy.stats import chi2
 
 from pricing.model import Availability, Lifetime, Offering
 from pricing.risk import (DEFAULT_HAZARD_PER_HOUR, advisor_hazard, estimate, hazard_from_lifetimes,
-                          load_spot_advisor, observations_from_availability)
+                          observations_from_availability)
+from pricing.sources.advisor import load_spot_advisor
 from pricing.sources.trace import load_trace
 
 UTC = timezone.utc

@@ -1,0 +1,165 @@
+"""The write-ahead actuator: every cloud call of the daemon, each behind an intent row.
+
+Design: implements :class:`provisioner.plan.reconcile.Actuator` over a
+:class:`~provisioner.drivers.base.CloudDriver`, writing to
+:class:`~provisioner.daemon.state.State` *before* each call (a launch intent carries the
+idempotency token the driver passes to the cloud) and after it, so a SIGKILL at any point
+loses nothing (:mod:`provisioner.daemon.recovery` finishes what it finds open). It also
+answers notices: an interruption marks the instance draining, asks the ring to drain it and
+avoids its zone; a preemption ends it. Offerings refused for capacity go into
+:attr:`WriteAheadActuator.unavailable`, zones that revoked into :attr:`avoid` (TTL caches
+whose periods live in :mod:`provisioner.timing`).
+
+Rule: call from the scheduler's jobs under the daemon's lock; ``stopping`` set means no
+more launches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Callable, Mapping, Sequence
+
+from pricing.model import Offering
+from provisioner.daemon.ports import MetricsSink, RingCoordinator
+from provisioner.daemon.state import EventKind, State
+from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
+from provisioner.errors import CapacityError, DriverError
+from provisioner.plan.reconcile import Launch, Removal, zone_of
+from provisioner.timing import Intervals, TtlCache
+
+
+class WriteAheadActuator:
+    """Launches, drains and terminations of one job (see the module docstring)."""
+
+    def __init__(self, job_id: str, driver: CloudDriver, state: State, clock: Callable[[], float],
+                 intervals: Intervals, *, coordinator: RingCoordinator | None = None,
+                 metrics: MetricsSink | None = None,
+                 launch_env: Mapping[str, str] | None = None,
+                 stopping: threading.Event | None = None) -> None:
+        self.job_id = job_id
+        self.driver = driver
+        self.state = state
+        self.clock = clock
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self.launch_env = dict(launch_env or {})
+        self.stopping = stopping or threading.Event()
+        self.avoid: TtlCache[tuple[str, str, str]] = TtlCache(intervals.zone_avoid_ttl_s, clock)
+        self.unavailable: TtlCache[Offering] = TtlCache(intervals.capacity_ttl_s, clock)
+        self.failed: dict[Offering, float] = {}  # offering -> its last revocation or refusal
+        self.prices: Mapping[Offering, float] = {}  # set by the scheduler before a round
+        self.notice_to_launch_s: list[float] = []  # real seconds, notice seen -> launch call
+        self._pending_notice: float | None = None
+
+    # -- the reconciler's verbs ----------------------------------------------------------------
+    def launch(self, launch: Launch) -> bool:
+        """Launch with a write-ahead intent; False when refused for capacity (the offering
+        joins :attr:`unavailable`)."""
+        if self.stopping.is_set():
+            return True
+        offering = launch.offering
+        token = f"{self.job_id}-{uuid.uuid4().hex[:16]}"
+        self.state.begin_launch(token, offering, launch.count, self.clock())
+        if self._pending_notice is not None:
+            self.notice_to_launch_s.append(time.monotonic() - self._pending_notice)
+            self._pending_notice = None
+        try:
+            res = self.driver.launch(LaunchRequest(offering, launch.count, self.job_id, token,
+                                                   self.launch_env))
+        except CapacityError as exc:
+            self.unavailable.add(offering)
+            self.failed[offering] = self.clock()
+            self.state.abandon_intent(token, self.clock(), f"no capacity: {exc}")
+            self.state.record_event(self.clock(), EventKind.NO_CAPACITY, offering=offering,
+                                    detail=str(exc))
+            return False
+        except DriverError as exc:
+            self.state.abandon_intent(token, self.clock(), f"failed: {exc}")
+            self.state.record_event(self.clock(), EventKind.LAUNCH_FAILED, offering=offering,
+                                    detail=str(exc))
+            return True
+        t = self.clock()
+        if offering in self.prices:
+            self.state.record_price(offering, t, self.prices[offering])
+        self.state.finish_launch(token, [(i.id, i.offering) for i in res.instances], t)
+        for inst in res.instances:
+            self.state.record_event(t, EventKind.LAUNCH, inst.id, inst.offering, launch.reason)
+        for err in res.errors:
+            self.state.record_event(t, EventKind.LAUNCH_ERROR, offering=offering, detail=err)
+        return True
+
+    def terminate(self, removals: Sequence[Removal]) -> None:
+        if removals:
+            self.terminate_ids([r.instance_id for r in removals], removals[0].reason)
+
+    def drain(self, removal: Removal) -> None:
+        """Mark draining and ask the ring to let it go at a step boundary; an instance not
+        in the ring is terminated at once."""
+        t = self.clock()
+        if not self.state.mark_draining(removal.instance_id, t):
+            return
+        self.state.record_event(t, EventKind.DRAIN, removal.instance_id, removal.offering,
+                                removal.reason)
+        if self.coordinator is None or not self.coordinator.drain(removal.instance_id,
+                                                                  removal.reason):
+            self.terminate_ids([removal.instance_id], f"{removal.reason} (not in the ring)")
+
+    # -- more verbs ----------------------------------------------------------------------------
+    def terminate_ids(self, ids: Sequence[str], reason: str) -> None:
+        """Terminate with a write-ahead intent."""
+        if not ids:
+            return
+        token = f"term-{uuid.uuid4().hex[:12]}"
+        self.state.begin_terminate(token, ids, self.clock())
+        self.driver.terminate(list(ids))
+        self.state.finish_terminate(token, self.clock(), reason)
+        for iid in ids:
+            self.state.record_event(self.clock(), EventKind.TERMINATED, iid, detail=reason)
+
+    def drain_backstop(self, drain_timeout_s: float) -> None:
+        """Terminate instances draining for longer than ``drain_timeout_s``."""
+        t = self.clock()
+        late = [r.id for r in self.state.live_instances() if r.draining_since is not None
+                and t - r.draining_since >= drain_timeout_s]
+        if late:
+            self.terminate_ids(late, "drain timeout")
+
+    def on_notice(self, n: Notice) -> bool:
+        """Handle one notice: drain first, the replacement planned in parallel. True when
+        the fleet lost capacity (plan again now)."""
+        t = self.clock()
+        row = {r.id: r for r in self.state.live_instances()}.get(n.instance_id)
+        if row is None:
+            return False
+        off = row.offering
+        if n.kind == NoticeKind.REBALANCE:
+            self.state.record_event(t, EventKind.REBALANCE, n.instance_id, off, n.source)
+            return False
+        if n.kind == NoticeKind.INTERRUPTION:
+            if not self.state.mark_draining(n.instance_id, t):
+                return False
+            self._revoked(off, t, "notice")
+            self.state.record_event(t, EventKind.NOTICE, n.instance_id, off, n.source)
+            if self.coordinator is not None:
+                self.coordinator.drain(n.instance_id, "revocation notice")
+            return True
+        # PREEMPTED or TERMINATED: it is gone
+        was_draining = row.draining_since is not None
+        self.driver.terminate([n.instance_id])
+        self.state.end_instance(n.instance_id, t, f"{n.kind}: {n.source}")
+        if n.kind == NoticeKind.PREEMPTED:
+            self._revoked(off, t, "kill")
+            self.state.record_event(t, EventKind.KILLED, n.instance_id, off, n.source)
+        else:
+            self.state.record_event(t, EventKind.LEFT if was_draining else EventKind.EXITED,
+                                    n.instance_id, off, n.source)
+        return not was_draining
+
+    def _revoked(self, off: Offering, t: float, kind: str) -> None:
+        self.avoid.add(zone_of(off))
+        self.failed[off] = t
+        self._pending_notice = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.revocations.labels(kind).inc()

@@ -1,0 +1,130 @@
+"""The report of a ``provision run``: figures, markdown and PNG plots from the state file.
+
+Design: a function of the :class:`~provisioner.daemon.state.State` (and the ring's final stats),
+written after the run; nothing here talks to a cloud or the ring. The figures:
+
+- ``spend_usd``: Σ over instances of ∫ price dt (:meth:`State.spend`);
+- ``samples``: samples trained (the ring's ``samples_done``);
+- ``cost_per_1m_samples_usd``: spend / samples × 1e6;
+- ``steps_lost``: steps the ring discarded (a member lost without notice loses at most one);
+- ``accuracy``: the job's held-out accuracy at the end;
+- counts of launches, notices (drained), kills (no notice), joins and leaves.
+
+Plots (``provisioner.plots.lines`` for the series): ``price.png`` (price of every offering
+held), ``fleet.png`` (instances held), ``throughput.png`` (samples/s), ``cost.png``
+(cumulative spend) and ``events.png`` (launches, notices, kills, joins on a time line).
+
+Rule for callers: call :func:`write_report` once the daemon has stopped (the state is final).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from provisioner import plots
+from provisioner.daemon.state import EventKind, State, ring_kind
+
+EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
+              EventKind.EXITED, EventKind.TERMINATED, ring_kind("join"),
+              ring_kind("leave"), ring_kind("lost"))
+
+
+def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's headline figures (see the module docstring)."""
+    spend = state.spend(end_t)
+    samples = int(ring.get("samples_done") or 0)
+    counts = defaultdict(int)
+    for e in state.events():
+        counts[e.kind] += 1
+    started = state.get_meta("started_at", end_t)
+    acc = ring.get("accuracy")
+    return {
+        "spend_usd": round(spend, 6),
+        "samples": samples,
+        "cost_per_1m_samples_usd": round(spend / samples * 1e6, 6) if samples else None,
+        "steps_lost": int(ring.get("steps_lost") or 0),
+        "accuracy": None if acc is None or (isinstance(acc, float) and math.isnan(acc))
+        else float(acc),
+        "epochs": ring.get("epoch"),
+        "simulated_hours": round((end_t - started) / 3600.0, 4),
+        "instance_hours": round(state.instance_seconds(end_t) / 3600.0, 6),
+        "launches": counts[EventKind.LAUNCH],
+        "notices": counts[EventKind.NOTICE],
+        "kills": counts[EventKind.KILLED],
+        "joins": counts[ring_kind("join")],
+        "ring_drains": counts["ring-drain"],
+        "ring_lost": counts["ring-lost"],
+    }
+
+
+def _hours(t: float, t0: float) -> float:
+    return (t - t0) / 3600.0
+
+
+def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[str, Any], *,
+                 title: str = "spotring run",
+                 notes: Sequence[str] = ()) -> Path:
+    """Write ``report.md``, ``report.json`` and the PNGs into ``out_dir``; returns the .md path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = float(state.get_meta("started_at", end_t))
+    fig = figures(state, end_t, ring)
+    held_offerings = sorted({r.offering for r in state.instances()})
+    price = {o.key: ([_hours(max(t, t0), t0) for t, _ in state.price_series(o)] + [_hours(end_t, t0)],
+                     [p for _, p in state.price_series(o)] + [state.price_series(o)[-1][1]])
+             for o in held_offerings if state.price_series(o)}
+    plots.lines(out / "price.png", price, title="price of the offerings held",
+                ylabel="USD per hour")
+
+    def series(name: str) -> tuple[list[float], list[float]]:
+        rows = state.metric_series(name)
+        return [_hours(t, t0) for t, _, _ in rows], [v for _, _, v in rows]
+
+    plots.lines(out / "fleet.png", {"instances": series("fleet_total")}, title="fleet size",
+                ylabel="instances")
+    plots.lines(out / "throughput.png", {"samples/s": series("samples_per_s")},
+                title="ring throughput", ylabel="samples per second", step=False)
+    spend_x, spend_y = series("spend")
+    plots.lines(out / "cost.png", {"spend": (spend_x + [_hours(end_t, t0)],
+                                             spend_y + [fig["spend_usd"]])},
+                title="cumulative cost", ylabel="USD", step=False)
+    _events_plot(out / "events.png", state, t0, end_t)
+    (out / "report.json").write_text(json.dumps(fig, indent=2))
+    md = [f"# {title}", "", "| figure | value |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in fig.items()]
+    md += ["", "![price](price.png)", "![fleet](fleet.png)", "![throughput](throughput.png)",
+           "![cost](cost.png)", "![events](events.png)", "", "## Last decision", ""]
+    decisions = state.decisions(limit=1)
+    md += ["```", decisions[-1][2] if decisions else "(none)", "```", "", "## Events", ""]
+    for e in state.events(limit=40):
+        md.append(f"- {_hours(e.t, t0):7.3f} h  {e.kind:<14} {e.instance_id or ''} "
+                  f"{e.offering or ''} {e.detail}".rstrip())
+    md += [""] + [f"note: {n}" for n in notes]
+    path = out / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path
+
+
+def _events_plot(path: Path, state: State, t0: float, end_t: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in EVENT_ROWS if state.events(kinds=[k])]
+    fig, ax = plt.subplots(figsize=(8, 3.0), dpi=100)
+    for row, kind in enumerate(kinds):
+        xs = [_hours(e.t, t0) for e in state.events(kinds=[kind])]
+        ax.scatter(xs, [row] * len(xs), marker="|", s=200, label=kind)
+    ax.set_yticks(range(len(kinds)), kinds)
+    ax.set_xlim(0, max(_hours(end_t, t0), 1e-6))
+    ax.set_xlabel("hours")
+    ax.set_title("events")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,283 @@
+"""The daemon of ``provision run``: four apscheduler jobs over the daemon's parts.
+
+Design: four jobs with fixed ids (``poll_prices``, ``watch_notices``, ``plan_and_reconcile``,
+``record_metrics``), each ``coalesce=True, max_instances=1``, periods from ``[daemon]`` in
+*simulated* seconds divided by the clock's speed. The jobs only move data between the parts
+the composition root (:func:`provisioner.daemon.wiring.build_daemon`) gave it:
+
+- :class:`~provisioner.daemon.market.Market`: the last good prices and availability;
+- :class:`~provisioner.plan.pipeline.Planner`: THE decision, the same the simulator runs;
+- :class:`~provisioner.daemon.actuator.WriteAheadActuator`: every cloud call behind an
+  intent, notices, the capacity and zone caches; the plan is carried out by
+  :func:`provisioner.plan.reconcile.apply_round` (launches first, nothing removed while a
+  replacement is refused; a refusal plans again at once, up to :data:`CAPACITY_REPLANS`);
+- :func:`~provisioner.daemon.recovery.recover`: what a restart finishes and adopts;
+- :class:`~provisioner.daemon.telemetry.Telemetry`: metrics, the closed throughput loop.
+
+A notice drains first and re-plans at once, so the replacement launch runs in parallel
+with the drain. Progress for a deadline objective is the ring's ``samples_done`` since the
+job started (``started_at`` in the state).
+
+Rule for callers: build with :func:`provisioner.daemon.wiring.build_daemon`, call
+:meth:`Daemon.start`, and :meth:`Daemon.stop` from the main thread (a signal handler only
+sets an event). ``now()`` returns the simulated time; ``speed`` is simulated seconds per
+real second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from datetime import datetime
+from typing import Any, Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from pricing.model import Offering
+from provisioner.config import Settings
+from provisioner.daemon.actuator import WriteAheadActuator
+from provisioner.daemon.market import Market
+from provisioner.daemon.ports import PriceFeed, RingCoordinator
+from provisioner.daemon.recovery import recover
+from provisioner.daemon.state import EventKind, State
+from provisioner.daemon.status import Status, build_status
+from provisioner.daemon.telemetry import Telemetry
+from provisioner.drivers.base import CloudDriver
+from provisioner.errors import InfeasibleError
+from provisioner.plan.pipeline import FleetView, Planner, Progress
+from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
+from provisioner.timing import Intervals
+
+log = logging.getLogger(__name__)
+
+JOB_IDS = ("poll_prices", "watch_notices", "plan_and_reconcile", "record_metrics")
+#: Re-plans within one round after launches refused for capacity: each one adds the refused
+#: offerings to the unavailable set, so the third finds a zone with room or gives up until the
+#: next round (a stockout seldom spans more than a zone or two of a region).
+CAPACITY_REPLANS = 2
+
+
+def intervals_from(settings: Settings) -> Intervals:
+    """The :class:`Intervals` of a ``[daemon]`` settings section."""
+    d = settings.daemon
+    return Intervals(price_poll_s=d.price_poll_s, notice_poll_s=d.notice_poll_s, plan_s=d.plan_s,
+                     metrics_s=d.metrics_s, zone_avoid_ttl_s=d.zone_avoid_ttl_s,
+                     capacity_ttl_s=d.capacity_ttl_s, drain_timeout_s=d.drain_timeout_s)
+
+
+class Daemon:
+    """The provisioning loop of one job (see the module docstring)."""
+
+    def __init__(self, settings: Settings, driver: CloudDriver, source: PriceFeed,
+                 state: State, *, now: Callable[[], datetime], speed: float,
+                 intervals: Intervals, market: Market, planner: Planner,
+                 actuator: WriteAheadActuator, telemetry: Telemetry,
+                 coordinator: RingCoordinator | None, stopping: threading.Event) -> None:
+        self.settings = settings
+        self.job_id: str = settings.job.id
+        self.driver = driver
+        self.source = source
+        self.state = state
+        self.now = now
+        self.speed = speed
+        self.intervals = intervals
+        self.market = market
+        self.planner = planner
+        self.actuator = actuator
+        self.telemetry = telemetry
+        self.coordinator = coordinator
+        self.stopping = stopping
+        self.limits = ChurnLimits(settings.daemon.max_launches_per_round,
+                                  settings.daemon.max_removals_per_round)
+        self._lock = threading.RLock()
+        self.plan_text = ""
+        self._last_targets: dict[Offering, int] | None = None
+        self._rejected: dict[str, int] = {}
+        self.scheduler: BackgroundScheduler | None = None
+        self.errors: list[str] = []
+
+    def _ts(self) -> float:
+        return self.now().timestamp()
+
+    @property
+    def throughput(self) -> Any:
+        return self.telemetry.throughput
+
+    @property
+    def notice_to_launch_s(self) -> list[float]:
+        return self.actuator.notice_to_launch_s
+
+    # -- start and stop ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover, take a first price view and plan, then start the scheduled jobs."""
+        self.state.set_meta("job", {"id": self.job_id, "driver": self.driver.name,
+                                    "speed": self.speed})
+        if self.state.get_meta("started_at") is None:
+            self.state.set_meta("started_at", self._ts())
+        self.recover()
+        self.poll_prices()
+        self.plan_and_reconcile("start")
+        self.record_metrics()
+        sched = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
+                                                  "misfire_grace_time": None})
+        iv = self.intervals
+        for job_id, fn, period in (("poll_prices", self.poll_prices, iv.price_poll_s),
+                                   ("watch_notices", self.watch_notices, iv.notice_poll_s),
+                                   ("plan_and_reconcile", self.plan_and_reconcile, iv.plan_s),
+                                   ("record_metrics", self.record_metrics, iv.metrics_s)):
+            sched.add_job(self._guarded(job_id, fn), "interval", id=job_id,
+                          seconds=iv.real(period, self.speed), replace_existing=True)
+        sched.start()
+        self.scheduler = sched
+        self.state.record_event(self._ts(), EventKind.STARTED, detail=f"driver {self.driver.name}")
+
+    def _guarded(self, name: str, fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            if self.stopping.is_set():
+                return
+            try:
+                fn()
+            except Exception as exc:  # a failed round must not stop the daemon
+                log.exception("job %s failed", name)
+                self.errors.append(f"{name}: {exc}")
+                self.state.record_event(self._ts(), EventKind.ERROR, detail=f"{name}: {exc}")
+        return run
+
+    def stop(self, on_exit: str = "keep") -> None:
+        """Stop launching, stop the jobs, and keep or terminate (after draining) the fleet."""
+        self.stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=True)
+            self.scheduler = None
+        with self._lock:
+            if on_exit == "terminate":
+                live = self.state.live_instances()
+                if self.coordinator is not None:
+                    for r in live:
+                        self.coordinator.drain(r.id, "daemon exit")
+                self.actuator.terminate_ids([r.id for r in live],
+                                            "daemon exit (--on-exit terminate)")
+            self.record_metrics()
+            self.state.record_event(self._ts(), EventKind.STOPPED, detail=f"on exit: {on_exit}")
+
+    def recover(self) -> None:
+        """Finish open intents, adopt the job's instances, terminate strays."""
+        recover(self.job_id, self.driver, self.state, self.actuator, self._ts(),
+                self.actuator.launch_env)
+
+    # -- the four jobs -----------------------------------------------------------------------
+    def poll_prices(self) -> None:
+        """Fetch the source's view now; record price changes (for spend and the report)."""
+        now = self.now()
+        self.market.poll(now)
+        rejected = self.market.rejected
+        if rejected and rejected != self._rejected:
+            self._rejected = dict(rejected)
+            self.state.record_event(now.timestamp(), EventKind.QUOTES_REJECTED, detail=", ".join(
+                f"{k} {v}" for k, v in rejected.items()))
+        for q in self.market.changes_since(now):  # every change between polls: exact spend
+            self.state.record_price(q.offering, q.time.timestamp(), q.price_per_hour)
+            if q.offering.market == "spot" and q.on_demand_per_hour:
+                self.state.record_price(q.offering.with_market("on-demand"), q.time.timestamp(),
+                                        q.on_demand_per_hour)
+        for off, (when, price) in sorted(self.market.price_points().items()):
+            self.state.record_price(off, when, price)
+
+    @property
+    def quotes(self) -> list:
+        return self.market.quotes
+
+    def watch_notices(self) -> None:
+        """Handle the driver's notices: drain first, replace in parallel."""
+        replan = False
+        for n in self.driver.notices():
+            replan |= self.actuator.on_notice(n)
+        if replan:
+            self.plan_and_reconcile("notice")
+
+    def plan_and_reconcile(self, reason: str = "periodic") -> None:
+        """Decide the target fleet (:class:`Planner`) and carry it out through
+        :func:`apply_round`. The plan is recorded as a decision once per round, the one
+        acted on."""
+        if self.stopping.is_set() or self._job_over():
+            return
+        with self._lock:
+            self.actuator.drain_backstop(self.intervals.drain_timeout_s)
+            decided: list[tuple[str, dict[Offering, int]]] = []
+
+            def plan(attempt: int) -> RoundInput | None:
+                given = self._decide()
+                if given is None:
+                    return None
+                decided.append(given[1:])  # type: ignore[arg-type]
+                return given[0]
+
+            result = apply_round(plan, self.actuator, limits=self.limits,
+                                 replans=CAPACITY_REPLANS)
+            if result is None or not decided:
+                return
+            t = self._ts()
+            for note in result.actions.notes:
+                self.state.record_event(t, EventKind.RECONCILE_NOTE, detail=note)
+            text, targets = decided[-1]
+            if targets != self._last_targets:
+                self.plan_text = text
+                why = reason + ("; capacity failover" if result.plans > 1 else "")
+                self.state.record_decision(t, targets, f"{why}: {text}")
+                self._last_targets = targets
+
+    def _decide(self) -> tuple[RoundInput, str, dict[Offering, int]] | None:
+        """One decision of the planner over the views of now; None when it failed."""
+        now = self.now()
+        t = now.timestamp()
+        live = self.state.live_instances()
+        current = Counter(r.offering for r in live if r.draining_since is None)
+        act = self.actuator
+        avoid = act.avoid.members()
+        unavailable = act.unavailable.members()
+        caps = {o: min(self.market.available.get(o, current[o]), current[o])
+                for o in unavailable}  # out of capacity: keep what it holds, no more
+        market = self.market.view(self.telemetry.throughput, now, caps)
+        blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
+        fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed))
+        try:
+            decision = self.planner.decide(market, fleet, self._progress(t), t)
+        except InfeasibleError as exc:
+            self.state.record_event(t, EventKind.PLAN_FAILED, detail=str(exc))
+            return None
+        targets = {o: n for o, n in decision.target.items() if n > 0}
+        held = [Held(r.id, r.offering, r.launched_at, True, r.draining_since is not None)
+                for r in live]
+        prices = {o: p for o, (_t, p) in self.market.price_points().items()}
+        act.prices = prices
+        return (RoundInput(targets, held, avoid_zones=avoid, unavailable=unavailable,
+                           alternatives=sorted(prices, key=lambda o: (prices[o], o))),
+                decision.explain(), targets)
+
+    def _progress(self, t: float) -> Progress:
+        """The job's progress for the planner: a deadline objective paces the work from the
+        job's start with the ring's samples done; other objectives are open-ended."""
+        obj = self.settings.objective
+        if obj.kind != "deadline" or obj.work_samples is None or obj.deadline_hours is None:
+            return Progress(start=t)
+        started = float(self.state.get_meta("started_at") or t)
+        done = 0.0
+        if self.coordinator is not None:
+            done = float(self.coordinator.stats().get("samples_done") or 0.0)
+        return Progress(start=started, work=obj.work_samples, done=done,
+                        deadline_s=obj.deadline_hours * 3600.0, hard=True)
+
+    def _job_over(self) -> bool:
+        """True once the ring says the job finished: nothing to launch or replace."""
+        return self.coordinator is not None and bool(self.coordinator.stats().get("finished"))
+
+    def record_metrics(self) -> None:
+        """Fleet, cost, spend and samples/s: to the state, Prometheus and the throughput model."""
+        self.telemetry.record(self.status(events=0))
+
+    def status(self, events: int = 8) -> Status:
+        """A consistent view for the dashboard (no cloud calls)."""
+        prices = {o: p for o, (_t, p) in self.market.price_points().items()}
+        return build_status(self.now(), self.state, prices, self.coordinator, self.plan_text,
+                            events)

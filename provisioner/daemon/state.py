@@ -1,0 +1,341 @@
+"""The daemon's own state in SQLite: instances, intents, prices, decisions, events, metrics.
+
+Design: write-ahead. Before any cloud call the daemon writes an *intent* row (a launch intent
+carries the idempotency token that the driver passes to the cloud as its ClientToken), and
+commits it; the call's result is written after. A daemon killed between the two finds the
+open intent at its next start, repeats the launch with the *same* token (the cloud returns
+the first attempt's instances instead of launching again) and closes it. Terminations are
+written the same way. SQLite runs in WAL mode with ``synchronous=FULL`` so a committed row
+survives a SIGKILL of the daemon or a power cut.
+
+Cost accounting: the spend is Σ over instances of ∫ price(offering, t) dt over the instance's
+life, with price a step function of the recorded price changes (:meth:`State.spend`). Times
+are simulated POSIX seconds (the daemon's clock).
+
+Rule for callers: write the intent (``begin_launch``/``begin_terminate``) *before* calling the
+cloud and close it after; never delete rows (``provision status`` and the report read them).
+One ``State`` object may be shared by threads (a lock serialises writes).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from pricing.model import Offering
+from pricing.series import Step
+from provisioner.errors import ConfigError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS intents (
+    token TEXT PRIMARY KEY, kind TEXT NOT NULL, offering TEXT, count INTEGER,
+    instance_ids TEXT NOT NULL DEFAULT '[]', created REAL NOT NULL, done REAL,
+    outcome TEXT);
+CREATE TABLE IF NOT EXISTS instances (
+    id TEXT PRIMARY KEY, offering TEXT NOT NULL, token TEXT, state TEXT NOT NULL,
+    launched_at REAL NOT NULL, ended_at REAL, end_reason TEXT, draining_since REAL);
+CREATE TABLE IF NOT EXISTS prices (
+    offering TEXT NOT NULL, t REAL NOT NULL, price REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS prices_by_offering ON prices (offering, t);
+CREATE TABLE IF NOT EXISTS decisions (
+    t REAL NOT NULL, targets TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    t REAL NOT NULL, kind TEXT NOT NULL, instance_id TEXT, offering TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS metrics (
+    t REAL NOT NULL, name TEXT NOT NULL, labels TEXT NOT NULL DEFAULT '', value REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_by_name ON metrics (name, t);
+"""
+
+
+class IntentKind(StrEnum):
+    """What a write-ahead intent is about."""
+
+    LAUNCH = "launch"
+    TERMINATE = "terminate"
+
+
+class RowState(StrEnum):
+    """An instance row's life: RUNNING (launched or adopted) -> DRAINING (asked to leave)
+    -> TERMINATED (ended: terminated, preempted, gone while the daemon was down)."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    TERMINATED = "terminated"
+
+
+class EventKind(StrEnum):
+    """The kinds of the time line's events (``provision status`` and the report read them);
+    the ring's membership events are copied as ``ring-<kind>`` (:func:`ring_kind`)."""
+
+    STARTED = "started"
+    STOPPED = "stopped"
+    ERROR = "error"
+    LAUNCH = "launch"
+    LAUNCH_ERROR = "launch-error"
+    LAUNCH_FAILED = "launch-failed"
+    NO_CAPACITY = "no-capacity"
+    DRAIN = "drain"
+    TERMINATED = "terminated"
+    NOTICE = "notice"
+    KILLED = "killed"
+    LEFT = "left"
+    EXITED = "exited"
+    REBALANCE = "rebalance"
+    ADOPTED = "adopted"
+    GONE = "gone"
+    RECOVERED_LAUNCH = "recovered-launch"
+    PLAN_FAILED = "plan-failed"
+    QUOTES_REJECTED = "quotes-rejected"
+    RECONCILE_NOTE = "reconcile-note"
+
+
+def ring_kind(kind: object) -> str:
+    """The time line's kind of a ring membership event (``join`` -> ``ring-join``)."""
+    return f"ring-{kind}"
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    id: str
+    offering: Offering
+    token: str | None
+    state: RowState
+    launched_at: float
+    ended_at: float | None
+    end_reason: str | None
+    draining_since: float | None
+
+
+@dataclass(frozen=True)
+class Intent:
+    token: str
+    kind: IntentKind
+    offering: Offering | None
+    count: int
+    instance_ids: tuple[str, ...]
+    created: float
+    done: float | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    kind: str
+    instance_id: str | None
+    offering: str | None
+    detail: str
+
+
+class State:
+    """The SQLite state file. Raises ConfigError when ``path`` cannot be opened."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False,
+                                       isolation_level=None, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigError(f"{self.path}: cannot open the state database ({exc}); "
+                              f"set daemon.state_path to a writable file") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- low level ---------------------------------------------------------------------------
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        with self._lock:
+            self._db.execute(sql, params)
+
+    def _writemany(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self._db.execute(sql, params)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # -- meta --------------------------------------------------------------------------------
+    def set_meta(self, key: str, value: Any) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
+        return json.loads(rows[0][0]) if rows else default
+
+    # -- intents -----------------------------------------------------------------------------
+    def begin_launch(self, token: str, offering: Offering, count: int, t: float) -> None:
+        """Record a launch intent before the cloud call (idempotent for the same token)."""
+        self._write("INSERT OR IGNORE INTO intents (token, kind, offering, count, created) "
+                    "VALUES (?, 'launch', ?, ?, ?)", (token, offering.key, count, t))
+
+    def finish_launch(self, token: str, instances: Sequence[tuple[str, Offering]], t: float,
+                      outcome: str = "ok") -> None:
+        """Close a launch intent and record its instances, in one transaction."""
+        ids = [i for i, _ in instances]
+        stmts: list[tuple[str, Sequence[Any]]] = [
+            ("INSERT OR IGNORE INTO instances (id, offering, token, state, launched_at) "
+             "VALUES (?, ?, ?, 'running', ?)", (iid, off.key, token, t)) for iid, off in instances]
+        stmts.append(("UPDATE intents SET instance_ids = ?, done = ?, outcome = ? WHERE token = ?",
+                      (json.dumps(ids), t, outcome, token)))
+        self._writemany(stmts)
+
+    def begin_terminate(self, token: str, instance_ids: Sequence[str], t: float) -> None:
+        """Record a termination intent before the cloud call."""
+        self._write("INSERT OR IGNORE INTO intents (token, kind, count, instance_ids, created) "
+                    "VALUES (?, 'terminate', ?, ?, ?)",
+                    (token, len(instance_ids), json.dumps(list(instance_ids)), t))
+
+    def finish_terminate(self, token: str, t: float, reason: str) -> None:
+        """Close a termination intent and end its instances."""
+        rows = self._rows("SELECT instance_ids FROM intents WHERE token = ?", (token,))
+        ids = json.loads(rows[0][0]) if rows else []
+        stmts: list[tuple[str, Sequence[Any]]] = [
+            ("UPDATE instances SET state = 'terminated', ended_at = ?, end_reason = ? "
+             "WHERE id = ? AND ended_at IS NULL", (t, reason, iid)) for iid in ids]
+        stmts.append(("UPDATE intents SET done = ?, outcome = 'ok' WHERE token = ?", (t, token)))
+        self._writemany(stmts)
+
+    def abandon_intent(self, token: str, t: float, outcome: str) -> None:
+        self._write("UPDATE intents SET done = ?, outcome = ? WHERE token = ?", (t, outcome, token))
+
+    def open_intents(self) -> list[Intent]:
+        """Intents whose cloud call may or may not have happened (the daemon died between)."""
+        return [self._intent(r) for r in self._rows(
+            "SELECT token, kind, offering, count, instance_ids, created, done, outcome "
+            "FROM intents WHERE done IS NULL ORDER BY created")]
+
+    def intents(self) -> list[Intent]:
+        return [self._intent(r) for r in self._rows(
+            "SELECT token, kind, offering, count, instance_ids, created, done, outcome "
+            "FROM intents ORDER BY created")]
+
+    @staticmethod
+    def _intent(r: tuple) -> Intent:
+        return Intent(r[0], IntentKind(r[1]), Offering.from_key(r[2]) if r[2] else None, int(r[3] or 0),
+                      tuple(json.loads(r[4])), r[5], r[6], r[7])
+
+    # -- instances ---------------------------------------------------------------------------
+    def adopt(self, instance_id: str, offering: Offering, t: float, token: str | None = None) -> None:
+        """Record an instance found in the cloud (no-op when already known and live)."""
+        self._write("INSERT OR IGNORE INTO instances (id, offering, token, state, launched_at) "
+                    "VALUES (?, ?, ?, 'running', ?)", (instance_id, offering.key, token, t))
+
+    def mark_draining(self, instance_id: str, t: float) -> bool:
+        """Mark an instance as draining; False when it already was (or is gone)."""
+        with self._lock:
+            cur = self._db.execute("UPDATE instances SET state = 'draining', draining_since = ? "
+                                   "WHERE id = ? AND ended_at IS NULL AND draining_since IS NULL",
+                                   (t, instance_id))
+            return cur.rowcount > 0
+
+    def end_instance(self, instance_id: str, t: float, reason: str) -> bool:
+        """Record that an instance is gone; False when it already was."""
+        with self._lock:
+            cur = self._db.execute("UPDATE instances SET state = 'terminated', ended_at = ?, "
+                                   "end_reason = ? WHERE id = ? AND ended_at IS NULL",
+                                   (t, reason, instance_id))
+            return cur.rowcount > 0
+
+    def live_instances(self) -> list[InstanceRow]:
+        return [self._instance(r) for r in self._rows(
+            "SELECT id, offering, token, state, launched_at, ended_at, end_reason, draining_since "
+            "FROM instances WHERE ended_at IS NULL ORDER BY launched_at, id")]
+
+    def instances(self) -> list[InstanceRow]:
+        return [self._instance(r) for r in self._rows(
+            "SELECT id, offering, token, state, launched_at, ended_at, end_reason, draining_since "
+            "FROM instances ORDER BY launched_at, id")]
+
+    @staticmethod
+    def _instance(r: tuple) -> InstanceRow:
+        return InstanceRow(r[0], Offering.from_key(r[1]), r[2], RowState(r[3]), r[4], r[5], r[6],
+                           r[7])
+
+    # -- prices and cost ---------------------------------------------------------------------
+    def record_price(self, offering: Offering, t: float, price: float) -> None:
+        """Record a price if it differs from the latest recorded one for the offering."""
+        with self._lock:
+            last = self._db.execute("SELECT price FROM prices WHERE offering = ? ORDER BY t DESC "
+                                    "LIMIT 1", (offering.key,)).fetchone()
+            if last is None or abs(last[0] - price) > 1e-12:
+                self._db.execute("INSERT INTO prices VALUES (?, ?, ?)", (offering.key, t, price))
+
+    def price_series(self, offering: Offering) -> list[tuple[float, float]]:
+        return [(t, p) for t, p in self._rows(
+            "SELECT t, price FROM prices WHERE offering = ? ORDER BY t", (offering.key,))]
+
+    def price_at(self, offering: Offering, t: float) -> float | None:
+        """The recorded price in force at ``t`` (the first one when ``t`` precedes it)."""
+        series = self.price_series(offering)
+        return Step.of(series).at(t) if series else None
+
+    def spend(self, now: float) -> float:
+        """Σ over instances of ∫ price dt (USD), open instances counted up to ``now``."""
+        total = 0.0
+        cache: dict[Offering, list[tuple[float, float]]] = {}
+        for row in self.instances():
+            series = cache.setdefault(row.offering, self.price_series(row.offering))
+            end = row.ended_at if row.ended_at is not None else now
+            if series:
+                total += Step.of(series).between(row.launched_at, end) / 3600.0
+        return total
+
+    def instance_seconds(self, now: float) -> float:
+        return sum(max(0.0, (r.ended_at if r.ended_at is not None else now) - r.launched_at)
+                   for r in self.instances())
+
+    # -- decisions, events, metrics ----------------------------------------------------------
+    def record_decision(self, t: float, targets: Mapping[Offering, int], reason: str) -> None:
+        self._write("INSERT INTO decisions VALUES (?, ?, ?)",
+                    (t, json.dumps({o.key: n for o, n in targets.items()}), reason))
+
+    def decisions(self, limit: int = 100) -> list[tuple[float, dict[str, int], str]]:
+        rows = self._rows("SELECT t, targets, reason FROM decisions"
+                          " ORDER BY t DESC, rowid DESC LIMIT ?", (limit,))
+        return [(t, json.loads(targets), reason) for t, targets, reason in reversed(rows)]
+
+    def record_event(self, t: float, kind: str, instance_id: str | None = None,
+                     offering: Offering | None = None, detail: str = "") -> None:
+        self._write("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                    (t, kind, instance_id, offering.key if offering else None, detail))
+
+    def events(self, limit: int | None = None, kinds: Sequence[str] | None = None) -> list[Event]:
+        sql = "SELECT t, kind, instance_id, offering, detail FROM events"
+        params: list[Any] = []
+        if kinds:
+            sql += f" WHERE kind IN ({','.join('?' * len(kinds))})"
+            params += list(kinds)
+        sql += " ORDER BY rowid DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [Event(*r) for r in reversed(self._rows(sql, params))]
+
+    def record_metrics(self, t: float, values: Iterable[tuple[str, str, float]]) -> None:
+        """Record (name, labels, value) samples at ``t`` in one transaction."""
+        self._writemany(("INSERT INTO metrics VALUES (?, ?, ?, ?)", (t, n, lab, float(v)))
+                        for n, lab, v in values)
+
+    def metric_series(self, name: str) -> list[tuple[float, str, float]]:
+        return [tuple(r) for r in self._rows(  # type: ignore[misc]
+            "SELECT t, labels, value FROM metrics WHERE name = ? ORDER BY t", (name,))]

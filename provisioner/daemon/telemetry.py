@@ -1,0 +1,76 @@
+"""Telemetry: metrics rows, Prometheus, the closed throughput loop, the ring's events.
+
+Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
+writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
+samples/s into the :class:`~provisioner.plan.throughput.ThroughputModel` the next plan
+reads (the closed loop), and copies the ring's membership events into the time line.
+
+Rule: the throughput model is replaced, never mutated (it is immutable); read it through
+:attr:`Telemetry.throughput`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Mapping
+
+from pricing.model import Offering
+from provisioner.daemon.ports import MetricsSink, RingCoordinator
+from provisioner.daemon.state import State, ring_kind
+from provisioner.daemon.status import Status
+from provisioner.plan.throughput import ThroughputModel
+
+
+class Telemetry:
+    def __init__(self, state: State, throughput: ThroughputModel, *,
+                 coordinator: RingCoordinator | None = None,
+                 metrics: MetricsSink | None = None) -> None:
+        self.state = state
+        self.throughput = throughput
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._ring_seen = 0
+
+    def record(self, st: Status) -> None:
+        """Fleet, cost, spend, samples/s and progress: to the state and Prometheus."""
+        t = st.now.timestamp()
+        rows: list[tuple[str, str, float]] = [("fleet", k, n) for k, n in st.fleet.items()]
+        rows += [("fleet_total", "", sum(st.fleet.values())),
+                 ("cost_per_hour", "", st.cost_per_hour), ("spend", "", st.spend)]
+        held = {Offering.from_key(k) for k in st.fleet}
+        rows += [("price", o.key, p) for o, p in ((Offering.from_key(k), v)
+                                                   for k, v in st.prices.items()) if o in held]
+        if st.samples_per_s is not None:
+            rows.append(("samples_per_s", "", st.samples_per_s))
+        for key in ("samples_done", "epoch", "accuracy", "steps_lost"):
+            v = st.progress.get(key)
+            if isinstance(v, (int, float)):
+                rows.append((key, "", float(v)))
+        self.state.record_metrics(t, rows)
+        if self.metrics is not None:
+            self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
+        self.observe(st.workers)
+        self.copy_ring_events(t)
+
+    def observe(self, workers: Mapping[str, float]) -> None:
+        """Measured samples/s per worker, averaged per instance type, into the model."""
+        by_type: dict[str, list[float]] = defaultdict(list)
+        offering = {r.id: r.offering for r in self.state.live_instances()}
+        for name, sps in workers.items():
+            if name in offering and sps > 0:
+                by_type[offering[name].instance_type].append(sps)
+        with self._lock:
+            for itype, values in sorted(by_type.items()):
+                self.throughput = self.throughput.observe(itype, sum(values) / len(values))
+
+    def copy_ring_events(self, t: float) -> None:
+        """Membership events of the ring (joins, drains, losses) into the time line."""
+        if self.coordinator is None:
+            return
+        events = self.coordinator.events()
+        for e in events[self._ring_seen:]:
+            self.state.record_event(t, ring_kind(e.get("kind")), e.get("name") or None,
+                                    detail=str(e.get("detail", "")))
+        self._ring_seen = len(events)

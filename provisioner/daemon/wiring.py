@@ -1,0 +1,111 @@
+"""The composition root: every part of a daemon is built and wired here, and only here.
+
+Design: Karpenter's ``NewControllers``: :func:`build_daemon` takes the edges (settings, a
+cloud driver, a price feed, the state, a clock, the ring's coordinator, a metrics sink) and
+wires the market view, the planner, the write-ahead actuator, the telemetry and the
+scheduler. :func:`make_coordinator` is the one place the trainer's coordinator is
+constructed, and :func:`cloud_parts` the one place a cloud daemon's driver and source are
+made from settings (the local run's are in :mod:`provisioner.daemon.local`).
+
+Rule: the daemon's parts never build each other; a change of a constructor (the trainer's
+coordinator's, a driver's) is made here.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Callable, Mapping
+
+from provisioner.config import Settings
+from provisioner.daemon.actuator import WriteAheadActuator
+from provisioner.daemon.market import Market
+from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
+from provisioner.daemon.scheduler import Daemon, intervals_from
+from provisioner.daemon.state import State
+from provisioner.daemon.telemetry import Telemetry
+from provisioner.drivers import DRIVERS
+from provisioner.drivers.base import CloudDriver
+from provisioner.errors import ConfigError, DriverError, UserError
+from provisioner.plan.pipeline import Planner, plan_settings
+from provisioner.plan.throughput import ThroughputModel
+from provisioner.timing import Intervals
+
+
+def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, state: State, *,
+                 now: Callable[[], datetime], speed: float = 1.0,
+                 intervals: Intervals | None = None,
+                 coordinator: RingCoordinator | None = None,
+                 throughput: ThroughputModel | None = None,
+                 metrics: MetricsSink | None = None,
+                 launch_env: Mapping[str, str] | None = None) -> Daemon:
+    """A :class:`Daemon` of ``settings.job`` over these edges (nothing started yet)."""
+    iv = intervals or intervals_from(settings)
+    stopping = threading.Event()
+
+    def clock() -> float:
+        return now().timestamp()
+
+    job = settings.job
+    model = throughput or ThroughputModel(priors=job.throughput_priors,
+                                          unit=job.samples_per_s_per_unit)
+    market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours))
+    actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
+                                  metrics=metrics, launch_env=launch_env, stopping=stopping)
+    telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)
+    return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
+                  market=market, planner=Planner(plan_settings(settings)), actuator=actuator,
+                  telemetry=telemetry, coordinator=coordinator, stopping=stopping)
+
+
+def make_coordinator(host: str, port: int, token: bytes, **options: float) -> RingCoordinator:
+    """The trainer's coordinator, started (the only place it is constructed). Raises
+    UserError naming ``daemon.coordinator_port`` when it cannot listen."""
+    from trainer.coordinator import Coordinator
+
+    coord = Coordinator(host, port, token, **options)
+    try:
+        coord.start()
+    except (RuntimeError, OSError) as exc:
+        raise UserError(f"daemon.coordinator_port {port}: cannot listen on {host} "
+                        f"({str(exc).splitlines()[0][:120]}); pick a free port or 0") from None
+    return coord
+
+
+def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriver, PriceFeed]:
+    """The driver and price source of a cloud daemon (``[cloud] driver = "aws"|"gcp"``).
+    Raises ConfigError naming the section when either cannot be built."""
+    from pricing.errors import CredentialsError as PricingCredentialsError
+    from pricing.errors import PricingError
+    from pricing.sources import make_source
+
+    try:  # a driver that cannot be built from its section is a configuration error
+        driver = DRIVERS[settings.cloud.driver](settings)
+    except DriverError as exc:
+        raise ConfigError(f"[{settings.cloud.driver}]: {exc}") from None
+    endpoint = settings.aws.endpoint_url if settings.cloud.driver == "aws" else None
+    src = settings.source
+    try:
+        source = make_source(src.kind, trace=traces or ([src.trace, *src.traces]
+                                                        if src.trace else None),
+                             regions=src.regions or None, endpoint_url=endpoint)
+    except PricingCredentialsError:
+        raise
+    except PricingError as exc:
+        raise ConfigError(f"[source] kind = {src.kind!r}: {exc}") from None
+    return driver, source
+
+
+def ring_token(settings: Settings) -> bytes | None:
+    """The ring's token from ``daemon.token_path`` (None when unset: no coordinator)."""
+    path = settings.daemon.token_path
+    if not path:
+        return None
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"daemon.token_path = {path!r}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"daemon.token_path = {path!r}: the file is empty")
+    return token

@@ -1,0 +1,151 @@
+"""Pacing a job with known work: its progress line, banking ahead of it, work per dollar.
+
+Design: pure helpers of :mod:`provisioner.plan.pipeline` (no I/O, no clock: every time is an
+argument). A job with ``work`` samples and a deadline (the user's, or its own pace) keeps
+Uniform Progress' line (Can't-Be-Late, Wu et al., NSDI'24): ``done >= work x elapsed /
+line``. Behind the line every offering may help catch up; ahead of it the work due is done
+and waiting is free, so only hardware within a tolerance of the cheapest per sample is
+bought (:func:`good_offerings`, :func:`ahead_offerings`). While the cheapest hardware is
+free and dearer spot is what an outage would leave, the job banks progress with it, as far
+ahead as :class:`OutageLog` learned its outages last. Among fleets that keep pace, the one
+with the most useful work per dollar is taken (:func:`per_sample_fleet`).
+
+:func:`pace` is the rate and the on-demand floor (Uniform Progress' safety net).
+
+Rule: callers pass candidates already built for this decision; nothing here solves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from pricing.model import Offering
+from provisioner.plan.model import Candidate, ring_efficiency
+
+
+@dataclass
+class OutageLog:
+    """The outages of the cheapest hardware per sample, as a policy sees them.
+
+    An outage starts at a failure of that hardware (a revocation or a launch that found no
+    capacity) while none of it is held, and ends at the next decision that holds some again.
+    Only what was observable by then is used: the online counterpart of a fixed knob.
+    Mutable memory of a :class:`~provisioner.plan.pipeline.Planner` (its only state).
+    """
+
+    since: float | None = None
+    back: float = float("-inf")  # when the last outage ended: older failures are its own
+    lengths: list[float] = field(default_factory=list)
+
+    def observe(self, t: float, held: bool, last_failure: float | None) -> None:
+        """One decision at ``t``: whether the hardware is held, and its newest failure."""
+        if held:
+            if self.since is not None:
+                self.lengths.append(t - self.since)
+                self.since, self.back = None, t
+        elif self.since is None and last_failure is not None and last_failure > self.back:
+            self.since = last_failure
+
+    def bank_s(self, t: float) -> float:
+        """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
+        outages seen (the one still running counted at its length so far): the expected
+        length of the outage that a moment spent out of the hardware belongs to, which is
+        what a bank spent waiting has to cover. 0 before any outage is seen."""
+        ds = self.lengths + ([t - self.since] if self.since is not None else [])
+        total = sum(ds)
+        return sum(d * d for d in ds) / total if total > 0 else 0.0
+
+
+def due(work: float, elapsed_s: float, line_s: float, lead_s: float = 0.0) -> float:
+    """Samples due ``lead_s`` from now on the progress line that reaches ``work`` at
+    ``line_s`` after the start (Uniform Progress' line)."""
+    return work * min(1.0, (max(elapsed_s, 0.0) + lead_s) / line_s)
+
+
+def ahead_offerings(good: set[Offering], held: Mapping[Offering, int], work: float,
+                    done: float, elapsed_s: float, line_s: float,
+                    lead_s: float) -> set[Offering] | None:
+    """``good`` (the offerings worth buying while ahead of the progress line, from
+    :func:`good_offerings`) when ahead, else None (behind).
+
+    Ahead: done >= work x elapsed / ``line_s`` (the line to the deadline less the safety
+    margin; for the job's own pace, to its own deadline). Then the work due now is done, and
+    waiting for the cheapest capacity per sample costs nothing: on aws-10-26-2022 p2.xlarge
+    ($0.94 per 1M samples) kept the pace while p3.2xlarge ($0.64) was out, and its boots and
+    premium were a third of spotring's excess over hindsight. Behind the line, every
+    offering may help catch up."""
+    if not good or line_s <= 0:
+        return None
+    # hysteresis: a fleet holding worse offerings (bought while behind) lets them go only
+    # once ``lead_s`` ahead of the line, else they would go and be booted again every tick
+    lead = lead_s if any(n > 0 and o not in good for o, n in held.items()) else 0.0
+    if done < due(work, elapsed_s, line_s, lead):
+        return None
+    return good
+
+
+def good_offerings(cands: Iterable[Candidate], tolerance: float) -> set[Offering]:
+    """Offerings whose cost per sample (at full speed) is within ``tolerance`` of the best
+    priced one (held, free or out of capacity alike). Full speed, not the hazard-discounted
+    one: this sorts out dearer hardware; the optimiser weighs each zone's revocations."""
+    per = {c.offering: c.price_per_hour / c.samples_per_s for c in cands
+           if c.samples_per_s > 0 and c.price_per_hour > 0}
+    if not per:
+        return set()
+    best = min(per.values())
+    return {o for o, x in per.items() if x <= tolerance * best}
+
+
+def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, model_mb: float,
+                     global_batch: int, gbps: float) -> tuple[float, str] | None:
+    """(rate, region) of the fleet of one offering with the lowest cost per useful sample
+    that keeps ``target`` (its smallest such ring: ring efficiency only falls with size), or
+    None when no single offering can. The optimiser then prices that rate with every
+    constraint (zone share, churn, mixes)."""
+    best: tuple[float, float, str] | None = None
+    for c in cands:
+        s = c.useful
+        if s <= 0 or c.price_per_hour <= 0:
+            continue
+        most = max_size if c.max_count is None else min(max_size, c.max_count)
+        for n in range(1, most + 1):
+            rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
+            if rate >= target:
+                per_sample = n * c.price_per_hour / rate
+                if best is None or per_sample < best[0]:
+                    best = (per_sample, rate, c.offering.region)
+                break
+    return None if best is None else (best[1], best[2])
+
+
+def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
+                   safety_hours: float) -> float:
+    """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
+
+    slack = hours left - hours the largest on-demand fleet (``od_rate``) would need; the
+    floor is ``rate * (1 - slack / safety_hours)`` clipped to [0, rate] (all on-demand when
+    the slack is gone; none while it exceeds ``safety_hours``).
+    """
+    if work_left <= 0:
+        return 0.0
+    if od_rate <= 0:
+        return 0.0
+    slack = hours_left - work_left / (od_rate * 3600.0)
+    if safety_hours <= 0:
+        return rate if slack <= 0 else 0.0
+    return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
+
+
+def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float, *,
+         hard: bool, safety_hours: float) -> tuple[float, float, float]:
+    """(target samples/s, on-demand floor samples/s, safety margin hours) of a paced job.
+
+    A user's deadline is hard: Uniform Progress' on-demand safety margin is kept as time
+    (``safety_hours``, at most a quarter of the deadline for short jobs): the pace aims at
+    the deadline less the margin, so a run on pace never eats into it (pacing to the
+    deadline itself made the margin buy on-demand in the last hours of every run), and the
+    floor phases on-demand in as the slack falls. The job's own pace is soft: no margin."""
+    safety = min(safety_hours, 0.25 * deadline_h) if hard else 0.0
+    target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
+    return target, deadline_floor(target, work_left, hours_left, od_rate, safety), safety

@@ -1,0 +1,186 @@
+"""End to end over HTTP: the daemon (its apscheduler jobs running) on the real GCP driver
+against the local Compute Engine fake (tests/fakes/gcp_world.py). It launches a SPOT fleet
+labelled with the job; a preemption (the ``compute.instances.preempted`` operation the driver
+watches) closes the instance and a replacement is launched in another zone within 5 s (notice
+period shortened to 0.3 s); a stocked-out zone gives CapacityError, the daemon records
+'no-capacity' and launches elsewhere in the same round, without flapping after; a failed or
+slow insert leaves no VM the state does not hold; a restart adopts the fleet and deletes a
+stray; ``stop("terminate")`` leaves nothing."""
+
+from __future__ import annotations
+
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from pricing.model import Offering  # noqa: E402
+from tests.fakes.gcp_world import L4_TYPE, V100_TYPE, ZONES, GcpWorld, build_daemon  # noqa: E402
+from tests.fakes.ring import FakeRing as FakeCoordinator  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: offering instance type -> the VM's machine type and guest accelerator (name, count)
+EXPECTED_VM = {V100_TYPE: ("n1-standard-8", "nvidia-tesla-v100", 1),
+               L4_TYPE: ("g2-standard-8", None, 0)}
+
+
+@pytest.fixture(scope="module")
+def world():
+    with GcpWorld() as w:
+        yield w
+
+
+
+
+def assert_cloud_matches_state(world, job, d):
+    """The fake holds exactly the state's live instances, each a SPOT VM of its offering."""
+    rows = {r.id: r for r in d.state.live_instances()}
+    cloud = world.instances(job)
+    assert set(cloud) == set(rows)
+    for iid, vm in cloud.items():
+        off = rows[iid].offering
+        assert off.zone == iid.split("/")[0] == vm["zone"].rsplit("/", 1)[-1]
+        sched = vm["scheduling"]
+        assert sched["provisioningModel"] == "SPOT"
+        assert sched["instanceTerminationAction"] == "DELETE"
+        assert vm["labels"]["spotring-job"] == job
+        meta = {i["key"]: i["value"] for i in vm["metadata"]["items"]}
+        assert meta["spotring-offering"] == off.key
+        machine, gpu, count = EXPECTED_VM[off.instance_type]
+        assert vm["machineType"] == f"zones/{off.zone}/machineTypes/{machine}"
+        if gpu is not None:  # N1 + guest accelerator: the GPU the offering names
+            assert vm["guestAccelerators"] == [{
+                "acceleratorType": f"zones/{off.zone}/acceleratorTypes/{gpu}",
+                "acceleratorCount": count}]
+        else:  # the GPU comes with the machine type
+            assert "guestAccelerators" not in vm
+    return rows
+
+
+def test_fleet_preemption_replacement_and_terminate(world, tmp_path):
+    job = "e2e-gcp-preempt"
+    coord = FakeCoordinator()
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite", coordinator=coord)
+    d.start()
+    try:
+        live = assert_cloud_matches_state(world, job, d)
+        assert len(live) == 3
+        assert any(r.offering.instance_type == V100_TYPE for r in live.values()), \
+            "the plan holds no N1+GPU type: the guestAccelerators check proved nothing"
+        coord.speeds = {i: 400.0 for i in live}
+        victim = sorted(live)[0]
+        revoked_zone = live[victim].offering.zone
+
+        world.preempt(victim)
+        replaced = wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}
+                            and len(d.state.live_instances()) == 3, timeout_s=5.0)
+        assert replaced, "the preempted VM was not closed and replaced within 5 s"
+        rows = assert_cloud_matches_state(world, job, d)
+        new = [r for r in rows.values() if r.id not in live]
+        assert len(new) == 1 and new[0].offering.zone != revoked_zone
+        killed = d.state.events(kinds=["killed"])
+        assert [(e.instance_id, e.detail) for e in killed] == [(victim, "gcp-operations")]
+        assert d.notice_to_launch_s, "the replacement did not come from the notice"
+        closed = {r.id: r for r in d.state.instances()}[victim]
+        assert closed.ended_at is not None
+    finally:
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
+
+
+def test_stockout_fails_over_and_records_no_capacity(world, tmp_path):
+    job = "e2e-gcp-stockout"
+    cheapest = ZONES[0]  # the plan's first choice (see gcp_world.market)
+    world.stockout(cheapest)
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite")
+    try:
+        d.start()  # plan_s is 600: the failover happens within the start round itself
+        refused = d.state.events(kinds=["no-capacity"])
+        assert refused and all(Offering.from_key(e.offering).zone == cheapest for e in refused)
+        assert "ZONE_RESOURCE_POOL_EXHAUSTED" in refused[0].detail
+        rows = assert_cloud_matches_state(world, job, d)
+        assert len(rows) == 3, "the fleet did not fail over to the other zones"
+        assert all(r.offering.zone != cheapest for r in rows.values())
+        assert "capacity failover" in d.state.decisions()[-1][2]
+        for _ in range(3):  # later rounds keep the fleet where it is: no drain-and-relaunch
+            d.plan_and_reconcile("test")
+        assert {r.id for r in d.state.live_instances()} == set(rows)
+        assert not d.state.events(kinds=["drain"]) and len(d.state.instances()) == 3
+        assert not [k for k in d.state.decisions()[-1][1] if f"/{cheapest}/" in k]
+    finally:
+        world.stockout(cheapest, on=False)
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
+
+
+def test_failed_or_slow_inserts_leave_no_untracked_vm(world, tmp_path, monkeypatch):
+    """A launch of two VMs whose second insert fails, and an insert still running when the
+    driver stops waiting: every VM in the cloud is one the state holds (none paid for
+    untracked until a restart), and the fleet fills up."""
+    import provisioner.drivers.gcp as gcp
+
+    job = "e2e-gcp-partial"
+    monkeypatch.setattr(gcp, "OPERATION_TIMEOUT_S", 0.5)
+    # The plan's first launch is two VMs in zone -a: the first goes in, the second gets a 500.
+    world.fake.fail_next(500, method="POST", path_contains=f"/zones/{ZONES[0]}/instances",
+                         after=1, message="backend broke")
+    world.fake.slow_inserts(ZONES[1])  # zone -b's insert is still running after 0.5 s
+    d = build_daemon(world, world.settings(job, notice_poll_s=0.3, plan_s=600.0),
+                     tmp_path / "state.sqlite")
+    try:
+        d.start()
+        errors = d.state.events(kinds=["launch-error"])
+        assert [e.detail for e in errors if "backend broke" in e.detail], errors
+        rows = assert_cloud_matches_state(world, job, d)
+        assert {r.offering.zone for r in rows.values()} == {ZONES[0], ZONES[1]}
+        assert {vm["status"] for vm in world.instances(job).values()} == {"RUNNING",
+                                                                          "PROVISIONING"}
+        world.fake.slow_inserts(ZONES[1], on=False)
+        d.plan_and_reconcile("test")  # the VM the 500 refused is launched again
+        assert len(assert_cloud_matches_state(world, job, d)) == 3
+    finally:
+        world.fake.slow_inserts(ZONES[1], on=False)
+        d.stop("terminate")
+    assert world.instances(job) == {}
+    assert not d.errors
+
+
+def test_restart_adopts_the_fleet_and_deletes_a_stray(world, tmp_path):
+    """A new daemon on the same state finds its VMs by label and token and keeps them; a VM
+    labelled with the job that no known launch made is deleted."""
+    from provisioner.drivers.base import LaunchRequest
+    from tests.fakes.gcp_world import market
+
+    job = "e2e-gcp-restart"
+    settings = world.settings(job)
+    d = build_daemon(world, settings, tmp_path / "state.sqlite")
+    d.recover(); d.poll_prices(); d.plan_and_reconcile("start")
+    fleet = {r.id for r in d.state.live_instances()}
+    assert len(fleet) == 3
+    d.state.close()
+    stray = world.driver(settings).launch(LaunchRequest(
+        market().quotes[0].offering, 1, job, "unknown-token")).instances[0].id
+    d2 = build_daemon(world, settings, tmp_path / "state.sqlite")
+    d2.recover()
+    assert {r.id for r in d2.state.live_instances()} == fleet
+    assert set(world.instances(job)) == fleet and stray not in fleet
+    d2.stop("terminate")
+    assert world.instances(job) == {}
+
+
+def test_unreachable_api_is_a_driver_error(world):
+    """No answer at the endpoint (connection refused) is a DriverError naming the setting, not
+    a raw requests exception escaping the driver's error edge."""
+    from provisioner.config import parse_settings
+    from provisioner.errors import DriverError
+
+    settings = parse_settings({"cloud": {"driver": "gcp"}, "gcp": {
+        "project": "spotring-e2e", "api_endpoint": "http://127.0.0.1:9"}})
+    with pytest.raises(DriverError, match=r"cannot reach the Compute API.*api_endpoint"):
+        world.driver(settings).list("e2e-gcp-unreachable")

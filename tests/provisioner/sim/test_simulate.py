@@ -1,0 +1,411 @@
+"""The simulator on tiny traces whose outcome is worked out by hand, per policy."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from pricing.model import Availability, Offering, PriceQuote, Snapshot
+from provisioner.errors import UserError
+from provisioner.sim.policies import Params
+from provisioner.sim.engine import simulate_policy
+from provisioner.sim.hindsight import hindsight
+from provisioner.sim.world import build_world
+from provisioner.plan.throughput import ThroughputModel
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+A = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
+B = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "spot")
+SPEED = ThroughputModel(priors={"p3.2xlarge": 100.0})  # 100 samples/s per instance
+
+
+def at(hours: float) -> datetime:
+    return T0 + timedelta(hours=hours)
+
+
+def params(**kw) -> Params:
+    base = dict(itype="p3.2xlarge", size=1, boot_s=0, restart_s=0, checkpoint_s=1800,
+                step_s=1, reform_s=0, model_mb=0, max_size=4, max_zone_share=1.0,
+                backoff_s=60, avoid_s=600)
+    base.update(kw)
+    return Params(**base)
+
+
+def two_zone_world(a_gone: tuple[float, float] | None, end_h: float = 10.0):
+    """Zone a at $1/h, zone b at $1.5/h, on-demand $4/h; a unavailable during a_gone."""
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(B, at(0), 1.5, 4.0))
+    av = [Availability(A, at(0), 100), Availability(B, at(0), 100), Availability(B, at(end_h), 100)]
+    if a_gone:
+        av += [Availability(A, at(a_gone[0]), 0), Availability(A, at(a_gone[1]), 100)]
+    av.append(Availability(A, at(end_h), 100))
+    return build_world(Snapshot(quotes=quotes, availability=tuple(sorted(av, key=lambda a: a.time))),
+                       SPEED, max_size=4)
+
+
+def test_cost_is_instance_seconds_times_the_price_at_that_time():
+    # Spot $1/h for the first hour, $2/h after; 2 instances x 100/s; work 1.08M samples = 1.5 h.
+    # static-spot: 2 x (1 h x $1 + 0.5 h x $2) = $4.00. on-demand: 2 x 1.5 h x $4 = $12.00.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(A, at(1), 2.0, 4.0))
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    p = params(size=2)
+    spot = simulate_policy(world, "static-spot", p, work=1.08e6)
+    assert spot.completion_h == pytest.approx(1.5)
+    assert spot.cost == pytest.approx(4.0, abs=1e-9)
+    od = simulate_policy(world, "on-demand", p, work=1.08e6)
+    assert od.cost == pytest.approx(12.0, abs=1e-9) and od.revocations == 0
+    assert od.cost_per_m == pytest.approx(12.0 / 1.08)
+
+
+def test_cheapest_first_restarts_from_checkpoint_in_the_next_zone_after_backoff():
+    # a ($1) runs 0..0.75 h and is revoked; last checkpoint at 0.5 h -> 180,000 kept, 90,000
+    # lost. Back-off 60 s, relaunch in b ($1.5) at 2,760 s; 540,000 left at 100/s = 5,400 s
+    # -> done at 8,160 s = 2.2667 h. Cost: 0.75 h x $1 + 1.5 h x $1.5 = $3.00.
+    world = two_zone_world((0.75, 9.0))
+    r = simulate_policy(world, "cheapest-first", params(), work=720_000)
+    assert r.revocations == 1 and r.work_lost == pytest.approx(90_000)
+    assert r.completion_h == pytest.approx(8160 / 3600)
+    assert r.cost == pytest.approx(3.0, abs=1e-9)
+
+
+def test_spotring_loses_at_most_one_step_on_a_revocation():
+    # Same trace: spotring paces the work to finish by its own deadline, work / the nominal
+    # 100/s = 7,200 s. It holds a (two instances for the first 10 minutes: one instance's
+    # hazard-discounted rate is a hair below the pace, then one), loses one 1-s step of
+    # 100/s at 0.75 h, re-plans at once away from a (avoided) and finishes in b by 7,200 s,
+    # before cheapest-first's 8,160 s; its only loss is that one step. (No banking ahead of
+    # the line, bank_hours 0: that is tested on its own below.)
+    world = two_zone_world((0.75, 9.0))
+    r = simulate_policy(world, "spotring", params(bank_hours=0.0), work=720_000)
+    assert r.revocations == 1 and r.work_lost == pytest.approx(100)
+    assert r.completion_h <= 7200 / 3600 + 1e-9
+    # cost = every sample paid at its zone's price per sample (no boot): a ran 2 x 600 s +
+    # 1 x 2,100 s = 330,000 samples ($1 per 360,000, the lost step included), b the other
+    # 720,000 - 329,900 = 390,100 ($1.5 per 360,000)
+    assert r.cost == pytest.approx((330_000 * 1.0 + 390_100 * 1.5) / 360_000, rel=1e-9)
+
+
+def test_static_spot_waits_in_its_zone():
+    # static-spot stays in a: revoked at 0.75 h (checkpoint 0.5 h: 180,000 kept), a is back at
+    # 1.5 h; 540,000 left -> done at 1.5 h + 5,400 s = 3.0 h; it pays only while it holds.
+    world = two_zone_world((0.75, 1.5))
+    r = simulate_policy(world, "static-spot", params(), work=720_000)
+    assert r.completion_h == pytest.approx(3.0)
+    assert r.cost == pytest.approx(0.75 * 1.0 + 1.5 * 1.0, abs=1e-9)
+
+
+def test_uniform_progress_uses_on_demand_when_behind_and_meets_the_deadline():
+    # Only zone a's spot, unavailable 1 h..3 h; deadline 3 h; work 2 instance-hours.
+    # At 1 h: 360,000 done (checkpoint at 1 h), ahead of the line (240,000): wait. At the
+    # 5,400 s tick it is exactly on the line: it tries spot, which fails; 60 s later it is
+    # behind (line 364,000) -> on-demand ($4/h) from 5,460 s for 3,600 s: done at 9,060 s.
+    # Cost 1 h x $1 + 1 h x $4 = $5.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(1), 0), Availability(A, at(3), 100),
+          Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    r = simulate_policy(world, "uniform-progress", params(), work=720_000, deadline_h=3.0)
+    assert r.deadline_met and r.completion_h == pytest.approx(9060 / 3600)
+    assert r.cost == pytest.approx(5.0, abs=1e-9)
+    ours = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=3.0)
+    assert ours.deadline_met
+
+
+def assert_bounds_every_policy(world, p, work: float) -> None:
+    """Every online policy costs at least the bound for the work it did over the time it
+    took (the bound is a lower bound on any schedule of that work in that time; a run that
+    did not finish is held to the work it did by the end of the trace): checked for each
+    policy, never skipped."""
+    trace_h = (world.end - world.start) / 3600
+    for name in ("spotring", "cheapest-first", "static-spot", "on-demand"):
+        r = simulate_policy(world, name, p, work=work)
+        assert r.done > 0, name
+        horizon = r.completion_h if r.completion_h is not None else trace_h
+        bound = hindsight(world, p, work=r.done, horizon_h=horizon)
+        assert bound.status == "optimal", (name, bound.status)
+        assert r.cost >= bound.cost - 1e-9, (name, r.cost, bound.cost)
+
+
+def test_hindsight_is_a_lower_bound_worked_out_by_hand():
+    # max_size 1: a at $1 is available 0..1 h, b at $1.5 always: the cheapest 2 instance-hours
+    # within 3 h are 1 h of a and 1 h of b: $2.50; no online policy can pay less.
+    world = two_zone_world((1.0, 9.0))
+    p = params(max_size=1)
+    bound = hindsight(world, p, work=720_000, horizon_h=3.0)
+    assert bound.cost == pytest.approx(2.5, abs=1e-6) and bound.status == "optimal"
+    assert_bounds_every_policy(world, p, 720_000)
+
+
+def test_implausible_prices_are_dropped_and_reported_with_their_source():
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0, source="t.csv:2"),
+              PriceQuote(A, at(1), -3.0, 4.0, source="t.csv:3"),
+              PriceQuote(A, at(2), 9.0, 4.0, source="t.csv:4"),
+              PriceQuote(A, at(3), math.nan, 4.0, source="t.csv:5"))
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    text = "\n".join(world.notes)
+    assert "t.csv:3" in text and "t.csv:4: spot 9.0000 above on-demand" in text and "t.csv:5" in text
+    assert world.price[A].at(ts := at(5).timestamp()) == 1.0 and ts
+
+
+def test_availability_without_any_price_is_refused_with_the_fix():
+    av = (Availability(A, at(0), 1), Availability(A, at(5), 1))
+    with pytest.raises(UserError, match="no spot price for p3.2xlarge"):
+        build_world(Snapshot(availability=av), SPEED, max_size=4)
+
+
+def test_availability_is_combined_with_a_price_series_of_the_same_type_and_says_so():
+    other = Offering("aws", "us-east-1", "use1-az2", "p3.2xlarge", "spot")
+    quotes = (PriceQuote(other, at(-100), 0.9, None, source="events.csv:2"),)
+    av = (Availability(A, at(0), 1, capacity=1), Availability(A, at(5), 0, capacity=1))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    assert world.price[A].at(at(1).timestamp()) == 0.9
+    assert world.available(A, at(1).timestamp()) == 4  # a 1-node trace's 1 = capacity up to max
+    assert any("combined with the spot prices of aws/us-east-1/use1-az2" in n for n in world.notes)
+
+
+def test_hindsight_charges_the_ring_of_the_fleet_it_runs():
+    # One zone at $1/h, 100 samples/s per instance; a 12.5 MB gradient on 10 Gb/s and a
+    # global batch of 20 make a ring of 2 deliver 200 / 1.1 = 181.8/s (t_comm = 0.01 s). 360,000
+    # samples within 0.6 h: one instance all the time (216,000) and a second for the rest at
+    # its marginal 81.8/s: 144,000 / (81.8 x 3,600) = 0.4889 h. Cost 0.6 + 0.4889 = $1.0889.
+    world = two_zone_world(None)
+    p = params(model_mb=12.5, global_batch=20, max_size=2, size=2)
+    bound = hindsight(world, p, work=360_000, horizon_h=0.6)
+    second = 144_000 / (3600 * (200 / 1.1 - 100))
+    assert bound.status == "optimal"
+    assert bound.cost == pytest.approx(0.6 + second, rel=1e-6)
+    # a real ring of 2 pays for both instances all the way: $1.10 for 0.55 h
+    r = simulate_policy(world, "static-spot", p, work=360_000)
+    assert r.completion_h == pytest.approx(0.55) and r.cost == pytest.approx(1.1)
+    assert r.cost >= bound.cost
+
+
+def test_hindsight_uses_capacity_present_for_part_of_a_decision_period():
+    # a ($1) is there for the first 15 minutes only, b costs $1.5; one instance at a time.
+    # Half an instance-hour of work: 0.25 h of a + 0.25 h of b = $0.625, which an online
+    # schedule reaches (a, then b), so the bound must use a for 900 s, not round it away
+    # with 600 s slots (which gave $0.667, above what a real schedule pays).
+    world = two_zone_world((0.25, 9.0))
+    p = params(max_size=1)
+    bound = hindsight(world, p, work=180_000, horizon_h=1.0)
+    assert bound.cost == pytest.approx(0.625, rel=1e-6)
+    assert_bounds_every_policy(world, p, 180_000)
+
+
+BIG = Offering("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "spot")
+
+
+def _small_and_big_world(big_price: float, big_count: int, big_speed: float):
+    """p3.2xlarge spot in A ($1/h, 100/s, 100 available) beside p3.8xlarge spot in BIG
+    (``big_price`` $/h, ``big_speed`` samples/s, ``big_count`` available), 10 h, max 16."""
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(BIG, at(0), big_price, 20.0))
+    av = (Availability(A, at(0), 100), Availability(BIG, at(0), big_count),
+          Availability(A, at(10), 100), Availability(BIG, at(10), big_count))
+    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p3.8xlarge": big_speed})
+    return build_world(Snapshot(quotes=quotes, availability=av), speed, max_size=16)
+
+
+def test_spotring_takes_the_fleet_cheapest_per_sample_not_per_hour():
+    # p3.2xlarge spot $1/h at 100/s ($2.78 per 1M), p3.8xlarge spot $12/h at 3,000/s ($1.11 per
+    # 1M). The job's pace (1 x 100/s) is kept most cheaply per hour by one small instance,
+    # and 2x or 4x the pace by 2 or 4 of them; per sample the big one is 2.5x cheaper.
+    # Without a deadline spotring runs the big one: 1.08e6 samples in 360 s for $1.20.
+    world = _small_and_big_world(big_price=12.0, big_count=100, big_speed=3000.0)
+    r = simulate_policy(world, "spotring", params(max_size=16), work=1.08e6)
+    assert r.completion_h == pytest.approx(360 / 3600)
+    assert r.cost == pytest.approx(1.2, rel=1e-6)
+
+
+def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_margin():
+    # One zone at $1/h (on-demand $4/h), gone from 0.25 h to 1.5 h; 720,000 samples at the
+    # job's pace of 100/s set its own deadline, 2 h. Done by 0.25 h: 2 x 600 s + 1 x 300 s at
+    # 100/s less the step lost = 149,900. At 1.5 h, 570,100 left in 0.5 h needs 317/s: 4
+    # spot instances; at 1.667 h (389,900 done) 275/s: 3, done at 1.667 h + 1,100 s = 1.972 h.
+    # Spot alone still makes the pace, so no on-demand: every sample paid at spot's $1 per
+    # 360,000 (the lost step too): $2.0003. With the same 2 h as the user's (hard)
+    # deadline, the safety margin (a quarter of it, 0.5 h) buys on-demand during the outage.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(0.25), 0), Availability(A, at(1.5), 100),
+          Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    soft = simulate_policy(world, "spotring", params(), work=720_000)
+    assert soft.completion_h == pytest.approx(5400 / 3600 + 600 / 3600 + 330_100 / 300 / 3600)
+    assert soft.cost == pytest.approx(720_100 / 360_000, rel=1e-9)
+    hard = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
+    assert hard.deadline_met and hard.cost > soft.cost + 0.5
+
+
+def test_spotring_on_pace_for_a_hard_deadline_buys_no_on_demand():
+    # Spot $1/h always there, on-demand $4/h; 720,000 samples at 100/s per instance with a
+    # 2 h deadline: the safety margin (a quarter of it, 0.5 h) is kept as time, so the pace
+    # aims at 1.5 h and a run on that pace never falls inside the margin: every sample on
+    # spot, $1 per 360,000 = $2.00. (Pacing to 2 h itself put the last ~40 minutes inside
+    # the margin: on-demand bought with nothing late.)
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    r = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
+    assert r.deadline_met and r.completion_h <= 1.5 + 1e-9
+    assert r.cost == pytest.approx(2.0, rel=1e-9)
+
+
+def _late_view(failed: dict) -> "View":
+    # 360,000 samples at the job's pace of 100/s set its own deadline at 1 h; at 0.9 h
+    # nothing is done: 360,000 left in 0.1 h. Even 4 on-demand instances (400/s) need 0.25 h,
+    # so the job's own deadline is lost whatever is bought.
+    from provisioner.sim.policies import View
+    od = A.with_market("on-demand")
+    return View(t=3240.0, start=0.0, work=360_000, done=0.0, deadline_s=None,
+                prices={A: 1.0, od: 4.0}, held={}, failed=failed,
+                speed={"p3.2xlarge": 100.0}, running=False)
+
+
+def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
+    # Spot zone A has not failed lately: spot runs the same instances as fast for a quarter
+    # of the price, so the fastest fleet, 4 spot in A (max_size), not on-demand. (It bought
+    # 3 on-demand: the all-or-nothing soft floor at slack 0, at a quarter of a target that
+    # no fleet reaches.)
+    from provisioner.sim.policies import Spotring
+    d = Spotring(params()).decide(_late_view({}))
+    assert dict(d.target) == {A: 4}
+
+
+def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
+    # Same, but A failed a launch 240 s ago (within avoid_s, 600 s): spot cannot be had now,
+    # so on-demand covers the gap, the fastest fleet: 4 on-demand.
+    from provisioner.sim.policies import Spotring
+    d = Spotring(params()).decide(_late_view({A: 3000.0}))
+    assert dict(d.target) == {A.with_market("on-demand"): 4}
+
+
+def test_a_baseline_type_without_an_on_demand_price_is_refused_up_front_with_the_fix():
+    # Spot prices only (no on-demand in the quotes, no --on-demand): the on-demand baseline
+    # cannot run; say so before any policy runs, naming the flag and the type.
+    from provisioner.sim.report import run_all
+    quotes = (PriceQuote(A, at(0), 1.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    with pytest.raises(UserError, match=r"--on-demand p3\.2xlarge=USD_PER_HOUR"):
+        run_all(world, ["spotring", "on-demand", "hindsight"], params(), work=1000,
+                deadline_h=None)
+    r = run_all(world, ["spotring", "hindsight"], params(), work=360_000, deadline_h=None)
+    assert r["spotring"].cost == pytest.approx(1.0, rel=1e-3)  # 1 h of spot A at $1/h
+
+
+SMALL_B = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
+
+
+def _ahead_view(done: float, held: dict, t: float = 1800.0) -> "View":
+    # 360,000 samples at the job's pace (1 x 100/s) set its own deadline at 1 h; at 0.5 h the
+    # progress line is at 180,000. p3.2xlarge in A ($1/h, 100/s) failed a launch 100 s ago
+    # (so none can be had); p2.xlarge in the same zone does the same 100/s for $1.5/h: 1.5x
+    # the cost per sample (same hazard, same loss), beyond the 1.10 tolerance.
+    from provisioner.sim.policies import View
+    return View(t=t, start=0.0, work=360_000, done=done, deadline_s=None,
+                prices={A: 1.0, SMALL_B: 1.5}, held=held, failed={A: t - 100.0},
+                speed={"p3.2xlarge": 100.0, "p2.xlarge": 100.0}, running=True)
+
+
+def test_spotring_ahead_of_its_line_waits_for_the_cheapest_per_sample_instead_of_buying_dearer():
+    # 200,000 done at 0.5 h: ahead of the line (180,000), so the work due is done and waiting
+    # for A is free: nothing bought (p2.xlarge would cost 1.5x per sample). 150,000 done:
+    # behind; 210,000 left in 1,800 s needs 116.7/s: 2 p2.xlarge.
+    from provisioner.sim.policies import Spotring
+    assert dict(Spotring(params()).decide(_ahead_view(200_000, {})).target) == {}
+    assert dict(Spotring(params()).decide(_ahead_view(150_000, {})).target) == {SMALL_B: 2}
+
+
+def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line():
+    # Holding 1 p2.xlarge bought while behind: it goes only once the work is churn_horizon
+    # (0.1 h = 360 s) ahead of the line, 360,000 x 2,160 / 3,600 = 216,000 at 0.5 h, else it
+    # would be dropped at the line and booted again at the next tick. 200,000 done: kept
+    # (160,000 left in 1,800 s: 88.9/s, one); 220,000 done: dropped.
+    from provisioner.sim.policies import Spotring
+    p = params(churn_horizon_hours=0.1)
+    assert dict(Spotring(p).decide(_ahead_view(200_000, {SMALL_B: 1})).target) == {SMALL_B: 1}
+    assert dict(Spotring(p).decide(_ahead_view(220_000, {SMALL_B: 1})).target) == {}
+
+
+class _Swap:
+    """Holds 4 small instances, then asks every time for one big one (out of capacity)."""
+
+    name, mode = "swap", "hot"
+
+    def __init__(self, p) -> None:
+        pass
+
+    def decide(self, v):
+        from provisioner.sim.policies import Decision
+        return Decision({A: 4} if not v.held else {BIG: 1})
+
+
+def test_a_replacement_launch_without_capacity_keeps_every_instance_it_was_to_replace(monkeypatch):
+    # 4 x p3.2xlarge in A ($1/h, 100/s each) are held; from the first tick (600 s) the policy
+    # wants 1 p3.8xlarge (400/s) instead, in a zone with no capacity. Make before break: the
+    # missing launch was worth 400/s, so all 4 (400/s) stay: 1.44e6 samples at 400/s = 1 h,
+    # $4.00, 4 launches. (Keeping one per missing launch tore 3 down at every try.)
+    from provisioner.sim.policies import POLICIES
+    monkeypatch.setitem(POLICIES, "swap", _Swap)
+    world = _small_and_big_world(big_price=2.0, big_count=0, big_speed=400.0)
+    r = simulate_policy(world, "swap", params(max_size=16), work=1.44e6)
+    assert r.completion_h == pytest.approx(1.0)
+    assert r.cost == pytest.approx(4.0, rel=1e-9) and r.launches == 4
+
+
+def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_fallback():
+    # Same job, A free now (no failure), 200,000 done at 0.5 h: the pace needs 160,000 in
+    # 1,800 s = 88.9/s, one A. With p2.xlarge (1.5x per sample) what an outage of A would
+    # leave, spotring banks bank_hours (0.5 h) of its pace with A: due 360,000 x min(1,
+    # (1,800 + 1,800) / 3,600) = 360,000, 160,000 short, within the churn horizon (0.25 h =
+    # 900 s): 177.8/s, two A. With A the only hardware there is nothing to bank against: one.
+    from dataclasses import replace as dc_replace
+    from provisioner.sim.policies import Spotring
+    p = params(bank_hours=0.5, churn_horizon_hours=0.25)
+    v = dc_replace(_ahead_view(200_000, {}), failed={})
+    assert dict(Spotring(p).decide(v).target) == {A: 2}
+    only_a = dc_replace(v, prices={A: 1.0})
+    assert dict(Spotring(p).decide(only_a).target) == {A: 1}
+
+
+def test_spotring_learns_the_bank_from_the_outages_it_saw():
+    # bank_hours None (the default): the bank is learned. Before any outage of A is seen
+    # there is nothing to bank for: one A keeps the pace. After a 0.5 h outage the learned
+    # bank is 0.5 h (1,800^2 / 1,800 s) and the decision is the fixed 0.5 h one above: two A.
+    from dataclasses import replace as dc_replace
+    from provisioner.sim.policies import Spotring
+    p = params(churn_horizon_hours=0.25)
+    assert p.bank_hours is None
+    v = dc_replace(_ahead_view(200_000, {}), failed={})
+    assert dict(Spotring(p).decide(v).target) == {A: 1}
+    seen = Spotring(p)
+    seen.planner.outages.lengths.append(1800.0)
+    assert dict(seen.decide(v).target) == {A: 2}
+
+
+class _Ten:
+    """Wants 10 instances of A at once."""
+
+    name, mode = "ten", "hot"
+
+    def __init__(self, p) -> None:
+        pass
+
+    def decide(self, v):
+        from provisioner.sim.policies import Decision
+        return Decision({A: 10})
+
+
+def test_the_simulator_keeps_the_daemons_churn_limits(monkeypatch):
+    # The daemon launches at most max_launches (4) a round and plans again a plan period
+    # (30 s) later; the simulator carries decisions out through the same reconciler: 4 at
+    # 0 s, 8 at 30 s, 10 at 60 s (not 10 at once).
+    from provisioner.sim.policies import POLICIES
+    monkeypatch.setitem(POLICIES, "ten", _Ten)
+    world = two_zone_world(None)
+    r = simulate_policy(world, "ten", params(max_size=16), work=3.6e6)
+    sizes = {round(x * 3600): n for x, n in zip(r.series[0], r.series[1])}
+    assert sizes[0] == 4 and sizes[30] == 8 and sizes[60] == 10
+    assert r.launches == 10
