@@ -191,6 +191,8 @@ class GcpSettings(_Section):
     source_image: str = "projects/debian-cloud/global/images/family/debian-12"
     boot_disk_gb: int = Field(50, ge=10, le=65536)
     network: str = "global/networks/default"
+    subnetwork: str | None = Field(None, description="subnetwork of the VMs (required in a "
+                                   "custom-mode network, such as the one terraform/gcp makes)")
     service_account: str | None = None
     startup_script: str | None = Field(None, description="boots the worker on each VM")
 

@@ -106,6 +106,7 @@ class Ring:
     scan_from: int = 1
     reforms: mb.Reforms = mb.Reforms()
     rollcall: RollCall | None = None
+    holders: frozenset[int] = frozenset()  # members that hold the state (formed a generation)
     progress: mb.Progress = mb.Progress()
     steps_lost: int = 0
     outcome: Outcome = Outcome.RUNNING
@@ -480,7 +481,7 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     new = mb.next_plan(plan, ready, draining, dead, reason=reason)
     if new is None:  # everyone answered and nothing else changed: re-form the same set
         new = Plan(generation=plan.generation + 1, members=plan.members, names=plan.names,
-                   reason=reason, job=plan.job)
+                   reason=reason, job=plan.job, fresh_start=plan.fresh_start)
     for m in dead:
         tr = t.r.tracked.get(m)
         name = tr.name if tr else str(m)
@@ -493,7 +494,15 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
 def _publish(t: _Tick, new: Plan) -> None:
     g = new.generation
     new = replace(new, backend=mb.choose_backend(
-        [t.r.tracked[m].device for m in new.members if m in t.r.tracked]))
+        [t.r.tracked[m].device for m in new.members if m in t.r.tracked]),
+        fresh_start=not t.r.holders)  # no state exists yet: rank 0's freshly built one counts
+    if new.members and t.r.holders and not set(new.members) & t.r.holders:
+        # the state existed and nobody left holds it (only joiners that never received it):
+        # forming them would fail forever (it did, 1,171 times); the job is lost
+        lost = sorted(t.r.holders)
+        new = replace(new, members=(), names=(), joined=(),
+                      reason=f"no member holding the state is left (it was held by {lost}; "
+                      f"the members left, {list(new.members)}, never received it)")
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]
@@ -504,6 +513,7 @@ def _publish(t: _Tick, new: Plan) -> None:
                       Delete(mb.k_broken(old)), Delete(mb.k_formed_count(old))]
     t.set(plan=new, formed=not new.members,
           ready=tuple(i for i in t.r.ready if i not in new.joined))
+    t.set(holders=t.r.holders - set(new.drained) - set(new.lost))
     for i in (*new.drained, *new.lost):
         tr = t.drop_tracked(i)
         t.set(draining={k: v for k, v in t.r.draining.items() if k != i})
@@ -537,7 +547,8 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
         return  # a report was malformed: the ring will break or report again; keep waiting
     sums = sorted({r.checksum for r in reports.values()})
     lost = max(r.discarded for r in reports.values())
-    t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation)
+    t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation,
+          holders=frozenset(plan.members))  # every member of a formed generation holds it
     data = {"checksums": sums, "identical": len(sums) == 1, "steps_lost": lost,
             "step": max(r.step for r in reports.values()),
             "switch_ms": max(r.switch_ms for r in reports.values()),

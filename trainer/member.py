@@ -235,7 +235,7 @@ class Member:
         try:
             state, src, nbytes, best = sync.sync_state(
                 self.group.ctl, rank, len(plan.members), w.step, self.fresh, w.state,
-                lambda: self._broken(gen), initial=gen == 1)
+                lambda: self._broken(gen), initial=plan.fresh_start)
             if state is not None:
                 sync.check(state, step=best, job=plan.job)
         except st.BadState as e:  # a peer sent something that is not this job's state

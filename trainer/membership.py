@@ -357,7 +357,8 @@ class Plan:
     left with notice; ``lost``: ids dropped without notice (killed, hung, failed roll call);
     ``priors``: member key -> samples/s measured by a joiner's profiling steps; ``job``: the
     job fingerprint every member's state must match (:func:`trainer.state.fingerprint`);
-    ``backend``: the collectives' backend (:func:`choose_backend`).
+    ``backend``: the collectives' backend (:func:`choose_backend`); ``fresh_start``: no
+    state exists yet (no generation has formed): every member builds it, rank 0's counts.
     """
 
     generation: int
@@ -370,6 +371,7 @@ class Plan:
     reason: str = ""
     job: str = ""
     backend: str = "gloo"
+    fresh_start: bool = False
 
     def rank_of(self, member_id: int) -> int | None:
         """This member's rank in the generation, or None when it is not a member."""
@@ -414,7 +416,7 @@ class Plan:
                    priors={str(k): _num(priors, k, "plan.priors") for k in priors},
                    reason=_str(d, "reason", "plan", default="", limit=2000),
                    job=_str(d, "job", "plan", default="", limit=128),
-                   backend=_backend(d))
+                   backend=_backend(d), fresh_start=d.get("fresh_start") is True)
 
 
 def _backend(d: Mapping[str, Any]) -> str:

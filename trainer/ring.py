@@ -91,12 +91,18 @@ class Group:
 
     def abort(self) -> None:
         """Abort an NCCL communicator (a failed NCCL generation must never be left to hang
-        until its timeout); gloo needs nothing."""
+        until its timeout); gloo needs nothing. Closes the store connection."""
         if self.pg is not self.ctl and hasattr(self.pg, "abort"):
             try:
                 self.pg.abort()
             except Exception:  # noqa: BLE001 - already failed: aborting is best effort
                 log.debug("NCCL abort failed", exc_info=True)
+        self.close()
+
+    def close(self) -> None:
+        """Close the rendezvous connection (the Python object stays, for pybind)."""
+        if isinstance(self.store, ControlStore):
+            self.store.close()
 
 
 def form_group(
@@ -145,9 +151,14 @@ def form_group(
     try:
         pg, ctl = _run_abortable(build, should_abort, f"form g{generation}")
     except RingBroken:
-        bury(conn)  # may still be blocked in the abandoned rendezvous
+        bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
+        if isinstance(conn, ControlStore):
+            conn.close()
         raise
-    return Group(pg, ctl, conn)
+    group = Group(pg, ctl, conn)
+    if backend != "nccl":
+        group.close()  # gloo's rendezvous is over; NCCL reads the store again lazily
+    return group
 
 
 def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True

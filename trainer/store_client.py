@@ -103,8 +103,14 @@ class ControlStore(dist.Store):
         return bytes(buf)
 
     def close(self) -> None:
+        """Close the connection (a call blocked on it in another thread fails at once); the
+        next call connects again."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:

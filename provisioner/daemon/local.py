@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -202,12 +201,13 @@ class LocalRun:
         (self.workdir / "samples").mkdir()
 
     def _coordinator(self) -> tuple[RingCoordinator, Path]:
+        from trainer.admission import write_token_file
+
         token_file = self.workdir / "token"
-        token_file.write_text(secrets.token_hex(16))
-        token_file.chmod(0o600)
+        token = write_token_file(token_file)  # 0600 from its first byte, whole or not at all
         d = self.settings.daemon
-        coord = make_coordinator(d.coordinator_host, d.coordinator_port,
-                                 token_file.read_bytes().strip(), heartbeat_timeout_s=5.0)
+        coord = make_coordinator(d.coordinator_host, d.coordinator_port, token,
+                                 heartbeat_timeout_s=5.0)
         return coord, token_file
 
     def _daemon(self, source: PriceFeed, now: Callable[[], datetime],

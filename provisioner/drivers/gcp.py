@@ -148,9 +148,17 @@ def split_instance_type(instance_type: str) -> tuple[str, str | None, int]:
     return machine, name, int(m.group(2) or 1)
 
 
-def instance_name(token: str, index: int) -> str:
-    """A GCE name that is the same for the same (token, index): ``sr-<10 hex>-<index>``."""
-    return f"sr-{hashlib.sha256(token.encode()).hexdigest()[:10]}-{index}"
+def instance_prefix(job_id: str) -> str:
+    """The name prefix of every VM of job ``job_id``: ``sr-<8 hex of its hash>-``. Fixed width,
+    so no job's prefix is a prefix of another's (job ``a``'s would cover ``a-b``'s); the
+    daemon's IAM condition (terraform/gcp) lets it touch only VMs named so."""
+    return f"sr-{hashlib.sha256(job_id.encode()).hexdigest()[:8]}-"
+
+
+def instance_name(job_id: str, token: str, index: int) -> str:
+    """A GCE name that is the same for the same (job, token, index):
+    ``sr-<job 8 hex>-<launch 10 hex>-<index>``."""
+    return f"{instance_prefix(job_id)}{hashlib.sha256(token.encode()).hexdigest()[:10]}-{index}"
 
 
 def _label_value(value: str) -> str:
@@ -237,7 +245,8 @@ class GcpDriver:
                 initialize_params=c.AttachedDiskInitializeParams(
                     source_image=self.settings.source_image,
                     disk_size_gb=self.settings.boot_disk_gb))],
-            network_interfaces=[c.NetworkInterface(network=self.settings.network)],
+            network_interfaces=[c.NetworkInterface(network=self.settings.network,
+                                                   subnetwork=self.settings.subnetwork)],
         )
         if accel is not None:
             resource.guest_accelerators = [c.AcceleratorConfig(
@@ -266,7 +275,7 @@ class GcpDriver:
             self._zones.add(off.zone)
             self._jobs.add(request.job_id)
         for index in range(request.count):
-            name = instance_name(request.token, index)
+            name = instance_name(request.job_id, request.token, index)
             request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"spotring:{request.token}:{index}"))
             insert = self._compute.InsertInstanceRequest(
                 project=self.project, zone=off.zone, request_id=request_id,

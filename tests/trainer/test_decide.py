@@ -194,3 +194,39 @@ def test_old_generations_are_deleted_from_the_store() -> None:
         w.tick()
     assert mb.k_plan(1) in deletes and "g1/" in deletes
     assert not any(d in (mb.k_plan(10), mb.k_broken(10)) for d in deletes)
+
+
+def test_when_no_holder_of_the_state_is_left_the_job_is_lost_at_once_not_reformed() -> None:
+    """The only member holding the state hangs while joiners wait: the joiners never received
+    it, so forming them would fail forever (it did: 1,171 generations in one run)."""
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.joined == (j,)
+    for _ in range(140):  # 7 s: only the joiner beats; a and b hang before gen 2 forms
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is Outcome.LOST and w.kv[mb.FINISHED] == b"lost"
+    assert "never received it" in w.ring.failure
+    assert w.ring.plan.members == () and w.ring.plan.generation <= 4
+
+
+def test_until_a_generation_forms_every_plan_is_a_fresh_start() -> None:
+    w = World()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 20.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.fresh_start
+    w.add(mb.k_broken(1))  # the first generation breaks before it formed
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.fresh_start  # rank 0 builds it again
+    w.form_all()
+    w.tick()
+    w.add(mb.k_broken(2))
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 3 and not w.ring.plan.fresh_start

@@ -58,7 +58,8 @@ def test_instance_type_spelling():
     assert split_instance_type("a2-highgpu-1g") == ("a2-highgpu-1g", None, 0)
     with pytest.raises(DriverError, match="machine type"):
         split_instance_type("N1 standard")
-    assert instance_name("t", 0) == instance_name("t", 0) != instance_name("t", 1)
+    assert instance_name("j", "t", 0) == instance_name("j", "t", 0) != instance_name("j", "t", 1)
+    assert instance_name("a", "t", 0)[:12] != instance_name("a-b", "t", 0)[:12]
 
 
 def test_settings_and_protocol():
@@ -78,7 +79,7 @@ def test_filter_matching_of_the_fake():
 
 def test_launch_spot_vm_with_gpus_labels_and_list(driver, fake):
     result = driver.launch(req("tok-1", 2))
-    assert [i.id for i in result.instances] == [f"{ZONE_A}/{instance_name('tok-1', i)}"
+    assert [i.id for i in result.instances] == [f"{ZONE_A}/{instance_name('job-a', 'tok-1', i)}"
                                                 for i in range(2)]
     body = fake.alive(PROJECT)[0]
     assert body["scheduling"]["provisioningModel"] == "SPOT"
