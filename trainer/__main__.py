@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a coordinator that stops answering is waited for this long (the "
                    "ring trains on in its generation meanwhile); then the worker exits 3 "
                    "(default 600)")
+    w.add_argument("--zone", default=os.environ.get("SPOTRING_ZONE", ""),
+                   help="the zone this worker runs in (default $SPOTRING_ZONE): the hybrid "
+                   "mode all-reduces inside a zone and uses parameter servers across zones")
     w.add_argument("--ring-host", default=None, metavar="ADDR",
                    help="address this worker's ring connections listen on and advertise "
                    "(default: its address facing the coordinator)")
@@ -181,7 +184,8 @@ def _worker(args: argparse.Namespace) -> int:
         connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
         rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
         device=args.device, bucket_mb=args.bucket_mb, output=args.output,
-        loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace)
+        loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace,
+        zone=args.zone)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

@@ -74,6 +74,7 @@ class Tracked:
     hb_seen: float = 0.0  # active time at which the heartbeat last moved
     state: MemberState = MemberState.JOINING
     device: str = "cpu"
+    zone: str = ""
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ def _joins(t: _Tick) -> None:
             t.set(job=hello.job)
         t.actions.append(Put(mb.k_verdict(i), b"ok"))
         t.put_tracked(Tracked(i, hello.name, t.s.wall, samples_per_s=hello.prior, hb=-1,
-                              hb_seen=now, device=hello.device))
+                              hb_seen=now, device=hello.device, zone=hello.zone))
         t.set(ready=(*t.r.ready, i))
         t.emit(EventKind.JOIN, hello.name, detail=f"admitted as member {i}")
     t.set(unseen=unseen)
@@ -427,12 +428,12 @@ def _adopt(t: _Tick) -> None:
         if best is not None and r.member_id in best.members:
             t.put_tracked(Tracked(r.member_id, r.name, t.s.wall, r.prior, hb=-1, hb_seen=now,
                                   state=MemberState.DRAINING if r.draining
-                                  else MemberState.ACTIVE, device=r.device))
+                                  else MemberState.ACTIVE, device=r.device, zone=r.zone))
             if r.draining:
                 t.set(draining={**t.r.draining, r.member_id: r.draining})
         elif not r.plan:  # an admitted joiner: it waits for the next generation
             t.put_tracked(Tracked(r.member_id, r.name, t.s.wall, r.prior, hb=-1, hb_seen=now,
-                                  device=r.device))
+                                  device=r.device, zone=r.zone))
             t.set(ready=(*t.r.ready, r.member_id))
         if r.job and not t.r.job:
             t.set(job=r.job)
@@ -594,7 +595,8 @@ def _publish(t: _Tick, new: Plan) -> None:
     g = new.generation
     new = replace(new, backend=mb.choose_backend(
         [t.r.tracked[m].device for m in new.members if m in t.r.tracked]),
-        fresh_start=not t.r.holders and not new.resume)
+        fresh_start=not t.r.holders and not new.resume,
+        zones=tuple(t.r.tracked[m].zone if m in t.r.tracked else "" for m in new.members))
     holderless = not set(new.members) & t.r.holders
     if holderless and not new.resume and (t.r.holders or not new.members
                                           or t.r.plan is None):

@@ -37,8 +37,9 @@ from trainer import membership as mb
 from trainer import snapshot as snap
 from trainer import state as st
 from trainer.job import Job, JobError, load_job
-from trainer.member import Member, Outcome
+from trainer.member import Outcome
 from trainer.reducer import DEFAULT_BUCKET_MB
+from trainer.runners import member_class
 from trainer.sampler import CursorState, epoch_order
 from trainer.step import JobCodeError, make_scaler
 from trainer.store_client import ControlLost, ControlTimeout
@@ -80,6 +81,7 @@ class WorkerConfig:
     output: Path | None = None  # where rank 0 writes the trained model (state_dict)
     loader_workers: int | None = None  # overrides the job's
     coordinator_grace_s: float = 600.0  # train on / wait this long for a lost coordinator
+    zone: str = ""  # where this worker runs (cloud zone): the hybrid mode groups by it
 
 
 def normal_priority() -> None:
@@ -147,7 +149,8 @@ class Worker:
         job = self.job
         self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job))
         self.prior, self.device_name = prior, devices.describe(self.device)
-        hello = mb.Hello(cfg.name, prior, self.fingerprint, self.device_name)
+        member_class(job.mode)  # an unavailable mode fails here, before joining
+        hello = mb.Hello(cfg.name, prior, self.fingerprint, self.device_name, cfg.zone)
         try:
             while True:
                 try:
@@ -165,7 +168,7 @@ class Worker:
                                       speed=lambda: mb.Speed(self._samples_per_s,
                                                              self._batch)).start()
                 try:
-                    outcome = Member(self, store, member_id, hb).live()
+                    outcome = member_class(job.mode)(self, store, member_id, hb).live()
                 except (ControlLost, ControlTimeout) as e:  # a store call failed
                     hb.stop()
                     raise client.CoordinatorUnreachable(

@@ -90,7 +90,7 @@ class Member:
         w, plan = self.w, self.plan
         return mb.Report(self.id, w.cfg.name, plan.to_json() if plan is not None else "",
                          w.step, w.device_name, w.fingerprint, w.prior,
-                         w.notice or "", self.group is not None)
+                         w.notice or "", self.group is not None, w.cfg.zone)
 
     def _away(self, e: Exception) -> None:
         """The coordinator did not answer: wait for it (training needs it only to change

@@ -223,6 +223,7 @@ class Hello:
     prior: float = 0.0
     job: str = ""
     device: str = "cpu"
+    zone: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -237,7 +238,8 @@ class Hello:
         device = _str(d, "device", "hello", default="cpu", limit=128)
         if device != "cpu" and not device.startswith("cuda:"):
             raise Malformed(f"hello.device={device!r}: expected cpu or cuda:<id>")
-        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""), device)
+        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""), device,
+                   _str(d, "zone", "hello", default="", limit=128))
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,7 @@ class Report:
     prior: float = 0.0
     draining: str = ""
     formed: bool = True  # False: its group broke (or never formed) while nobody coordinated
+    zone: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -374,7 +377,7 @@ class Report:
                 _str(d, "job", "report", default="", limit=128),
                 max(0.0, _num(d, "prior", "report", default=0.0)),
                 _str(d, "draining", "report", default="", limit=512),
-                d.get("formed", True) is True)
+                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128))
         if r.plan:
             Plan.from_json(r.plan)  # validated here: a report with a bad plan is malformed
         return r
@@ -420,7 +423,7 @@ class Plan:
     ``backend``: the collectives' backend (:func:`choose_backend`); ``fresh_start``: no
     state exists yet (no generation has formed): every member builds it, rank 0's counts;
     ``resume``: the manifest (JSON) of the durable snapshot rank 0 loads, when no member
-    holds the state (every holder was lost at once).
+    holds the state (every holder was lost at once); ``zones``: each member's zone.
     """
 
     generation: int
@@ -435,6 +438,7 @@ class Plan:
     backend: str = "gloo"
     fresh_start: bool = False
     resume: str = ""
+    zones: tuple[str, ...] = ()  # each member's zone (same order as members; "" unknown)
 
     def rank_of(self, member_id: int) -> int | None:
         """This member's rank in the generation, or None when it is not a member."""
@@ -480,7 +484,16 @@ class Plan:
                    reason=_str(d, "reason", "plan", default="", limit=2000),
                    job=_str(d, "job", "plan", default="", limit=128),
                    backend=_backend(d), fresh_start=d.get("fresh_start") is True,
-                   resume=_str(d, "resume", "plan", default="", limit=4096))
+                   resume=_str(d, "resume", "plan", default="", limit=4096),
+                   zones=_zones(d, len(members)))
+
+
+def _zones(d: Mapping[str, Any], n: int) -> tuple[str, ...]:
+    z = d.get("zones", [])
+    if not isinstance(z, list) or not all(isinstance(x, str) and len(x) <= 128 for x in z) or (
+            z and len(z) != n):
+        raise Malformed("plan.zones: expected one zone name per member")
+    return tuple(z)
 
 
 def _backend(d: Mapping[str, Any]) -> str:
