@@ -20,6 +20,7 @@ import pytest
 
 from tests.trainer.ringutil import Ring
 from trainer import membership as mb
+from trainer import plans as pl
 from trainer.member import Member as _Member
 from trainer.store import StoreServer
 from trainer.store_client import ControlStore
@@ -62,7 +63,7 @@ def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: P
         # +1: the dropping one says it too; +1 more when rank 0's report of the last step
         # (published by its heartbeat thread, up to one interval late) lands between the
         # first two recoveries, which restarts the count once
-        assert mb.MAX_SAME_REFORMS <= len(reforms) <= mb.MAX_SAME_REFORMS + 2, reforms
+        assert pl.MAX_SAME_REFORMS <= len(reforms) <= pl.MAX_SAME_REFORMS + 2, reforms
         lost = ring.events("lost")
         assert [e["name"] for e in lost] == ["f"], lost
         assert "never completed forming" in lost[0]["detail"]
