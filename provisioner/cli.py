@@ -39,21 +39,56 @@ def version() -> str:
         return "unknown"
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, less the line that repeats the ``COMMAND`` metavar above the command list,
+    with the commands aligned with the options, ``PATH...`` for ``PATH [PATH ...]`` and no
+    line broken inside a hyphenated word, so the help of ``provision`` and of its commands
+    fits 80 columns and reads well."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap  # argparse's own wrap, but never inside "cheapest-first" or a path
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
+                             break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False)
+
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        if action.nargs == argparse.ONE_OR_MORE:
+            return "%s..." % self._metavar_formatter(action, default_metavar)(1)
+        return super()._format_args(action, default_metavar)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        text = super()._format_action(action)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            text = text.split("\n", 1)[1]
+        return text
+
+    def _iter_indented_subactions(self, action: argparse.Action):  # type: ignore[override]
+        yield from getattr(action, "_get_subactions", list)()
+
+
 def build_parser(prog: str = "provision") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog,
-        description="spotring: train on cheap, unreliable spot GPUs. "
-        "Prices and risk, a cost/throughput optimiser, cloud drivers and an elastic ring.",
-        epilog=f"`{prog} COMMAND --help` tells more. Exit codes: 0 done, 2 bad input "
-        "(one line says what to fix), 130 interrupted.")
+        prog=prog, formatter_class=_HelpFormatter,
+        usage="%(prog)s [-h] [--version] [-v] [--log-level LEVEL] [--json] COMMAND ...",
+        description="spotring: train deep networks on cheap, unreliable spot GPUs.",
+        epilog="-v, --log-level and --json may also follow the command. Exit codes: 0 done, "
+        "2 bad input (one line says what to fix), 130 interrupted.")
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s (spotring) {version()}")
     clio.add_global_flags(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", prog=prog)
     for name in COMMANDS:
         module = importlib.import_module(f"provisioner.commands.{name}")
         module.register(sub)
     for command in sub.choices.values():
+        command.formatter_class = _HelpFormatter
         clio.add_global_flags(command, top=False)
     return parser
 

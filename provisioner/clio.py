@@ -94,17 +94,18 @@ def add_global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     SUPPRESS defaults, so flags before the command name are not overwritten by the command's
     defaults; :func:`merge_global_flags` combines them after parsing.
     """
-    group = parser.add_argument_group("global options (before or after the command)")
+    group = parser if top else parser.add_argument_group("global options (also before the "
+                                                          "command)")
     suffix = "" if top else "_here"
     group.add_argument("-v", "--verbose", action="count", dest="verbose" + suffix,
                        default=0 if top else argparse.SUPPRESS,
                        help="more logging: -v info, -vv debug")
     group.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                        dest="log_level" + suffix, default=None if top else argparse.SUPPRESS,
-                       help=f"logging threshold: {', '.join(LOG_LEVELS)} (overrides -v)")
+                       help=f"{', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]} (wins over -v)")
     if top:
         group.add_argument("--json", action="store_true", default=False,
-                           help="machine-readable output, for the commands that have it")
+                           help="JSON output, for the commands that have it")
 
 
 def merge_global_flags(args: argparse.Namespace) -> argparse.Namespace:

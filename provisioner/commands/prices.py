@@ -32,7 +32,7 @@ TRACE_MAX_AGE_HOURS = 30 * 24.0
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "prices", help="spot prices, discounts and revocation hazards per offering",
+        "prices", help="spot prices, discounts and revocation risk per offering",
         description="List believable spot prices per offering with the on-demand price, the "
         "discount and a revocation hazard per hour. Refused quotes are summarised on stderr.")
     p.add_argument("--source", choices=("aws", "gcp", "trace"), default="trace",

@@ -55,7 +55,7 @@ def test_version_and_python_dash_m():
     helped = subprocess.run([*PROVISION, "--help"], capture_output=True, text=True, cwd=REPO)
     assert helped.returncode == 0 and "usage: python -m provisioner" in helped.stdout
     for name in MINIMAL:
-        assert f"    {name} " in helped.stdout
+        assert f"\n  {name} " in helped.stdout
 
 
 @pytest.mark.parametrize("name", sorted(MINIMAL))
@@ -194,3 +194,14 @@ def test_ctrl_c_during_simulate_exits_130_and_prints_nothing(shared_data):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert out == b"" and err == b""
+
+
+def test_help_fits_an_80_by_24_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    top = build_parser().format_help().splitlines()
+    assert len(top) <= 22, "\n".join(top)  # with the command line and the prompt: 24 rows
+    for name, parser in {"provision": build_parser(), **commands()}.items():
+        text = parser.format_help()
+        too_wide = [line for line in text.splitlines() if len(line) > 80]
+        assert not too_wide, f"{name} --help: {too_wide}"
+        assert "PATH [PATH ...]" not in text and "COMMAND ... " + name not in text
