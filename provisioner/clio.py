@@ -10,7 +10,8 @@ command-line tool live here once, so no command re-implements (or forgets) them:
   nothing (the shell already shows ``^C``); a reader that closes the pipe early
   (``provision prices --json | head -1``) ends it with 141, like a tool killed by SIGPIPE,
   with no traceback: the recipe of the Python docs' "Note on SIGPIPE", stdout pointed at
-  /dev/null so the interpreter's last flush has nowhere to fail.
+  /dev/null so the interpreter's last flush has nowhere to fail. A BrokenPipeError of any
+  other pipe or socket is a real error and keeps its traceback.
 * Global flags (``-v``, ``--log-level``, ``--json``) are accepted before or after the
   command name: :func:`add_global_flags` adds them to the top parser and to every command's
   parser; :func:`merge_global_flags` folds the two into one value each.
@@ -149,17 +150,33 @@ def guarded(run: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        _stdout_to_devnull()
+        fd = _stdout_fd()
+        if fd is not None and not _reader_gone(fd):
+            raise  # another pipe or socket broke (a worker, a cloud API): a real error
+        if fd is not None:
+            _to_devnull(fd)
         return EXIT_BROKEN_PIPE
 
 
-def _stdout_to_devnull() -> None:
-    """Point file descriptor 1 at /dev/null so the interpreter's final flush of the buffered
-    output succeeds silently (Python docs, "Note on SIGPIPE")."""
+def _stdout_fd() -> int | None:
     try:
-        fd = sys.stdout.fileno()
+        return sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):  # a captured or replaced stdout (tests)
-        return
+        return None
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is a pipe whose reading end was closed (poll reports an error on it)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _to_devnull(fd: int) -> None:
+    """Point ``fd`` (stdout) at /dev/null so the interpreter's final flush of the buffered
+    output succeeds silently (Python docs, "Note on SIGPIPE")."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)

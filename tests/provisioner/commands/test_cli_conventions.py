@@ -130,6 +130,17 @@ def test_interrupt_and_closed_pipe_map_to_quiet_exit_codes(capsys):
     assert out.out == "" and out.err == ""
 
 
+def test_a_broken_pipe_other_than_stdout_is_a_real_error():
+    """Only a closed stdout ends quietly: a socket to a worker or a cloud API breaking keeps
+    its traceback (stdout here is a pipe whose reader is still there)."""
+    code = ("import sys\nfrom provisioner import clio\n"
+            "def socket_broke():\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "sys.exit(clio.guarded(socket_broke))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "BrokenPipeError" in done.stderr
+
+
 def test_missing_extra_names_the_extra_to_install():
     aws = clio.missing_extra(ModuleNotFoundError("No module named 'boto3'", name="boto3"))
     assert aws is not None and "pip install 'spotring[aws]'" in aws
