@@ -12,6 +12,7 @@ installed: the CLI must still work, and say which extra a cloud command needs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -134,6 +135,18 @@ def test_installed_cli_runs_without_the_cloud_sdks(venv, tmp_path):
                 "import boto3", cwd=tmp_path)
     assert "No module named 'boto3'" in probe.stderr
     assert str(REPO) not in probe.stdout and probe.stdout.count(str(venv)) == 2, probe.stdout
+
+
+def test_installed_simulate_runs_without_the_cloud_sdks(venv, tmp_path, shared_data):
+    trace = shared_data / "gcp_gpu_price_history" / "gcp_gpu_vm_prices_history.csv.gz"
+    if not trace.is_file():
+        pytest.skip(f"{trace} not found")
+    done = run(venv, "provision", "simulate", "--trace", str(trace), "--work", "1e8",
+               "--policy", "spotring", "on-demand", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert set(figures) == {"spotring", "on-demand"}
+    assert figures["spotring"]["total_cost_usd"] < figures["on-demand"]["total_cost_usd"]
 
 
 @pytest.mark.parametrize("source, extra", [("aws", "aws"), ("gcp", "gcp")])
