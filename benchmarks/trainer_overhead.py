@@ -1,31 +1,59 @@
-"""Benchmark: the elastic ring's steady-state cost against plain DistributedDataParallel (issue 3).
+"""Benchmark: the elastic ring's steady cost against plain DistributedDataParallel (issues 3, 14).
 
-Design. The same job (examples/digits.py), global batch and number of processes run as a
-spotring ring (a ``python -m trainer coordinator`` process and ``python -m trainer worker``
-processes) and as plain ``torch.nn.parallel.DistributedDataParallel`` ranks under the real
-``torchrun`` (``benchmarks/_common.py --mode ddp --epoch-loop``). Both do the same work: the
-baseline walks the job's epochs as a spotring worker does (same seeded order, the short last
-step of each epoch) and runs the job's ``evaluate`` on rank 0 at each epoch end, as
-spotring's rank 0 does. Both write one metrics line per step.
+Design. The same job (examples/digits.py by default; ``--model mlp`` for its 13.3M-parameter
+MLP, ``--job`` for any job file, ``--env KEY=VALUE`` for its knobs), global batch, device and
+number of processes run as a spotring ring (a ``python -m trainer coordinator`` process and
+``python -m trainer worker`` processes) and as plain
+``torch.nn.parallel.DistributedDataParallel`` ranks with DDP's defaults (25 MB buckets) under
+the real ``torchrun`` (``benchmarks/_common.py --mode ddp --epoch-loop``), or with
+``--baseline plain --workers 1`` as the plain single-device loop (``--mode plain``: no DDP, no
+process group). Both do the same work: the baseline walks the job's epochs as a spotring
+worker does (same seeded order, the short last step of each epoch) and runs the job's
+``evaluate`` on rank 0 at each epoch end, as spotring's rank 0 does; both run the job's
+precision on ``--device`` (cpu by default; on ``cuda`` several ranks share the GPU and both
+sides reduce over gloo with CUDA tensors). Both write one metrics line per step.
 
 Measure. On a shared 2-core machine the other tenants' load moves by the second, and two
 separate runs of a few seconds each differed by 2x here. So both systems are started once
 and run in turns: every process of one side (for spotring the coordinator too) is stopped
-with SIGSTOP while the other side runs for ``--slice`` seconds (default 3: ~150 steps), then
-they swap. Turns come in ABBA order (DDP, spotring, spotring, DDP, ...) after ``--warmup``
-slices each, so a drift of the load favours neither side. A slice's rate is the samples of
-the steps completed in it, the first one left out (it contains the pause), over the time
-from that first completion to the last. Slices are paired in order (pair k = turns 2k and
-2k+1); each pair gives one ratio; ``ddp_ratio`` is the median of ``--pairs`` (default 6)
-pair ratios. Heartbeat and collective timeouts are far longer than a slice, so the ring
+with SIGSTOP while the other side runs for ``--slice`` seconds (default 3: ~150 digits
+steps), then they swap. Turns come in ABBA order (DDP, spotring, spotring, DDP, ...) after
+``--warmup`` slices each, so a drift of the load favours neither side. A slice's rate is the
+samples of the steps completed in it, the first one left out (it contains the pause), over
+the time from that first completion to the last. Slices are paired in order (pair k = turns
+2k and 2k+1); each pair gives one ratio; ``ddp_ratio`` is the median of ``--pairs`` (default
+6) pair ratios. Heartbeat and collective timeouts are far longer than a slice, so the ring
 never notices its pauses.
 
-Figures (one JSON line on stdout): ``ddp_ratio`` = steady samples/s of spotring / of DDP
-(goal >= 0.98); ``ratios`` (one per pair), ``ratio_min``, ``ratio_max``; ``pooled_ratio``:
-all of spotring's slices against all of DDP's; the median rates; ``steady_steps``: steps
-counted per side; and ``ddp_ratio_train_only``: the same median against DDP with its
-evaluation time taken out (the comparison as it was made before 2026-11-22 03:00, when the
-baseline skipped the job's evaluation that spotring runs; stricter, for comparison).
+Figures (one JSON line on stdout): ``ratio`` (and ``ddp_ratio`` or ``plain_ratio``, the same
+number named after the baseline) = steady samples/s of spotring / of the baseline (goal >=
+0.98); ``ratios`` (one per pair), ``ratio_min``, ``ratio_max``; ``pooled_ratio``: the
+step-weighted mean rate of spotring's slices against the baseline's; the median rates
+(``*_tokens_per_s`` too with ``--tokens-per-sample``); ``overhead_ms_per_step`` = B / spotring's
+rate - B / the baseline's (what a step costs more; negative: less); ``steady_steps``: steps
+counted per side; ``ddp_ratio_train_only``: the same median against the baseline with its
+evaluation time taken out (the comparison as it was made before 2026-11-22 03:00; stricter);
+``cpu_ratio``: the baseline's CPU seconds per sample (every process of the side, from
+``/proc``, over the same slices) / spotring's (coordinator included), median over the pairs:
+on a machine whose cores other tenants saturate, the rate a side gets follows its CPU per
+sample, so this explains a low ``ratio`` there and is far less noisy than it;
+``spotring_wait_share``: median share of a spotring step spent waiting for the reduction
+after the backward pass (what the overlap did not hide); ``load``: the 1-minute load average
+before and after. With a reduction (``--workers`` > 1) and ``--probe`` (default), after the
+turns ``_common.py --mode probe`` times the local step and a bare all-reduce of a flat buffer
+the size of the gradients apart, on the same ranks: ``reduction_share`` = all-reduce / (step
++ all-reduce), the share of the step the reduction would take if nothing overlapped it
+(``probe_compute_ms``, ``probe_allreduce_ms``, ``grad_mb``).
+
+Memory (``--memory``, issue 14 item 2: peak memory at most DDP's plus one bucket). Both sides
+load the job through ``benchmarks/jobs/rss.py``, which records each process's RSS at the end
+of ``make_job``; the benchmark reads rank 0's peak RSS (``VmHWM``) once it has done
+``--memory-steps`` (20) steps, and again at the end. ``memory`` holds each side's growth
+(peak - RSS when the job was built, MB), ``ratio`` (spotring / baseline), whether spotring
+stays within the baseline plus one bucket (``--bucket-mb``, 25), and the gradient + bucket
+bytes counted from the model: spotring's buckets hold the gradients themselves
+(``Reducer.nbytes``: gradients plus the step's tail), DDP's defaults hold each ``.grad`` and
+a bucket copy of it (``gradient_as_bucket_view=False``).
 """
 
 from __future__ import annotations
@@ -59,6 +87,22 @@ def signal_all(procs: list[subprocess.Popen], sig: int) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """User + system CPU seconds used so far by ``procs`` and every process below them
+    (``/proc/<pid>/stat``: all threads, exited ones included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for proc in procs:
+        for pid in descendants(proc.pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def slice_rate(recs: list[dict], t0: float, t1: float, exclude: str = "") -> tuple[float, int]:
@@ -224,14 +268,16 @@ def main(argv: list[str] | None = None) -> int:
             turns += ["ddp", "ring"] if k % 2 == 0 else ["ring", "ddp"]
         running = "ddp"
         slices: list[tuple[str, float, float]] = []
+        cpu: list[float] = []  # CPU seconds the side used in each slice (all its processes)
         for side in turns:
             if side != running:
                 signal_all(sides[running], signal.SIGSTOP)
                 signal_all(sides[side], signal.SIGCONT)
                 running = side
-            t0 = time.time()
+            c0, t0 = cpu_seconds(sides[side]), time.time()
             time.sleep(args.slice)
             slices.append((side, t0, time.time()))
+            cpu.append(cpu_seconds(sides[side]) - c0)
         signal_all(sides[running], signal.SIGSTOP)
         recs = {side: read_jsonl(path) for side, path in files.items()}
         end_peaks = {side: rank0_memory(side, sides, rss_dir) for side in sides} if args.memory \
@@ -241,14 +287,19 @@ def main(argv: list[str] | None = None) -> int:
             signal_all(procs, signal.SIGCONT)
             stop(procs, signal.SIGKILL, grace=5.0)
     measured = slices[2 * args.warmup:]
+    measured_cpu = cpu[2 * args.warmup:]
+    cpu_ratios = []
     ratios, ratios_train, rates = [], [], {"ring": [], "ddp": []}
     totals = {"ring": [0.0, 0], "ddp": [0.0, 0]}
     waits: list[float] = []
     for k in range(args.pairs):
-        got = {}
-        for side, t0, t1 in measured[2 * k: 2 * k + 2]:
+        got, per_sample = {}, {}
+        for (side, t0, t1), used in zip(measured[2 * k: 2 * k + 2],
+                                        measured_cpu[2 * k: 2 * k + 2], strict=True):
             rate, n = slice_rate(recs[side], t0, t1)
             got[side] = rate
+            done = sum(r["samples"] for r in recs[side] if t0 <= r["t"] < t1)
+            per_sample[side] = used / done if done else float("nan")
             if side == "ddp":
                 got["ddp_train"] = slice_rate(recs[side], t0, t1, exclude="eval_s")[0]
             else:
@@ -258,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             totals[side][0] += rate * n
             totals[side][1] += n
         ratios.append(got["ring"] / got["ddp"])
+        cpu_ratios.append(per_sample["ddp"] / per_sample["ring"])
         ratios_train.append(got["ring"] / got["ddp_train"])
         log.info("pair %d: spotring %.1f samples/s, %s %.1f (%.1f without its evaluation): "
                  "ratio %.3f", k, got["ring"], args.baseline, got["ddp"], got["ddp_train"],
@@ -288,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_ms_per_step": round((args.global_batch / ring_rate
                                        - args.global_batch / base_rate) * 1e3, 2),
         "spotring_wait_share": round(statistics.median(waits), 3) if waits else None,
+        # CPU seconds per sample of the baseline's processes / of spotring's (coordinator
+        # included): above 1, spotring needs less CPU per sample; it sets the ratio on a
+        # machine whose cores are saturated by others
+        "cpu_ratio": round(statistics.median(cpu_ratios), 3),
+        "cpu_ratios": [round(x, 3) for x in cpu_ratios],
         "steady_steps": {s: totals[s][1] for s in totals},
         "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "workdir": str(workdir),
