@@ -34,7 +34,8 @@ from pricing.model import Offering
 from provisioner.plan.model import ring_efficiency
 from provisioner.plan.reconcile import (ChurnLimits, Held, Launch, Removal, RoundInput,
                                         apply_round)
-from provisioner.sim.policies import POLICIES, Params, View, online_hazards
+from provisioner.sim.policies import POLICIES, Params, View
+from provisioner.sim.revocations import hits, learned_hazards, lifetime_s
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,14 @@ def p_link(insts: Sequence[_Inst], p: Params) -> float:
 
 
 def simulate_policy(world: World, name: str, params: Params, *, work: float,
-                    deadline_h: float | None = None, tick_s: float = 600.0, seed: int = 0,
-                    default_hazard: float = 0.1) -> Result:
-    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends."""
+                    deadline_h: float | None = None, tick_s: float = 600.0,
+                    seed: int = 0) -> Result:
+    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends.
+
+    Revocations are the world's (:mod:`provisioner.sim.revocations`): removals of the
+    availability series hit held instances at random (seeded), the count caps what is held,
+    and instances of offerings without a series die at lifetimes drawn from the world's
+    hazards. Spotring plans with the hazards learned from the lifetimes seen so far."""
     policy = POLICIES[name](params)
     hot = policy.mode == "hot"
     rng = random.Random(seed)
@@ -130,7 +136,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     next_tick, wake = t + tick_s, None
     need, revoked_flag = True, False
     fail_wake: float | None = None  # a launch failed: decide again (as after a revocation)
-    hazards: dict[Offering, float] = dict(world.hazard)
+    hazards: dict[Offering, float] = {}
     hz_at = -math.inf
     xs, fleet, rates, costs = [], [], [], []
     spot = [o for o in world.price if o.market == "spot"]
@@ -165,9 +171,8 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             room = max(0, world.available(o, t) - held().get(o, 0))
             k = min(n, room)
             for _ in range(k):
-                h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
-                dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
-                                                            and o in world.hazard) else math.inf
+                dies = t + lifetime_s(rng, world.hazard.get(o, 0.0)) if (
+                    o.market == "spot" and world.avail.get(o) is None) else math.inf
                 insts.append(_Inst(o, t, t + params.boot_s, dies, f"i-{next(serial)}"))
             launches += k
             self.changed = self.changed or k > 0
@@ -187,8 +192,8 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
 
     def decide(revoked: bool) -> None:
         nonlocal wake, stall_until, hz_at, hazards
-        if hot and world.lifetimes and t - hz_at >= 3600.0:
-            hazards = online_hazards(world.lifetimes, spot, t, default_hazard)
+        if hot and t - hz_at >= 3600.0:  # what the daemon would estimate from the same records
+            hazards = learned_hazards(world.lifetimes, spot, t)
             hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
         alternatives = sorted(prices, key=lambda o: (prices[o], o)) if hot else ()
@@ -249,6 +254,11 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
                 nb = s.next_below(t, n)
                 if nb is not None:
                     cands.append(nb)
+            rc = world.reclaims.get(o)
+            if rc is not None and o.market == "spot":
+                nr = rc.next_after(t)
+                if nr is not None:
+                    cands.append(nr)
         t_next = min(cands)
         if r > 0 and t + (work - done) / r <= t_next:
             t = t + (work - done) / r
@@ -262,14 +272,20 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
         prev, t = t, t_next
         if t >= world.end:
             break
-        # revocations
+        # revocations: lifetimes ended, removals of the groups held, capacity caps
         gone: list[_Inst] = [i for i in insts if i.dies <= t]
         for o, n in held().items():
+            rc = world.reclaims.get(o)
+            removal = rc.at(t) if rc is not None and o.market == "spot" else None
+            mine = sorted((i for i in insts if i.o == o and i not in gone),
+                          key=lambda i: (i.launched, i.id))
+            if removal is not None:
+                hit = rng.sample(mine, hits(rng, removal[0], removal[1], len(mine)))
+                gone += hit
+                mine = [i for i in mine if i not in hit]
             s = world.avail.get(o)
-            if s is not None and s.at(t) < n:
-                mine = sorted((i for i in insts if i.o == o and i not in gone),
-                              key=lambda i: i.launched)
-                gone += mine[:n - int(s.at(t))]
+            if s is not None and s.at(t) < len(mine):
+                gone += mine[:len(mine) - int(s.at(t))]
         if gone:
             was_running = r > 0
             for i in gone:
