@@ -11,8 +11,11 @@ decision always comes back. An impossible configuration raises
 
 The MILP. For each offering o (cloud, region, zone, type, market) that survives pruning:
 
-    x_o in Z, 0 <= x_o <= ub_o        instances to hold (ub_o: availability, max_size; an
-                                      avoided zone may keep what it has but not grow)
+    x_o in Z, lb_o <= x_o <= ub_o     instances to hold (ub_o: availability, max_size; an
+                                      avoided zone may keep what it has but not grow;
+                                      lb_o: Candidate.min_count, instances the planner keeps:
+                                      launched within the churn horizon, or spot kept while
+                                      an on-demand floor is bought beside it)
     c_o   price, USD/h                s_o   samples/s of one instance (ThroughputModel)
     h_o   revocation hazard, 1/h      g_o   GPUs of one instance
     L_o   hours of work lost per revocation

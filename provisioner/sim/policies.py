@@ -261,7 +261,8 @@ class Spotring:
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
         progress = Progress(start=v.start, work=v.work, done=v.done, deadline_s=deadline_s,
                             hard=hard)
-        return Decision(dict(self.planner.decide(market, fleet, progress, v.t).target))
+        d = self.planner.decide(market, fleet, progress, v.t)
+        return Decision(dict(d.target), d.wake_at)
 
 
 POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,
