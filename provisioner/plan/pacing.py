@@ -128,6 +128,20 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
     return None if best is None else (best[1], best[2])
 
 
+def fleet_rate(cands: Iterable[Candidate], model_mb: float, global_batch: int,
+               links: tuple[float, float, float]) -> float:
+    """Useful samples/s of the fleet held (each candidate's ``current``) as one ring over
+    its slowest link (``links``: intra-zone, inter-zone, inter-region Gb/s)."""
+    held = [c for c in cands if c.current > 0]
+    if not held:
+        return 0.0
+    raw = sum(c.current * c.useful for c in held)
+    n = sum(c.current for c in held)
+    gbps = (links[2] if len({c.offering.region for c in held}) > 1 else
+            links[1] if len({c.zone_key for c in held}) > 1 else links[0])
+    return raw * ring_efficiency(n, raw, model_mb, global_batch, gbps)
+
+
 def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, global_batch: int,
                 gbps: float) -> float:
     """Samples/s of the fastest on-demand ring the candidates allow: ``max_size`` (or the

@@ -40,8 +40,8 @@ from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
 from provisioner.plan.hysteresis import LaunchLog
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, good_offerings,
-                                     od_capacity, pace, per_sample_fleet)
+from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, fleet_rate,
+                                     good_offerings, od_capacity, pace, per_sample_fleet)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -278,6 +278,14 @@ class Planner:
         pins = dict(young)
         if floor > 0.0:  # on-demand beside the spot held, never instead of it
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
+        held_rate = fleet_rate(cands, b.model_mb, b.global_batch,
+                               (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
+        if floor <= 0.0 and 0.0 < held_rate < target <= held_rate * s.ahead_tolerance:
+            # The fleet held keeps the pace within the tolerance: grow it where it is, or
+            # not at all, rather than move the ring for a few percent (on the 4-node
+            # preemption traces, zones capped at 4 a region apart, the ring moved every
+            # hour for the 5th instance the pace asked for and no region had: 102 launches).
+            pins.update({o: n for o, n in fleet.held.items() if n > 0})
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands

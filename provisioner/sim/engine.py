@@ -44,9 +44,23 @@ log = logging.getLogger(__name__)
 CAPACITY_REPLANS = 2
 
 
+@dataclass(frozen=True)
+class Life:
+    """One instance of a run: its offering, when it was launched, ready and ended (hours
+    from the start), whether it was revoked, and what it cost."""
+
+    offering: Offering
+    launched_h: float
+    ready_h: float
+    ended_h: float
+    revoked: bool
+    cost: float
+
+
 @dataclass
 class Result:
-    """One policy's run. ``series`` holds (hours, fleet size, samples/s, cumulative USD)."""
+    """One policy's run. ``series`` holds (hours, fleet size, samples/s, cumulative USD);
+    ``lives`` every instance it held (the fleet by offering and market, boots, revocations)."""
 
     policy: str
     cost: float
@@ -59,6 +73,7 @@ class Result:
     launches: int = 0
     status: str = "ok"
     series: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
+    lives: list[Life] = field(default_factory=list)
 
     @property
     def cost_per_m(self) -> float:
@@ -144,10 +159,16 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     def cost_now(at: float) -> float:
         return closed + sum(world.cost(i.o, i.launched, at) for i in insts)
 
-    def terminate(i: _Inst, at: float) -> None:
+    lives: list[Life] = []
+
+    def terminate(i: _Inst, at: float, revoked: bool = False) -> None:
         nonlocal closed
-        closed += world.cost(i.o, i.launched, at)
+        usd = world.cost(i.o, i.launched, at)
+        closed += usd
         insts.remove(i)
+        h0 = world.start
+        lives.append(Life(i.o, (i.launched - h0) / 3600, (min(i.ready, at) - h0) / 3600,
+                          (at - h0) / 3600, revoked, usd))
 
     def held() -> dict[Offering, int]:
         h: dict[Offering, int] = {}
@@ -290,7 +311,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             was_running = r > 0
             for i in gone:
                 failed[i.o] = t
-                terminate(i, t)
+                terminate(i, t, revoked=True)
             revocations += len(gone)
             if hot:
                 if was_running:
@@ -323,4 +344,4 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     completion = (t - world.start) / 3600 if done >= work else None
     status = "ok" if completion is not None else "not finished by the end of the trace"
     return Result(name, closed, done, work, completion, deadline_h, revocations, lost, launches,
-                  status, (xs, fleet, rates, costs))
+                  status, (xs, fleet, rates, costs), lives)
