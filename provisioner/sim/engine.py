@@ -74,6 +74,7 @@ class Result:
     status: str = "ok"
     series: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
     lives: list[Life] = field(default_factory=list)
+    fleet_by: dict[Offering, tuple[list, list]] | None = None  # set by runs without lives
 
     @property
     def cost_per_m(self) -> float:
@@ -85,18 +86,48 @@ class Result:
             return None
         return self.completion_h is not None and self.completion_h <= self.deadline_h + 1e-9
 
+    @property
+    def finished(self) -> bool:
+        return self.completion_h is not None and self.done >= self.work * (1 - 1e-9)
+
+    def by_offering(self) -> dict[Offering, tuple[list[float], list[int]]]:
+        """Instances held over time (hours), per offering: step functions from ``lives``
+        (or ``fleet_by``: the bound's mean count per segment)."""
+        if self.fleet_by is not None:
+            return self.fleet_by
+        changes: dict[Offering, dict[float, int]] = {}
+        for life in self.lives:
+            ch = changes.setdefault(life.offering, {})
+            ch[life.launched_h] = ch.get(life.launched_h, 0) + 1
+            ch[life.ended_h] = ch.get(life.ended_h, 0) - 1
+        out = {}
+        for o, ch in changes.items():
+            xs, ys, n = [], [], 0
+            for x in sorted(ch):
+                n += ch[x]
+                xs.append(x)
+                ys.append(n)
+            out[o] = (xs, ys)
+        return out
+
     def figures(self) -> dict:
-        """Plain Python numbers (JSON-able), rounded for reading."""
+        """Plain Python numbers (JSON-able: no NaN or infinity), rounded for reading; an
+        unfinished run says so (``finished``, ``work_done_fraction``, ``status``)."""
         met = self.deadline_met
-        return {"total_cost_usd": round(float(self.cost), 4),
+
+        def num(x: float, nd: int) -> float | None:
+            return round(float(x), nd) if math.isfinite(x) else None
+
+        return {"total_cost_usd": num(self.cost, 4),
                 "completion_hours": (None if self.completion_h is None
-                                     else round(float(self.completion_h), 4)),
-                "cost_per_1m_samples_usd": (round(float(self.cost_per_m), 6) if self.done > 0
-                                            else None),
+                                     else num(self.completion_h, 4)),
+                "cost_per_1m_samples_usd": num(self.cost_per_m, 6) if self.done > 0 else None,
                 "deadline_met": None if met is None else bool(met),
                 "revocations": int(self.revocations),
-                "work_lost_samples": round(float(self.work_lost), 1),
-                "work_done_samples": round(float(self.done), 1),
+                "work_lost_samples": num(self.work_lost, 1),
+                "work_done_samples": num(self.done, 1),
+                "work_done_fraction": num(self.done / self.work, 4) if self.work > 0 else None,
+                "finished": self.finished,
                 "launches": int(self.launches), "status": self.status}
 
 
@@ -342,6 +373,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     for i in list(insts):
         terminate(i, t)
     completion = (t - world.start) / 3600 if done >= work else None
-    status = "ok" if completion is not None else "not finished by the end of the trace"
+    status = ("ok" if completion is not None else
+              f"not finished by the end of the trace ({done / work:.1%} of the work done)")
     return Result(name, closed, done, work, completion, deadline_h, revocations, lost, launches,
                   status, (xs, fleet, rates, costs), lives)

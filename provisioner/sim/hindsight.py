@@ -159,7 +159,13 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     before = cum_w[fin - 1] if fin > 0 else 0.0
     share_done = (work - before) / w_seg[fin] if w_seg[fin] > 0 else 1.0
     completion = (a0 + min(max(share_done, 0.0), 1.0) * (b0 - a0) - world.start) / 3600
-    xs = [(a - world.start) / 3600 for a, _ in segs]
+    xs = [(a - world.start) / 3600 for a, _ in segs] + [(end - world.start) / 3600]
+    fleet.append(0.0)  # the series end where the bound's horizon does
+    rate.append(0.0)
     launched = int(round(float(x[:, n_o + n_t * jmax:].sum()))) if n_u else 0
+    lengths = np.array([(b - a) / 3600.0 for a, b in segs])
+    by = {o: (xs, [float(v) for v in x[:, a] / lengths] + [0.0])
+          for a, o in enumerate(offs) if x[:, a].sum() > 1e-9}
     return Result("hindsight", float(c_seg.sum()), work, work, completion, None, 0, 0.0,
-                  launched, "optimal", (xs, fleet, rate, list(np.cumsum(c_seg))))
+                  launched, "optimal", (xs, fleet, rate, [0.0] + list(np.cumsum(c_seg))),
+                  fleet_by=by)
