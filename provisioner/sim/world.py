@@ -199,7 +199,7 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
     if not price:
         raise UserError("the traces hold no usable spot price for any instance type with a "
                         "throughput prior")
-    spans = _spans(snapshot, avail, notes)
+    spans = _spans(snapshot, {o: pts for o, pts in avail.items() if o in price})
     avail_steps: dict[Offering, Step | None] = {}
     reclaims: dict[Offering, Reclaims] = {}
     revoked_ends: dict[Offering, list[float]] = defaultdict(list)
@@ -252,8 +252,8 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
                  reclaims)
 
 
-def _spans(snapshot: Snapshot, avail: Mapping[Offering, list[tuple[float, int]]],
-           notes: list[str]) -> dict[Offering, list[tuple[float, float]]]:
+def _spans(snapshot: Snapshot, avail: Mapping[Offering, list[tuple[float, int]]]
+           ) -> dict[Offering, list[tuple[float, float]]]:
     """Where each availability series was observed: the loader's spans, else (records built
     by hand) from its first record to its last record or censored lifetime. Raises
     UserError for a series with a single time."""
