@@ -88,7 +88,7 @@ class Result:
 
     @property
     def finished(self) -> bool:
-        return self.completion_h is not None and self.done >= self.work * (1 - 1e-9)
+        return bool(self.completion_h is not None and self.done >= self.work * (1 - 1e-9))
 
     def by_offering(self) -> dict[Offering, tuple[list[float], list[int]]]:
         """Instances held over time (hours), per offering: step functions from ``lives``
