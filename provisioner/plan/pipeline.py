@@ -32,6 +32,7 @@ from one thread (the OutageLog is its state). Raises InfeasibleError only in sta
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
@@ -243,6 +244,13 @@ class Planner:
         self.launches.observe(now, fleet.held)
         young = {o: n for o, n in self.launches.young(now, fleet.held, horizon_s).items()
                  if o.market == "spot"}
+        zones = Counter()
+        for o, n in fleet.held.items():
+            zones[(o.region, o.zone)] += n
+        if len(zones) > 1:  # a ring spread over zones (replacements of revoked instances in
+            # other zones) may gather into its main zone: keep only the main zone's young
+            main = max(zones.values())
+            young = {o: n for o, n in young.items() if zones[(o.region, o.zone)] == main}
         cands, notes = candidates(market, fleet, s)
         deadline_s = pr.deadline_s
         left = max(pr.work - pr.done, 0.0)
@@ -280,11 +288,14 @@ class Planner:
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
         held_rate = fleet_rate(cands, b.model_mb, b.global_batch,
                                (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
-        if floor <= 0.0 and 0.0 < held_rate < target <= held_rate * s.ahead_tolerance:
-            # The fleet held keeps the pace within the tolerance: grow it where it is, or
-            # not at all, rather than move the ring for a few percent (on the 4-node
+        one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
+        if (floor <= 0.0 and one_zone and
+                0.0 < held_rate < target <= held_rate * s.ahead_tolerance):
+            # The ring held, in one zone, keeps the pace within the tolerance: grow it where
+            # it is, or not at all, rather than move it for a few percent (on the 4-node
             # preemption traces, zones capped at 4 a region apart, the ring moved every
             # hour for the 5th instance the pace asked for and no region had: 102 launches).
+            # A ring spread over zones may still gather into one (the MILP prices the link).
             pins.update({o: n for o, n in fleet.held.items() if n > 0})
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
