@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 from typing import Any, Iterator
@@ -65,6 +64,8 @@ LIMITS = {
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse absurd numbers (inf, NaN, 1e9 hours, a zero tick) with the flag and the fix."""
+    import math
+
     from pricing.sources.trace_io import MAX_PRICE_PER_HOUR
 
     for name, (lo, hi, what) in LIMITS.items():
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"report written to {path}")
     if args.json:
-        print(json.dumps(figures(results), sort_keys=True, allow_nan=False))
+        print(json.dumps(figures(results), sort_keys=True))
     elif not args.report:
         for n, f in figures(results).items():
             print(n, json.dumps(f))
