@@ -123,6 +123,8 @@ def _one_zone(p: Problem, plan: Plan, time_limit_s: float) -> Plan:
     best, best_obj = plan, _objective(p, plan.counts)
     for z in sorted(zones):
         inside = tuple(c for c in p.candidates if c.zone_key == z)
+        if any(c.min_count > 0 and c.zone_key != z for c in p.candidates):
+            continue  # it would drop instances the planner keeps
         try:
             alt = _solve(replace(p, candidates=inside), time_limit_s=time_limit_s)
         except InfeasibleError:
