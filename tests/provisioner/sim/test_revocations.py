@@ -5,7 +5,6 @@ the simulator draws from."""
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -13,29 +12,10 @@ from pricing.model import Availability, Lifetime, Offering, PriceQuote, Snapshot
 from pricing.risk import hazard_rates
 from pricing.sources.trace_io import availability_to_records
 from provisioner.errors import UserError
-from provisioner.plan.throughput import ThroughputModel
 from provisioner.sim.engine import simulate_policy
-from provisioner.sim.policies import Params
 from provisioner.sim.revocations import hits, learned_hazards, reclaims_of
 from provisioner.sim.world import build_world
-
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
-A = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
-B = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "spot")
-SPEED = ThroughputModel(priors={"p3.2xlarge": 100.0})
-
-
-def at(hours: float) -> datetime:
-    return T0 + timedelta(hours=hours)
-
-
-def params(**kw) -> Params:
-    base = dict(itype="p3.2xlarge", size=1, boot_s=0, restart_s=0, checkpoint_s=1800,
-                step_s=1, reform_s=0, model_mb=0, max_size=4, max_zone_share=1.0,
-                backoff_s=60, avoid_s=600)
-    base.update(kw)
-    return Params(**base)
-
+from tests.provisioner.sim.test_simulate import A, B, SPEED, at, params
 
 def group_trace(off: Offering, counts: list[int], hours: float, capacity=None) -> Snapshot:
     """A count series of ``off`` sampled every ``hours`` through the loader's own records."""
