@@ -16,6 +16,7 @@ Rule: the JSON (``figures``) and the markdown table show the same numbers.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -199,11 +200,15 @@ def _plots(d: Path, world: World, results: Mapping[str, Result]) -> list[str]:
     avail = {}
     for o in sorted(o for o, st in world.avail.items() if st is not None):
         st = world.avail[o]
-        avail[_label(o)] = ([(t - world.start) / 3600 for t in st.t], [float(v) for v in st.v])
+        xs = [(t - world.start) / 3600 for t in st.t]
+        ys = [float(v) for v in st.v]
+        spans = [((a - world.start) / 3600, (b - world.start) / 3600)
+                 for a, b in world.observed.get(o, ())]
+        avail[_label(o)] = _observed_only(xs, ys, spans) if spans else (xs, ys)
     if avail:
         plots.heatmap(d / "availability.png", avail, xmax=(world.end - world.start) / 3600,
-                      title="spot instances available over the whole trace (the capacity caps)",
-                      label="instances")
+                      title="spot instances available over the period simulated (the capacity "
+                      "caps; grey: not observed)", label="instances")
         out.append("availability.png")
     panels = {}
     for n, r in results.items():
@@ -225,3 +230,16 @@ def _plots(d: Path, world: World, results: Mapping[str, Result]) -> list[str]:
                 xmax=end_h, zoom=zoom, dashed=("hindsight",))
     out.append("cost.png")
     return out
+
+
+def _observed_only(xs: list[float], ys: list[float], spans: list[tuple[float, float]]
+                   ) -> tuple[list[float], list[float]]:
+    """The step function (xs, ys) where a span observed it, NaN elsewhere (a gap in the
+    plot, not a zero)."""
+    cuts = sorted(set(xs) | {x for span in spans for x in span})
+    out = []
+    for x in cuts:
+        inside = any(a <= x < b for a, b in spans)
+        i = bisect.bisect_right(xs, x) - 1
+        out.append(ys[max(i, 0)] if inside else math.nan)
+    return [min(cuts[0], 0.0) - 1e-9] + cuts, [math.nan] + out

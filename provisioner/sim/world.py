@@ -73,6 +73,7 @@ class World:
     lifetimes: tuple = ()
     notes: list[str] = field(default_factory=list)
     reclaims: dict[Offering, Reclaims] = field(default_factory=dict)  # removals of the series
+    observed: dict[Offering, list[tuple[float, float]]] = field(default_factory=dict)  # spans
 
     @property
     def offerings(self) -> list[Offering]:
@@ -249,7 +250,7 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
                      "a held instance with the probability its group's size implies, and the "
                      "count as a capacity cap")
     return World(lo, hi, price, avail_steps, speed, hazard, tuple(snapshot.lifetimes), notes,
-                 reclaims)
+                 reclaims, dict(spans))
 
 
 def _spans(snapshot: Snapshot, avail: Mapping[Offering, list[tuple[float, int]]]

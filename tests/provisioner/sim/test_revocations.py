@@ -77,6 +77,10 @@ def test_a_trace_that_ends_early_has_no_capacity_after_its_end_and_says_so():
     assert world.end == at(4).timestamp()
     assert world.available(A, at(1).timestamp()) == 2 and world.available(A, at(3).timestamp()) == 0
     assert any("us-east-1a" in n and "2.0 h before the period's end" in n for n in world.notes)
+    assert world.observed[A] == [(at(0).timestamp(), at(2).timestamp())]
+    from provisioner.sim.report import _observed_only
+    xs, ys = _observed_only([0.0, 2.0], [2.0, 0.0], [(0.0, 2.0)])
+    assert ys[1] == 2.0 and ys[-1] != ys[-1]  # observed, then NaN (a gap in the plot, not 0)
 
 
 def test_a_one_row_availability_is_refused_with_the_fix():
