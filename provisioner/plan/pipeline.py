@@ -267,9 +267,10 @@ class Planner:
         fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
         self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
                              max(fails) if fails else None)
-        if floor > 0.0 and any(c.offering.market == "spot" and c.max_count is None
-                               for c in cands):
-            # Spot can be had (some offering has not failed lately): it runs the same
+        if floor > 0.0 and any(c.offering.market == "spot" and (
+                c.max_count is None or c.max_count > c.current) for c in cands):
+            # Spot can be had (some offering has room: not failed lately, not capped at what
+            # it holds, whether by the daemon's capacity cache or a known cap): it runs the same
             # instances as fast for a third of the price, so no on-demand floor, and no
             # swap of held spot for on-demand (which a floor made the cheapest fleet once
             # the work left fit one instance: 7 of 7 single-offering deadline runs swapped
