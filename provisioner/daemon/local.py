@@ -192,6 +192,7 @@ class LocalRun:
         snap, start = self.usable(snap)
         job_spec = self.job_spec()
         identity = self.identity(job_spec)
+        writable_folder(self.workdir, "--workdir")
         writable_folder(self.report_dir, "--report")
         created = Created()
         lock = RunLock(self.wd.lock, f"--workdir {self.workdir}")
