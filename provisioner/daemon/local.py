@@ -63,6 +63,11 @@ from provisioner.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
+#: The shortest real interval between snapshots of a local run. ``[snapshot] every_s`` is in
+#: simulated seconds like every other period of a local run (the coordinator gets
+#: ``every_s / speed``); below a second the snapshots would cost the ring more than the 1%
+#: issue 15 allows on this machine.
+MIN_SNAPSHOT_REAL_S = 1.0
 #: Workers exiting this many times with none ever joining the ring stop the run (a broken job
 #: file or interpreter would otherwise be relaunched forever, each launch paid for).
 CRASH_LOOP_EXITS = 4
@@ -268,9 +273,12 @@ class LocalRun:
                                 f"workers dial {prev['host']}:{prev['port']}; leave them unset "
                                 f"to continue it, or pick another --workdir")
             host, port = prev["host"], prev["port"]
+        snap = self.settings.snapshot
+        if snap.every_s > 0:  # simulated seconds, as every period of a local run
+            snap = snap.model_copy(update={"every_s": max(MIN_SNAPSHOT_REAL_S,
+                                                          snap.every_s / self.speed)})
         try:
-            return make_coordinator(host, port, token, heartbeat_timeout_s=5.0,
-                                    snapshot=self.settings.snapshot,
+            return make_coordinator(host, port, token, heartbeat_timeout_s=5.0, snapshot=snap,
                                     snapshot_url=snapshot_url(self.settings, self.wd.snapshots))
         except UserError as exc:
             if not prev:
@@ -455,9 +463,10 @@ class LocalRun:
                             notes=[f"market: {n}" for n in notes] + [
                                 f"stopped: {v.reason}", f"speed: {self.speed:g}x"])
         fig = json.loads((self.report_dir / "report.json").read_text())
+        acc = "-" if fig["accuracy"] is None else f"{fig['accuracy']:.3f}"
         print(f"stopped: {v.reason}. spend ${fig['spend_usd']:.4f} for {fig['samples']:,} "
               f"samples (${fig['cost_per_1m_samples_usd'] or 0:.4f} per 1M), accuracy "
-              f"{fig['accuracy']}, steps lost {fig['steps_lost']} "
+              f"{acc}, steps lost {fig['steps_lost']} "
               f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
               f"{fig['kills']} kills, {fig['joins']} joins", flush=True)
         print(f"report: {path}", flush=True)

@@ -108,3 +108,19 @@ def test_moto_s3_endpoint_as_the_snapshot_settings_give_it(tmp_path):
         assert keys == ["runs/spotring-demo/000001/meta.json"]
     finally:
         server.stop()
+
+
+def test_gcs_fake_as_the_storage_emulator(monkeypatch):
+    """``STORAGE_EMULATOR_HOST`` (the client's own switch: anonymous credentials, this
+    endpoint) reaches the fake too: a store built with the client's defaults can be tested."""
+    pytest.importorskip("google.cloud.storage")
+    from google.cloud import storage
+
+    from tests.fakes.gcs_fake import GcsFake
+
+    with GcsFake(buckets=["b"]) as fake:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake.endpoint)
+        client = storage.Client()
+        client.bucket("b").blob("x/y").upload_from_string(b"hello")
+        assert [b.name for b in client.list_blobs("b")] == ["x/y"]
+        assert fake.data("b", "x/y") == b"hello"
