@@ -181,7 +181,8 @@ class State:
             raise UserError(f"{path}: not a readable state file ({exc})") from None
         if not {"meta", "instances", "events"} <= tables:
             self._db.close()
-            raise UserError(f"{path}: not a spotring state file (no daemon tables); pass the "
+            raise UserError(f"{path}: not a spotring state file (no daemon tables; a daemon "
+                            f"starting on it writes them in a moment); pass the "
                             f"file `provision run` writes (WORKDIR/state.sqlite or "
                             f"daemon.state_path)")
         return self

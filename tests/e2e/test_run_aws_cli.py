@@ -1,7 +1,9 @@
 """``provision run`` itself, as a process, on the AWS driver against a moto server over HTTP:
-it launches the fleet; SIGKILLed and started again it adopts the fleet (no orphan, no
-duplicate); an interruption through EventBridge -> SQS is replaced; SIGTERM with
-``--on-exit terminate`` exits 0 and leaves nothing running."""
+it launches the fleet; a second daemon on the same state is refused; SIGKILLed and started
+again from another directory (the config's relative ``state_path`` is read from the config
+file's folder) it adopts the fleet (no orphan, no duplicate, nothing terminated); an
+interruption through EventBridge -> SQS is replaced; SIGTERM with ``--on-exit terminate``
+exits 0 and leaves nothing running."""
 
 from __future__ import annotations
 
@@ -57,18 +59,19 @@ kind = "trace"
 max_size = 2
 markets = ["spot"]
 [daemon]
-state_path = "{tmp / 'state.sqlite'}"
+state_path = "state.sqlite"
 notice_poll_s = 0.5
 plan_s = 600
 """)
     return cfg
 
 
-def start(cfg: Path, tmp: Path, n: int) -> subprocess.Popen:
+def start(cfg: Path, tmp: Path, n: int, cwd: Path = REPO) -> subprocess.Popen:
     log = open(tmp / f"run{n}.log", "w")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
                              "--trace", str(tmp / "prices.csv"), "--on-exit", "terminate"],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+                            cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 
@@ -83,16 +86,23 @@ def test_provision_run_against_moto(world, tmp_path):
     try:
         assert wait_for(lambda: len(alive(world)) == 2, 60), (tmp_path / "run1.log").read_text()
         fleet = alive(world)
+        busy = start(cfg, tmp_path, 9)
+        assert busy.wait(60) == 2  # one daemon per state file
+        assert "in use by another `provision run`" in (tmp_path / "run9.log").read_text()
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert alive(world) == fleet  # a crash leaves the fleet running...
-        second = start(cfg, tmp_path, 2)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        second = start(cfg, tmp_path, 2, cwd=elsewhere)
         try:
             time.sleep(0.5)
             # ...and the restarted daemon adopts it: no stray terminated, nothing added.
             assert wait_for(lambda: _events(tmp_path).count("started") >= 2, 60), \
                 (tmp_path / "run2.log").read_text()
             assert alive(world) == fleet
+            assert not (elsewhere / "state.sqlite").exists()  # the same state, found again
+            assert "terminated" not in _events(tmp_path)
             victim = sorted(fleet)[0]
             world.interrupt(victim)
             assert wait_for(lambda: len(alive(world) - fleet) == 1, 30), \

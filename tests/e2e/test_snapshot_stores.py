@@ -8,46 +8,31 @@ workers hold no cloud credentials. Needs the trainer side of issue 15 (``trainer
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from provisioner.drivers.local import running
-from tests.conftest import REPO
-from tests.e2e.test_local_run import JOB, cleanup, log_of, needs_trainer, ring, stop, training
+from tests.e2e.test_local_run import QUIET, needs_trainer
+from tests.fakes.local_run import JOB, RunProcess
 from tests.fakes.wait import wait_for
 
 pytestmark = [pytest.mark.slow, needs_trainer]
 
 
 def run_and_kill_everyone(tmp_path: Path, snapshot_toml: str, env: dict[str, str]) -> dict:
-    wd = tmp_path / "w"
     cfg = tmp_path / "c.toml"
     cfg.write_text('[fleet]\nmarkets = ["spot"]\nmax_size = 3\n[snapshot]\nevery_s = 60\n'
                    + snapshot_toml)
-    out = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "provisioner.cli", "run", "--workdir",
-                             str(wd), "--config", str(cfg), "--no-dashboard",
-                             "--outages-per-hour", "0", "--speed", "60", "--until-epochs",
-                             "30"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, **env})
-    try:
-        assert wait_for(lambda: training(wd, 3, 40) and ring(wd).get("snapshot"), 180,
-                        step_s=0.2, abort=lambda: log_of(wd) if proc.poll() is not None else None)
-        for rec in running(wd / "cloud", JOB):
-            os.killpg(rec["pid"], signal.SIGKILL)
-        assert proc.wait(timeout=240) == 0, log_of(wd)
-    finally:
-        stop(proc)
-        cleanup(wd)
-    assert not (wd / "snapshots").exists() or not any((wd / "snapshots").rglob("*")), \
-        "snapshots went to the daemon's disk instead of the bucket"
-    fig = json.loads((wd / "report" / "report.json").read_text())
+    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "30", config=cfg,
+                    env=env).start() as run:
+        assert wait_for(lambda: run.training(3, 40) and run.ring().get("snapshot"), 180,
+                        step_s=0.2, abort=run.exited)
+        run.kill_workers()
+        assert run.wait(timeout=240) == 0, run.log()
+        snaps = run.workdir / "snapshots"
+        assert not snaps.exists() or not any(snaps.rglob("*")), \
+            "snapshots went to the daemon's disk instead of the bucket"
+        fig = run.report()
     assert fig["outcome"] == "done" and fig["resumed_from"] is not None, fig
     return fig
 
