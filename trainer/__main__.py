@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--loader-workers", type=int, default=None, metavar="N",
                    help="input pipeline worker processes (default: the job's, else 0 for an "
                    "in-memory TensorDataset and 2 for other datasets)")
+    w.add_argument("--coordinator-grace", type=float, default=600.0, metavar="S",
+                   help="a coordinator that stops answering is waited for this long (the "
+                   "ring trains on in its generation meanwhile); then the worker exits 3 "
+                   "(default 600)")
+    w.add_argument("--zone", default=os.environ.get("SPOTRING_ZONE", ""),
+                   help="the zone this worker runs in (default $SPOTRING_ZONE): the hybrid "
+                   "mode all-reduces inside a zone and uses parameter servers across zones")
     w.add_argument("--ring-host", default=None, metavar="ADDR",
                    help="address this worker's ring connections listen on and advertise "
                    "(default: its address facing the coordinator)")
@@ -158,6 +165,10 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"error: --bucket-mb {args.bucket_mb}: must be a positive number of MB "
               "(default 25)", file=sys.stderr)
         return 2
+    if not 0 < args.coordinator_grace < 1e7:
+        print(f"error: --coordinator-grace {args.coordinator_grace}: must be a positive "
+              "number of seconds", file=sys.stderr)
+        return 2
     if args.loader_workers is not None and args.loader_workers < 0:
         print(f"error: --loader-workers {args.loader_workers}: must be >= 0", file=sys.stderr)
         return 2
@@ -173,7 +184,8 @@ def _worker(args: argparse.Namespace) -> int:
         connect_budget_s=args.connect_timeout, faults=tuple(args.fault),
         rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
         device=args.device, bucket_mb=args.bucket_mb, output=args.output,
-        loader_workers=args.loader_workers)
+        loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace,
+        zone=args.zone)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

@@ -111,17 +111,22 @@ class Heartbeat:
     """
 
     def __init__(self, store: ControlStore, member_id: int, interval_s: float = 0.05,
-                 speed: Callable[[], mb.Speed] | None = None) -> None:
+                 speed: Callable[[], mb.Speed] | None = None,
+                 report: Callable[[], mb.Report] | None = None) -> None:
         self._store = store.clone()
         self._id = member_id
         self.interval_s = interval_s
         self._speed = speed
+        self.report = report  # what this member tells a restarted coordinator
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"spotring-hb-{member_id}",
                                         daemon=True)
         self.generation = 0  # set by the loop when it enters a generation
         self.latest = 0
         self.export = 0  # the coordinator's count of requests for the trained model
+        self.incarnation: bytes | None = None  # the coordinator process this member knows
+        self.lost_since: float | None = None  # monotonic time the coordinator stopped
+        # answering (None: it answers)
         self._broken_gen = 0  # the generation the cached flag below belongs to
         self._broken = False
         self.polled_at = 0.0  # monotonic time of the last successful poll
@@ -146,6 +151,10 @@ class Heartbeat:
             self._store.set(mb.STATS, stats)
             self._stats_sent = stats
 
+    def lost_is_recent(self) -> bool:
+        """True while the coordinator does not answer this thread's polls."""
+        return self.lost_since is not None
+
     def is_broken(self, generation: int) -> bool:
         """The cached ``broken/<generation>`` flag (False until the thread has polled it)."""
         return self._broken_gen == generation and self._broken
@@ -161,14 +170,23 @@ class Heartbeat:
             try:
                 self.beat()
                 gen = self.generation
-                if gen:  # one round trip; the coordinator creates broken/<n> before gen/<n>
-                    latest, broken, export = self._store.multi_get(
-                        [mb.LATEST, mb.k_broken(gen), mb.EXPORT])
-                    self.latest, self.export = int(latest), int(export)
-                    self._broken_gen, self._broken = gen, int(broken) > 0
-                else:
-                    self.latest = int(self._store.add(mb.LATEST, 0))
+                keys = [mb.LATEST, mb.EXPORT, mb.INCARNATION]
+                if gen:
+                    keys.append(mb.k_broken(gen))
+                vals = self._store.peek(keys)  # one round trip; never waits for a key
+                if vals[2] is not None and vals[2] != self.incarnation:
+                    if self.incarnation is not None:  # a restarted coordinator
+                        self._introduce()
+                    self.incarnation = vals[2]
+                self.latest = int(vals[0] or 0)
+                self.export = int(vals[1] or 0)
+                if gen:
+                    self._broken_gen, self._broken = gen, int(vals[3] or 0) > 0
                 self.polled_at = time.monotonic()
+                if self.lost_since is not None:
+                    log.warning("the coordinator answers again after %.1fs",
+                                self.polled_at - self.lost_since)
+                    self.lost_since = None
                 with self._stats_lock:
                     stats = self.stats
                     if stats is not None and stats != self._stats_sent:
@@ -178,5 +196,16 @@ class Heartbeat:
                     last_speed = self.polled_at
                     self._store.set(mb.k_speed(self._id), self._speed().to_json())
             except (ControlLost, ControlTimeout, ValueError):
-                log.debug("heartbeat failed", exc_info=True)
+                if self.lost_since is None:
+                    self.lost_since = time.monotonic()
+                    log.warning("the coordinator does not answer; training goes on in the "
+                                "current generation", exc_info=log.isEnabledFor(logging.DEBUG))
             self._stop.wait(self.interval_s)
+
+    def _introduce(self) -> None:
+        """Tell a restarted coordinator who this member is (it adopts the running ring)."""
+        with self._stats_lock:
+            self._stats_sent = None  # publish the progress again to the new coordinator
+        if self.report is not None:
+            self._store.append(mb.REPORTS, self.report().to_json() + "\n")
+            log.info("reported to a restarted coordinator")

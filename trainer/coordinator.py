@@ -8,6 +8,11 @@ straight from the store's table (same process: no round trip), calls the pure de
 applies its actions (store writes, events). Commands from the embedding daemon
 (:meth:`Coordinator.drain`) are pure functions too, applied under the same lock.
 
+It keeps the ring's durable snapshots (:class:`trainer.snapshot.Vault`: workers upload them
+over the same authenticated store; a directory, S3 or GCS) and serves them back when every
+holder of the state was lost at once. A coordinator restarted on the same address with the
+same token takes over the running ring from its members' reports (0 steps lost).
+
 It is embeddable (the provisioner daemon calls :meth:`Coordinator.start` / :meth:`stop`,
 :meth:`drain` by worker name and reads :meth:`stats`, :meth:`members`, :meth:`events`) and
 runs standalone as ``python -m trainer coordinator``.
@@ -18,7 +23,9 @@ on the host it is given (``127.0.0.1`` is loopback only).
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +34,7 @@ from typing import Any
 from trainer import decide as dc
 from trainer import membership as mb
 from trainer.membership import MemberInfo, Outcome, Plan
+from trainer.snapshot import SnapshotSettings, Vault, open_store
 from trainer.store import StoreServer, raise_fd_limit, stats_of
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,7 @@ class Coordinator:
         rollcall_s: float = 0.5,
         initial_world: int = 1,
         poll_s: float = 0.02,
+        snapshot: SnapshotSettings | None = None,
     ) -> None:
         if not token:
             raise ValueError("token: empty; pass the job token (bytes) read from the token file")
@@ -61,6 +70,8 @@ class Coordinator:
         self._settings = dc.Settings(heartbeat_timeout_s, rollcall_s, initial_world)
         self._clock = clock
         self._poll_s = poll_s
+        self._snapshot = snapshot
+        self._vault: Vault | None = None
         self._server: StoreServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -76,10 +87,29 @@ class Coordinator:
         Raises ``OSError`` when the address is busy or not this machine's.
         """
         raise_fd_limit()
-        self._server = StoreServer(self._host, self._port, self._token)
+        if self._snapshot is not None:
+            self._vault = Vault(open_store(self._snapshot), keep=self._snapshot.keep,
+                                on_commit=lambda m: self._server.local_set(mb.SNAPSHOT, m)
+                                if self._server is not None else None)
+        self._server = StoreServer(self._host, self._port, self._token, blobs=self._vault)
         self._server.start()
-        for key in (mb.LATEST, mb.IDS, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT):
+        for key in (mb.LATEST, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT):
             self._server.local_add(key, 0)
+        # member ids of this incarnation start above any an earlier one handed out (a
+        # restarted coordinator adopts members that keep their ids)
+        base = int(time.time() * 1000)
+        self._server.local_set(mb.IDS, str(base).encode())
+        with self._lock:
+            self._ring = dc.Ring(scan_from=base + 1)
+        self._server.local_set(mb.INCARNATION, secrets.token_hex(8).encode())
+        if self._vault is not None:
+            latest = self._vault.latest()  # a snapshot of an earlier incarnation counts
+            if latest is not None:
+                self._server.local_set(mb.SNAPSHOT, latest.to_json().encode())
+            cfg = self._snapshot
+            assert cfg is not None
+            self._server.local_set(mb.SNAPSHOT_CONFIG, json.dumps(
+                {"every_s": cfg.every_s, "every_steps": cfg.every_steps}).encode())
         self._thread = threading.Thread(target=self._run, name="spotring-coordinator",
                                         daemon=True)
         self._thread.start()
@@ -92,6 +122,8 @@ class Coordinator:
             self._thread.join(timeout=10)
         if self._server is not None:
             self._server.stop()
+        if self._vault is not None:
+            self._vault.close()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -125,12 +157,22 @@ class Coordinator:
 
     def stats(self) -> dict[str, Any]:
         """Progress: generation, step, epoch, samples_done, world, loss, metrics (accuracy),
-        steps_lost, finished, outcome (running|done|lost|failed), failure, and ``rejected``:
-        what the control port refused (connections without the token, bad frames)."""
+        steps_lost, finished, outcome (running|done|lost|failed), failure, ``snapshot`` (the
+        newest durable one: step, time, bytes; or None), ``resumed_from`` (the step of the
+        snapshot the ring last resumed from), ``adopted`` (a restarted coordinator took the
+        ring over), and ``rejected``: what the control port refused (connections without the
+        token, bad frames)."""
         with self._lock:
             out = dc.stats(self._ring)
         if self._server is not None:
             out["rejected"] = stats_of(self._server.counters)
+            raw = self._server.local_get(mb.SNAPSHOT)
+            try:
+                m = json.loads(raw) if raw else None
+                out["snapshot"] = ({"step": int(m["step"]), "time": float(m["time"]),
+                                    "bytes": int(m["bytes"])} if m else None)
+            except (ValueError, KeyError, TypeError):
+                out["snapshot"] = None
         return out
 
     def events(self) -> list[dict[str, Any]]:

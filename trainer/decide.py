@@ -33,6 +33,7 @@ after :func:`reads` of the same state; apply every action, in order.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +46,9 @@ SPEED_POLL_S = 0.5  # how often members' reported samples/s are read
 REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
 MAX_TICK_GAP_S = 0.5  # a longer gap between ticks is the coordinator's own pause
 KEEP_GENERATIONS = 16  # keys of older generations are deleted from the store
+ADOPT_WAIT_S = 3.0  # a restarted coordinator waits this long for every member to report
+MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a token holder
+# bumping the counter by a billion must not make a tick scan a billion ids)
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -70,6 +74,7 @@ class Tracked:
     hb_seen: float = 0.0  # active time at which the heartbeat last moved
     state: MemberState = MemberState.JOINING
     device: str = "cpu"
+    zone: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,9 @@ class Ring:
     reforms: mb.Reforms = mb.Reforms()
     rollcall: RollCall | None = None
     holders: frozenset[int] = frozenset()  # members that hold the state (formed a generation)
+    adopted: bool = False  # a restarted coordinator took over a running ring
+    first_report: float | None = None  # active time of the first member report seen
+    resumed_from: int | None = None  # the step of the snapshot the ring last resumed from
     progress: mb.Progress = mb.Progress()
     steps_lost: int = 0
     outcome: Outcome = Outcome.RUNNING
@@ -177,9 +185,11 @@ Action = Put | Add | Delete | DeletePrefix | Emit
 
 def reads(ring: Ring, ids: int) -> list[str]:
     """The keys one tick reads, given the current value of the ``ids`` counter."""
-    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS]
-    keys += [mb.k_hello(i) for i in sorted(set(ring.unseen) | set(range(ring.scan_from,
-                                                                        ids + 1)))]
+    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT]
+    if ring.plan is None:
+        keys.append(mb.REPORTS)  # a restarted coordinator: the members' accounts
+    keys += [mb.k_hello(i) for i in sorted(set(ring.unseen) | set(
+        range(max(ring.scan_from, ids + 1 - MAX_NEW_IDS), ids + 1)))]
     for m in ring.tracked:
         keys += [mb.k_heartbeat(m), mb.k_speed(m), mb.k_drain(m), mb.k_done(m), mb.k_error(m)]
     keys += [mb.k_heartbeat(m) for m in ring.dropped]
@@ -236,6 +246,8 @@ def decide(ring: Ring, snap: Snapshot, settings: Settings, ids: int
     _joins(t)
     _heartbeats(t)
     _reports(t)
+    if t.r.plan is None and t.r.outcome is Outcome.RUNNING:
+        _adopt(t)
     if t.r.outcome is Outcome.RUNNING:
         _generations(t)
     return t.r, t.actions
@@ -250,7 +262,7 @@ def _advance_clock(t: _Tick) -> None:
 def _joins(t: _Tick) -> None:
     r, now = t.r, t.r.clock
     unseen = dict(r.unseen)
-    for i in range(r.scan_from, t.ids + 1):
+    for i in range(max(r.scan_from, t.ids + 1 - MAX_NEW_IDS), t.ids + 1):
         unseen.setdefault(i, now)
     t.set(scan_from=max(r.scan_from, t.ids + 1))
     for i, since in sorted(unseen.items()):
@@ -279,7 +291,7 @@ def _joins(t: _Tick) -> None:
             t.set(job=hello.job)
         t.actions.append(Put(mb.k_verdict(i), b"ok"))
         t.put_tracked(Tracked(i, hello.name, t.s.wall, samples_per_s=hello.prior, hb=-1,
-                              hb_seen=now, device=hello.device))
+                              hb_seen=now, device=hello.device, zone=hello.zone))
         t.set(ready=(*t.r.ready, i))
         t.emit(EventKind.JOIN, hello.name, detail=f"admitted as member {i}")
     t.set(unseen=unseen)
@@ -383,6 +395,67 @@ def _reports(t: _Tick) -> None:
                generation=plan.generation)
 
 
+def _adopt(t: _Tick) -> None:
+    """A restarted coordinator takes over the running ring from its members' reports.
+
+    It waits until every member of the newest plan reported, or ``ADOPT_WAIT_S``; the plan
+    is taken as formed (its members hold the state, 0 steps lost); a member that does not
+    report is found dead by its heartbeat as usual; one that reports it is not in a formed
+    group (its generation broke while the coordinator was away) makes the generation broken,
+    so it re-forms. Reported joiners wait for the next generation.
+    """
+    reports, bad = mb.parse_reports(t.s.get(mb.REPORTS))
+    if bad:
+        t.set(malformed=t.r.malformed + bad)
+    if not reports:
+        return
+    if t.r.first_report is None:
+        t.set(first_report=t.r.clock)
+    plans = {}
+    for r in reports:
+        if r.plan:
+            p = Plan.from_json(r.plan)
+            plans[p.generation] = p
+    by_id = {r.member_id: r for r in reports}
+    best = plans[max(plans)] if plans else None
+    waited = t.r.clock - (t.r.first_report or t.r.clock)
+    if best is not None and not set(best.members) <= set(by_id) and waited < ADOPT_WAIT_S:
+        return
+    if best is None and waited < ADOPT_WAIT_S:
+        return
+    now = t.r.clock
+    for r in reports:
+        if best is not None and r.member_id in best.members:
+            t.put_tracked(Tracked(r.member_id, r.name, t.s.wall, r.prior, hb=-1, hb_seen=now,
+                                  state=MemberState.DRAINING if r.draining
+                                  else MemberState.ACTIVE, device=r.device, zone=r.zone))
+            if r.draining:
+                t.set(draining={**t.r.draining, r.member_id: r.draining})
+        elif not r.plan:  # an admitted joiner: it waits for the next generation
+            t.put_tracked(Tracked(r.member_id, r.name, t.s.wall, r.prior, hb=-1, hb_seen=now,
+                                  device=r.device, zone=r.zone))
+            t.set(ready=(*t.r.ready, r.member_id))
+        if r.job and not t.r.job:
+            t.set(job=r.job)
+    t.set(first_report=None)
+    if best is None:
+        return  # only joiners: the next generation is planned as usual
+    for m, name in zip(best.members, best.names, strict=True):
+        if m not in t.r.tracked:  # never reported: its heartbeat decides
+            t.put_tracked(Tracked(m, name, t.s.wall, hb=-1, hb_seen=now,
+                                  state=MemberState.ACTIVE))
+    g = best.generation
+    t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
+                  Put(mb.k_plan(g), best.to_json().encode()), Put(mb.LATEST, str(g).encode())]
+    t.set(plan=best, formed=True, formed_gen=g, holders=frozenset(best.members), adopted=True,
+          progress=replace(t.r.progress, step=max(r.step for r in reports)))
+    t.emit(EventKind.ADOPTED, ",".join(best.names), generation=g,
+           detail=f"took over generation {g} from its members' reports", data={
+               "reported": sorted(by_id), "members": list(best.members)})
+    if any(m in by_id and not by_id[m].formed for m in best.members):
+        t.actions.append(Add(mb.k_broken(g), 1))  # it broke while nobody coordinated
+
+
 def _hb_dead(t: _Tick) -> set[int]:
     now, limit = t.r.clock, t.cfg.heartbeat_timeout_s
     return {m for m, tr in t.r.tracked.items()
@@ -404,6 +477,8 @@ def _generations(t: _Tick) -> None:
         t.emit(EventKind.LEAVE, tr.name if tr else str(i),
                detail=f"joiner {i} left before joining: {reason}")
     plan = t.r.plan
+    if plan is None and t.r.first_report is not None:
+        return  # a restarted coordinator gathering the members' reports: no fresh start
     if t.r.rollcall is not None:
         _continue_rollcall(t)
         return
@@ -423,7 +498,17 @@ def _generations(t: _Tick) -> None:
             else:
                 return
     elif plan is not None:
-        return  # the ring is gone (no member held the state)
+        if plan.resume and t.r.ready:  # every holder was lost: joiners resume the snapshot
+            ready = _joiners(t, ())
+            _publish(t, Plan(generation=plan.generation + 1,
+                             members=tuple(j.member_id for j in ready),
+                             names=tuple(j.name for j in ready),
+                             joined=tuple(j.member_id for j in ready),
+                             priors={mb.member_key(j.name, j.member_id): j.samples_per_s
+                                     for j in ready},
+                             reason="members to resume from the snapshot", job=plan.job,
+                             resume=plan.resume))
+        return  # the ring is gone (no member held the state), or waits for members
     draining = [m for m in t.r.draining if plan is None or m in plan.members]
     new = mb.next_plan(plan, _joiners(t, ()), draining, [],
                        initial_world=t.cfg.initial_world, job=t.r.job)
@@ -491,18 +576,43 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     _publish(t, new)
 
 
+def _snapshot(t: _Tick) -> tuple[str, int] | None:
+    """The newest complete snapshot of this job: ``(manifest JSON, step)``, or None."""
+    raw = t.s.get(mb.SNAPSHOT)
+    if not raw:
+        return None
+    try:
+        d = json.loads(raw)
+        step, job = int(d["step"]), str(d.get("job", ""))
+    except (ValueError, KeyError, TypeError):
+        return None
+    if t.r.job and job and job != t.r.job:
+        return None  # another job's snapshot: never loaded into this one
+    return raw.decode(), step
+
+
 def _publish(t: _Tick, new: Plan) -> None:
     g = new.generation
     new = replace(new, backend=mb.choose_backend(
         [t.r.tracked[m].device for m in new.members if m in t.r.tracked]),
-        fresh_start=not t.r.holders)  # no state exists yet: rank 0's freshly built one counts
-    if new.members and t.r.holders and not set(new.members) & t.r.holders:
-        # the state existed and nobody left holds it (only joiners that never received it):
-        # forming them would fail forever (it did, 1,171 times); the job is lost
-        lost = sorted(t.r.holders)
-        new = replace(new, members=(), names=(), joined=(),
-                      reason=f"no member holding the state is left (it was held by {lost}; "
-                      f"the members left, {list(new.members)}, never received it)")
+        fresh_start=not t.r.holders and not new.resume,
+        zones=tuple(t.r.tracked[m].zone if m in t.r.tracked else "" for m in new.members))
+    holderless = not set(new.members) & t.r.holders
+    if holderless and not new.resume and (t.r.holders or not new.members
+                                          or t.r.plan is None):
+        snap = _snapshot(t)
+        if snap is not None:  # no member holds the state: the newest snapshot does
+            new = replace(new, resume=snap[0], fresh_start=False,
+                          reason=(new.reason + "; " if new.reason else "")
+                          + f"resuming from the snapshot of step {snap[1]}")
+        elif new.members and t.r.holders:
+            # the state existed and nobody left holds it (only joiners that never received
+            # it): forming them would fail forever (it did, 1,171 times); the job is lost
+            lost = sorted(t.r.holders)
+            new = replace(new, members=(), names=(), joined=(),
+                          reason=f"no member holding the state is left (it was held by "
+                          f"{lost}; the members left, {list(new.members)}, never received "
+                          "it), and no snapshot")
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]
@@ -527,7 +637,10 @@ def _publish(t: _Tick, new: Plan) -> None:
            detail=f"published: {new.reason or 'membership change'}", generation=g,
            data={"members": list(new.members), "joined": list(new.joined),
                  "drained": list(new.drained), "lost": list(new.lost)})
-    if not new.members:
+    if not new.members and new.resume:
+        t.emit(EventKind.LOST, "", detail=f"every member holding the state is gone; waiting "
+               f"for members to resume from the snapshot ({new.reason})", generation=g)
+    elif not new.members:
         t.set(outcome=Outcome.LOST, failure=new.reason)
         t.actions.append(Put(mb.FINISHED, b"lost"))
         t.emit(EventKind.FINISHED, "", detail=f"the job is lost: {new.reason}", generation=g)
@@ -547,6 +660,13 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
         return  # a report was malformed: the ring will break or report again; keep waiting
     sums = sorted({r.checksum for r in reports.values()})
     lost = max(r.discarded for r in reports.values())
+    step = max(r.step for r in reports.values())
+    if plan.resume:  # the steps between the snapshot and the last committed one are lost
+        lost = max(0, t.r.progress.step - step)
+        t.set(resumed_from=step)
+        t.emit(EventKind.RESUMED, ",".join(plan.names),
+               detail=f"resumed from the snapshot of step {step}; {lost} steps lost",
+               generation=plan.generation, data={"step": step, "steps_lost": lost})
     t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation,
           holders=frozenset(plan.members))  # every member of a formed generation holds it
     data = {"checksums": sums, "identical": len(sums) == 1, "steps_lost": lost,
@@ -589,6 +709,8 @@ def stats(ring: Ring) -> dict[str, Any]:
         "lost": ring.outcome is Outcome.LOST,
         "completing": bool(ring.done),
         "malformed": ring.malformed,
+        "adopted": ring.adopted,
+        "resumed_from": ring.resumed_from,
     }
     if p.loss is not None:
         out["loss"] = p.loss

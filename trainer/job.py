@@ -37,6 +37,7 @@ class JobError(Exception):
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.runners)
 
 
 @dataclass
@@ -60,6 +61,9 @@ class Job:
     loader_workers: int | None = None
     collate_fn: Callable[[list[Any]], Any] | None = None
     on_finish: Callable[[torch.nn.Module], None] | None = None
+    mode: str = "ring"  # ring (data parallel), pipeline (HetPipe virtual workers), hybrid
+    pipeline: Any = None  # the pipeline mode's settings (trainer.pipeline)
+    hybrid: Any = None  # the hybrid mode's settings (trainer.hybrid)
 
     def __len__(self) -> int:
         return len(self.train_set)  # type: ignore[arg-type]
@@ -131,6 +135,8 @@ def load_job(spec: str, seed: int) -> Job:
         raise JobError(f"job {spec!r}: epochs={job.epochs!r} must be a positive int")
     if len(job) <= 0:
         raise JobError(f"job {spec!r}: the training set is empty")
+    if job.mode not in MODES:
+        raise JobError(f"job {spec!r}: mode={job.mode!r}; use one of {', '.join(MODES)}")
     if job.precision not in PRECISIONS:
         raise JobError(f"job {spec!r}: precision={job.precision!r}; use one of "
                        f"{', '.join(PRECISIONS)}")

@@ -34,10 +34,12 @@ import torch
 
 from trainer import batching, client, devices, sync
 from trainer import membership as mb
+from trainer import snapshot as snap
 from trainer import state as st
 from trainer.job import Job, JobError, load_job
-from trainer.member import Member, Outcome
+from trainer.member import Outcome
 from trainer.reducer import DEFAULT_BUCKET_MB
+from trainer.runners import member_class
 from trainer.sampler import CursorState, epoch_order
 from trainer.step import JobCodeError, make_scaler
 from trainer.store_client import ControlLost, ControlTimeout
@@ -78,6 +80,8 @@ class WorkerConfig:
     bucket_mb: float = DEFAULT_BUCKET_MB
     output: Path | None = None  # where rank 0 writes the trained model (state_dict)
     loader_workers: int | None = None  # overrides the job's
+    coordinator_grace_s: float = 600.0  # train on / wait this long for a lost coordinator
+    zone: str = ""  # where this worker runs (cloud zone): the hybrid mode groups by it
 
 
 def normal_priority() -> None:
@@ -114,6 +118,9 @@ class Worker:
         self.metrics: dict[str, float] = {}
         self.eval_s = 0.0  # how long this worker's last evaluation took
         self.fingerprint = ""
+        self.prior = 0.0
+        self.device_name = "cpu"
+        self.snapshotter: snap.Snapshotter | None = None
         self._fired: set[tuple[str, int]] = set()
         self._order: tuple[int, torch.Tensor] | None = None
         self._samples_per_s = 0.0
@@ -141,7 +148,9 @@ class Worker:
         signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
         job = self.job
         self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job))
-        hello = mb.Hello(cfg.name, prior, self.fingerprint, devices.describe(self.device))
+        self.prior, self.device_name = prior, devices.describe(self.device)
+        member_class(job.mode)  # an unavailable mode fails here, before joining
+        hello = mb.Hello(cfg.name, prior, self.fingerprint, self.device_name, cfg.zone)
         try:
             while True:
                 try:
@@ -159,7 +168,7 @@ class Worker:
                                       speed=lambda: mb.Speed(self._samples_per_s,
                                                              self._batch)).start()
                 try:
-                    outcome = Member(self, store, member_id, hb).live()
+                    outcome = member_class(job.mode)(self, store, member_id, hb).live()
                 except (ControlLost, ControlTimeout) as e:  # a store call failed
                     hb.stop()
                     raise client.CoordinatorUnreachable(
@@ -180,8 +189,31 @@ class Worker:
                     print(f"error: {self.failure}", flush=True)
                 return EXIT_CODES[outcome]
         finally:
+            if self.snapshotter is not None:
+                self.snapshotter.wait()
             if self.feed is not None:
                 self.feed.close()
+
+    def start_snapshots(self, store: Any) -> None:
+        """As rank 0: take durable snapshots when the coordinator keeps them (it announces
+        how often); one :class:`trainer.snapshot.Snapshotter` for the worker's life."""
+        if self.snapshotter is not None:
+            return
+        try:
+            raw = store.peek([mb.SNAPSHOT_CONFIG])[0]
+        except (ControlLost, ControlTimeout):
+            return
+        if not raw:
+            return
+        try:
+            cfg = json.loads(raw)
+            every_s, every_steps = float(cfg["every_s"]), int(cfg["every_steps"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("snapshot settings from the coordinator unreadable: none taken")
+            return
+        self.snapshotter = snap.Snapshotter(store.clone, every_steps, every_s)
+        log.info("durable snapshots every %s", f"{every_steps} steps or {every_s:.0f}s"
+                 if every_steps else f"{every_s:.0f}s")
 
     def give_notice(self, reason: str) -> None:
         """Leave at the next step boundary (signal handlers and notice pollers call this)."""

@@ -33,9 +33,11 @@ import torch
 
 from trainer import batching, client, ring, sync
 from trainer import membership as mb
+from trainer import snapshot as snap
 from trainer import state as st
 from trainer.sampler import CursorState, epoch_order, scale_sizes, split
 from trainer.step import EVAL_COL, LATEST_COL, JobCodeError, Stepper
+from trainer.store_client import ControlLost, ControlTimeout
 
 if TYPE_CHECKING:
     from trainer.loop import Worker
@@ -77,20 +79,58 @@ class Member:
         self.pending: _Pending | None = None
         self.busy_s = 0.0  # rank 0's head start in the next step (it evaluates first)
         self.export_seen = -1
+        self.away_since: float | None = None  # the coordinator stopped answering this thread
+        if hb is not None:
+            hb.report = self._report
+
+    # -- a coordinator that goes away -------------------------------------------------------------
+
+    def _report(self) -> mb.Report:
+        """This member's account to a restarted coordinator (the heartbeat sends it)."""
+        w, plan = self.w, self.plan
+        return mb.Report(self.id, w.cfg.name, plan.to_json() if plan is not None else "",
+                         w.step, w.device_name, w.fingerprint, w.prior,
+                         w.notice or "", self.group is not None, w.cfg.zone)
+
+    def _away(self, e: Exception) -> None:
+        """The coordinator did not answer: wait for it (training needs it only to change
+        generation) up to ``--coordinator-grace``, then give up."""
+        now = time.monotonic()
+        if self.away_since is None:
+            self.away_since = now
+            log.warning("the coordinator does not answer (%s); waiting up to %.0fs for it",
+                        str(e).splitlines()[0], self.w.cfg.coordinator_grace_s)
+        if now - self.away_since > self.w.cfg.coordinator_grace_s:
+            raise ControlLost(f"no answer from the coordinator for "
+                              f"{now - self.away_since:.0f}s (--coordinator-grace)") from e
+        time.sleep(0.2)
+
+    def _answered(self) -> None:
+        if self.away_since is not None:
+            log.info("the coordinator answers again")
+            self.away_since = None
 
     # -- signals to and from the coordinator -----------------------------------------------------
 
     def _broken(self, generation: int) -> bool:
         """Is ``generation`` declared broken? The heartbeat thread's cached answer while it
-        is fresh; a store round trip when it is stale (e.g. this process was frozen)."""
-        if time.monotonic() - self.hb.polled_at > 3 * self.hb.interval_s:
-            return self.store.add(mb.k_broken(generation), 0) > 0
+        is fresh; a store round trip when it is stale (e.g. this process was frozen). While
+        the coordinator is away the collectives alone judge: the ring trains on."""
+        if (self.hb.lost_is_recent() is False
+                and time.monotonic() - self.hb.polled_at > 3 * self.hb.interval_s):
+            try:
+                return self.store.add(mb.k_broken(generation), 0) > 0
+            except (ControlLost, ControlTimeout):
+                pass
         return self.hb.is_broken(generation)
 
     def _report_broken(self, generation: int, why: Exception) -> None:
         log.warning("generation %d broken: %s", generation, str(why).splitlines()[0])
         self._drop_group()
-        self.store.add(mb.k_broken(generation), 1)
+        try:
+            self.store.add(mb.k_broken(generation), 1)
+        except (ControlLost, ControlTimeout):
+            pass  # a coordinator that is away learns it from the members' reports
 
     def _drop_group(self) -> None:
         if self.stepper is not None:
@@ -103,9 +143,12 @@ class Member:
 
     def _ask_drain(self) -> None:
         if self.w.notice is not None and not self.drain_sent:
-            self.drain_sent = True
-            self.store.set(mb.k_drain(self.id), self.w.notice)
-            self.store.add(mb.DRAINS, 1)
+            try:
+                self.store.set(mb.k_drain(self.id), self.w.notice)
+                self.store.add(mb.DRAINS, 1)
+                self.drain_sent = True
+            except (ControlLost, ControlTimeout):
+                pass  # asked again at the next step boundary
 
     def _report_job_error(self, e: JobCodeError) -> None:
         job = self.w.cfg.job
@@ -151,18 +194,25 @@ class Member:
         """Wait for a newer plan; form it if it names me. Returns an outcome or None."""
         current = self.plan.generation if self.plan else 0
         while True:
-            latest = self.store.add(mb.LATEST, 0)
-            if latest > current and latest > self.seen:
-                break
-            if self.store.check([mb.FINISHED]):
-                return self._ended()
+            try:
+                latest = self.store.add(mb.LATEST, 0)
+                if latest > current and latest > self.seen:
+                    raw = self.store.get(mb.k_plan(latest))
+                    self._answered()
+                    break
+                if self.store.check([mb.FINISHED]):
+                    return self._ended()
+                self._answered()
+            except (ControlLost, ControlTimeout) as e:
+                self._away(e)
+                continue
             if not self.was_member and self.w.notice is not None:
                 self._ask_drain()
                 return Outcome.NOTICED
             time.sleep(0.01)
         self.seen = latest
         try:
-            plan = mb.Plan.from_json(self.store.get(mb.k_plan(latest)))
+            plan = mb.Plan.from_json(raw)
         except mb.Malformed as e:  # only token holders write plans: a bug, not an attack
             log.error("generation %d: plan unreadable (%s); waiting for the next", latest, e)
             return None
@@ -185,6 +235,8 @@ class Member:
         self.hb.generation = plan.generation
         try:
             self._form(plan, rank)
+        except (ControlLost, ControlTimeout) as e:  # forming needs the coordinator
+            self._report_broken(plan.generation, ring.RingBroken(f"coordinator: {e}"))
         except ring.RingBroken as e:
             self._report_broken(plan.generation, e)
         return None
@@ -232,6 +284,8 @@ class Member:
                                      hostname=cfg.ring_host or self.store.local_address)
         self.rank = rank
         self.busy_s = 0.0  # a new generation: no evaluation is pending in it
+        if plan.resume and self.fresh and rank == 0:
+            self._resume(plan)
         try:
             state, src, nbytes, best = sync.sync_state(
                 self.group.ctl, rank, len(plan.members), w.step, self.fresh, w.state,
@@ -262,12 +316,28 @@ class Member:
                                rank=rank, device=w.device, precision=job.precision,
                                scaler=w.scaler, bucket_mb=cfg.bucket_mb)
         self.export_seen = self.hb.export
+        if rank == 0:
+            w.start_snapshots(self.store)
         report = mb.Formed(w.checksum(), w.step, discarded, src, nbytes,
                            round((time.perf_counter() - t0) * 1000, 2))
         self.store.set(mb.k_formed(gen, self.id), report.to_json())
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d (%s)", gen, rank, len(plan.members),
                  plan.backend, extra=dataclasses.asdict(report))
+
+    def _resume(self, plan: mb.Plan) -> None:
+        """Rank 0 of a generation with no holder of the state loads the durable snapshot the
+        plan names; it then sends it to the others like any state source."""
+        try:
+            manifest = snap.Manifest.parse(plan.resume)
+            tree = snap.fetch(self.store, manifest)
+            sync.check(tree, step=manifest.step, job=plan.job)
+            self.w.load(tree)
+        except (ValueError, KeyError, snap.SnapshotError, st.BadState) as e:
+            raise ring.RingBroken(f"resuming from the snapshot failed: {e}") from e
+        self.fresh = False
+        log.warning("resumed from the snapshot of step %d (every member holding the state "
+                    "was lost)", manifest.step)
 
     def _plan_sizes(self, plan: mb.Plan, timings: list[batching.StepTiming] | None = None
                     ) -> None:
@@ -349,6 +419,9 @@ class Member:
         if self.rank == 0:
             self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done, world,
                                         res.loss, w.metrics).to_json()
+            if w.snapshotter is not None:
+                w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch,
+                                    w.samples_done)
             if self.hb.export > self.export_seen:
                 self.export_seen = self.hb.export
                 w.write_output("on request")
@@ -381,9 +454,15 @@ class Member:
                 w.evaluate()
             w.finish_model()
         done = mb.Done(w.checksum(), w.step, dict(w.metrics))
-        if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
-            last = mb.Progress.parse(self.hb.stats)
-            self.hb.publish_stats(dataclasses.replace(last, metrics=dict(w.metrics)).to_json())
-        self.store.set(mb.k_done(self.id), done.to_json())
-        self.store.add(mb.DONES, 1)
+        while True:  # the end must reach the coordinator, even one that is restarting
+            try:
+                if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
+                    last = mb.Progress.parse(self.hb.stats)
+                    self.hb.publish_stats(
+                        dataclasses.replace(last, metrics=dict(w.metrics)).to_json())
+                self.store.set(mb.k_done(self.id), done.to_json())
+                self.store.add(mb.DONES, 1)
+                break
+            except (ControlLost, ControlTimeout) as e:
+                self._away(e)
         log.info("finished at step %d", w.step, extra={"checksum": done.checksum})

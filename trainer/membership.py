@@ -33,6 +33,11 @@ Protocol (all keys live in the coordinator's store):
   ``done/<id>`` (:class:`Done`, counter ``dones``), ``error/<id>`` (:class:`JobFailure`: the
   user's code raised; counter ``errors``) and ``finished`` (the coordinator's
   :class:`Outcome`).
+* ``snapshot/latest`` and ``snapshot/config``: the newest durable snapshot and when rank 0
+  takes them (:mod:`trainer.snapshot`).
+* ``coord/incarnation`` changes when the coordinator is restarted; every member then
+  appends a :class:`Report` line to ``reports`` so the new coordinator adopts the ring
+  without stopping it.
 
 Rule for callers: never assume a static rank or world size; ranks are positions in the
 current plan only. Parse every value read from the store with its message's ``parse``.
@@ -55,6 +60,11 @@ STATS = "stats"
 FINISHED = "finished"
 EXPORT = "export"  # counter: the daemon asks rank 0 to write the trained model now
 DRAINS, DONES, ERRORS = "drains", "dones", "errors"
+INCARNATION = "coord/incarnation"  # a fresh value per coordinator process: a change means
+# the coordinator was restarted and the members must report themselves (REPORTS)
+REPORTS = "reports"  # members append one Report line each to a restarted coordinator
+SNAPSHOT = "snapshot/latest"  # the newest complete snapshot's manifest (JSON)
+SNAPSHOT_CONFIG = "snapshot/config"  # {"every_s", "every_steps"}: when rank 0 takes them
 
 
 def k_hello(member_id: int) -> str:
@@ -143,6 +153,8 @@ class EventKind(str, enum.Enum):
     FINISHED = "finished"
     JOB_ERROR = "job-error"
     MALFORMED = "malformed"
+    ADOPTED = "adopted"  # a restarted coordinator took over the running ring
+    RESUMED = "resumed"  # a generation resumed from a durable snapshot
 
 
 # -- messages -----------------------------------------------------------------------------------
@@ -211,6 +223,7 @@ class Hello:
     prior: float = 0.0
     job: str = ""
     device: str = "cpu"
+    zone: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -225,7 +238,8 @@ class Hello:
         device = _str(d, "device", "hello", default="cpu", limit=128)
         if device != "cpu" and not device.startswith("cuda:"):
             raise Malformed(f"hello.device={device!r}: expected cpu or cuda:<id>")
-        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""), device)
+        return cls(name, max(0.0, prior), _str(d, "job", "hello", default=""), device,
+                   _str(d, "zone", "hello", default="", limit=128))
 
 
 @dataclass(frozen=True)
@@ -334,6 +348,55 @@ class JobFailure:
                    _str(d, "message", "error", limit=2000))
 
 
+@dataclass(frozen=True)
+class Report:
+    """A member's account of itself to a restarted coordinator: who it is and the plan it
+    runs (``plan``: its JSON, empty for an admitted joiner not yet in a generation)."""
+
+    member_id: int
+    name: str
+    plan: str = ""
+    step: int = 0
+    device: str = "cpu"
+    job: str = ""
+    prior: float = 0.0
+    draining: str = ""
+    formed: bool = True  # False: its group broke (or never formed) while nobody coordinated
+    zone: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Report:
+        d = _obj(raw, "report")
+        r = cls(_int(d, "member_id", "report", low=1), _str(d, "name", "report"),
+                _str(d, "plan", "report", default="", limit=1 << 20),
+                _int(d, "step", "report", default=0),
+                _str(d, "device", "report", default="cpu", limit=128),
+                _str(d, "job", "report", default="", limit=128),
+                max(0.0, _num(d, "prior", "report", default=0.0)),
+                _str(d, "draining", "report", default="", limit=512),
+                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128))
+        if r.plan:
+            Plan.from_json(r.plan)  # validated here: a report with a bad plan is malformed
+        return r
+
+
+def parse_reports(raw: bytes | None) -> tuple[list[Report], int]:
+    """The report lines appended to ``reports``: ``(reports, malformed lines)``."""
+    out: list[Report] = []
+    bad = 0
+    for line in (raw or b"").splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(Report.parse(line))
+        except Malformed:
+            bad += 1
+    return out, bad
+
+
 def parse_drain(raw: bytes | str) -> str:
     """A drain request's reason (any short text)."""
     try:
@@ -358,7 +421,9 @@ class Plan:
     ``priors``: member key -> samples/s measured by a joiner's profiling steps; ``job``: the
     job fingerprint every member's state must match (:func:`trainer.state.fingerprint`);
     ``backend``: the collectives' backend (:func:`choose_backend`); ``fresh_start``: no
-    state exists yet (no generation has formed): every member builds it, rank 0's counts.
+    state exists yet (no generation has formed): every member builds it, rank 0's counts;
+    ``resume``: the manifest (JSON) of the durable snapshot rank 0 loads, when no member
+    holds the state (every holder was lost at once); ``zones``: each member's zone.
     """
 
     generation: int
@@ -372,6 +437,8 @@ class Plan:
     job: str = ""
     backend: str = "gloo"
     fresh_start: bool = False
+    resume: str = ""
+    zones: tuple[str, ...] = ()  # each member's zone (same order as members; "" unknown)
 
     def rank_of(self, member_id: int) -> int | None:
         """This member's rank in the generation, or None when it is not a member."""
@@ -416,7 +483,17 @@ class Plan:
                    priors={str(k): _num(priors, k, "plan.priors") for k in priors},
                    reason=_str(d, "reason", "plan", default="", limit=2000),
                    job=_str(d, "job", "plan", default="", limit=128),
-                   backend=_backend(d), fresh_start=d.get("fresh_start") is True)
+                   backend=_backend(d), fresh_start=d.get("fresh_start") is True,
+                   resume=_str(d, "resume", "plan", default="", limit=4096),
+                   zones=_zones(d, len(members)))
+
+
+def _zones(d: Mapping[str, Any], n: int) -> tuple[str, ...]:
+    z = d.get("zones", [])
+    if not isinstance(z, list) or not all(isinstance(x, str) and len(x) <= 128 for x in z) or (
+            z and len(z) != n):
+        raise Malformed("plan.zones: expected one zone name per member")
+    return tuple(z)
 
 
 def _backend(d: Mapping[str, Any]) -> str:

@@ -36,7 +36,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from trainer import admission
 
@@ -44,10 +44,12 @@ log = logging.getLogger(__name__)
 
 # operations
 SET, GET, ADD, CHECK, WAIT, MULTI_GET, MULTI_SET, COMPARE_SET, DELETE, NUM_KEYS, APPEND, \
-    PING = range(1, 13)
+    PING, PEEK, BLOB_PUT, BLOB_COMMIT, BLOB_GET = range(1, 17)
 OPS = {SET: "set", GET: "get", ADD: "add", CHECK: "check", WAIT: "wait",
        MULTI_GET: "multi_get", MULTI_SET: "multi_set", COMPARE_SET: "compare_set",
-       DELETE: "delete", NUM_KEYS: "num_keys", APPEND: "append", PING: "ping"}
+       DELETE: "delete", NUM_KEYS: "num_keys", APPEND: "append", PING: "ping", PEEK: "peek",
+       BLOB_PUT: "blob_put", BLOB_COMMIT: "blob_commit", BLOB_GET: "blob_get"}
+MAX_BLOB_CHUNK = 16 << 20
 # response status
 OK, TIMEOUT, ERROR = 0, 1, 2
 
@@ -64,6 +66,18 @@ _LEN = struct.Struct("!I")
 
 class Malformed(ValueError):
     """A request body that does not follow the wire format."""
+
+
+class Blobs(Protocol):
+    """Where the store puts large objects (the ring's snapshots): written in chunks by a
+    worker, committed whole, read back in chunks. Implemented by
+    :class:`trainer.snapshot.Vault`; every method may block (it runs off the event loop)."""
+
+    def put(self, name: str, offset: int, data: bytes) -> None: ...
+
+    def commit(self, name: str, manifest: bytes) -> bytes: ...
+
+    def get(self, name: str, offset: int, length: int) -> bytes: ...
 
 
 def _pack_fields(fields: Sequence[bytes]) -> bytes:
@@ -120,12 +134,13 @@ class StoreServer:
     """The authenticated store (see the module docstring)."""
 
     def __init__(self, host: str, port: int, token: bytes, *, handshake_s: float = HANDSHAKE_S,
-                 max_pending: int = MAX_PENDING) -> None:
+                 max_pending: int = MAX_PENDING, blobs: Blobs | None = None) -> None:
         if not token:
             raise ValueError("token: empty; pass the job token")
         self._host, self._port, self._token = host, port, token
         self._handshake_s = handshake_s
         self._max_pending = max_pending
+        self._blobs = blobs
         self._data: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -184,7 +199,10 @@ class StoreServer:
             self._server.close()
             for w in list(self._open):
                 w.close()
-            loop.run_until_complete(asyncio.sleep(0))
+            tasks = asyncio.all_tasks(loop)  # waiters and handshakes: cancelled, then gone
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
     # -- local access (the coordinator, in this process) --------------------------------------
@@ -397,10 +415,17 @@ class StoreServer:
         if op == NUM_KEYS:
             with self._lock:
                 return encode_response(OK, [str(len(data)).encode()])
+        if op in (BLOB_PUT, BLOB_COMMIT, BLOB_GET):
+            return await self._blob(op, f)
         keys = [self._key(k) for k in f]
         if op == CHECK:
             with self._lock:
                 return encode_response(OK, [b"1" if all(k in data for k in keys) else b"0"])
+        if op == PEEK:  # never waits: a missing key comes back as an empty field, flagged
+            with self._lock:
+                vals = [data.get(k) for k in keys]
+            flags = bytes(0 if v is None else 1 for v in vals)
+            return encode_response(OK, [flags, *[v or b"" for v in vals]])
         if op in (GET, WAIT, MULTI_GET):
             if op == GET and len(keys) != 1:
                 raise Malformed("get takes one key")
@@ -412,6 +437,37 @@ class StoreServer:
             with self._lock:
                 return encode_response(OK, [data[k] for k in keys])
         raise Malformed(f"operation {op}")  # pragma: no cover - decode_request checked it
+
+    async def _blob(self, op: int, f: list[bytes]) -> bytes:
+        """Large objects, handed to the blob store on a thread (it may write to disk or to a
+        bucket): the loop keeps serving heartbeats meanwhile."""
+        blobs = self._blobs
+        if blobs is None:
+            return encode_response(ERROR, [b"this coordinator keeps no snapshots"])
+        try:
+            name = f[0].decode()
+            if not name or len(name) > 200 or "/" in name or name.startswith("."):
+                raise Malformed("bad blob name")
+            loop = asyncio.get_running_loop()
+            if op == BLOB_PUT and len(f) == 3:
+                if len(f[2]) > MAX_BLOB_CHUNK:
+                    raise Malformed("blob chunk too large")
+                await loop.run_in_executor(None, blobs.put, name, int(f[1]), f[2])
+                return encode_response(OK)
+            if op == BLOB_COMMIT and len(f) == 2:
+                out = await loop.run_in_executor(None, blobs.commit, name, f[1])
+                await self._notify()
+                return encode_response(OK, [out])
+            if op == BLOB_GET and len(f) == 3:
+                length = min(int(f[2]), MAX_BLOB_CHUNK)
+                chunk = await loop.run_in_executor(None, blobs.get, name, int(f[1]), length)
+                return encode_response(OK, [chunk])
+            raise Malformed("blob operation takes a name and its fields")
+        except (ValueError, UnicodeDecodeError) as e:
+            self.counters["malformed"] += 1
+            return encode_response(ERROR, [f"blob: {e}".encode()[:300]])
+        except OSError as e:
+            return encode_response(ERROR, [f"blob store: {e}".encode()[:300]])
 
 
 def raise_fd_limit() -> int:

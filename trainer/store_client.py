@@ -202,6 +202,25 @@ class ControlStore(dist.Store):
     def set_timeout(self, timeout: datetime.timedelta) -> None:  # type: ignore[override]
         self.timeout_s = _seconds(timeout, self.timeout_s)
 
+    def peek(self, keys: list[str]) -> list[bytes | None]:
+        """The values of ``keys`` now, None for a missing one (never waits)."""
+        out = self._call(wire.PEEK, [k.encode() for k in keys])
+        flags = out[0]
+        return [v if flags[i] else None for i, v in enumerate(out[1:])]
+
+    def blob_put(self, name: str, offset: int, data: bytes | memoryview) -> None:
+        """Write one chunk of the large object ``name`` at ``offset``."""
+        self._call(wire.BLOB_PUT, [name.encode(), str(offset).encode(), bytes(data)])
+
+    def blob_commit(self, name: str, manifest: bytes) -> bytes:
+        """Make ``name`` whole and durable with its ``manifest``; returns what the store says."""
+        return self._call(wire.BLOB_COMMIT, [name.encode(), manifest], 600.0)[0]
+
+    def blob_get(self, name: str, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes of ``name`` from ``offset`` (fewer at its end)."""
+        return self._call(wire.BLOB_GET, [name.encode(), str(offset).encode(),
+                                          str(length).encode()], 600.0)[0]
+
     def ping(self) -> None:
         """One round trip (raises :class:`ControlLost` when the coordinator is gone)."""
         self._call(wire.PING, [])

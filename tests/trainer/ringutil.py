@@ -89,7 +89,7 @@ class Ring:
         self.token_file = tmp / "token"
         self.token_file.write_bytes(TOKEN + b"\n")
         self.token_file.chmod(0o600)
-        self.coord = Coordinator("127.0.0.1", 0, TOKEN, **coord_kw)
+        self.coord = Coordinator("127.0.0.1", 0, TOKEN, **coord_kw)  # tests may replace it
         self.coord.start()
         self.procs: dict[str, Any] = {}
 
