@@ -79,10 +79,11 @@ def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | No
                 metrics.serve(port)
             if token is not None:  # the stable member of the ring: workers dial this address
                 host, cport = _address(settings, state_path)
-                coordinator = make_coordinator(
-                    host, cport, token, snapshot=settings.snapshot,
-                    snapshot_url=snapshot_url(settings, state_path.parent / "snapshots"
-                                              / settings.job.id))
+                default = state_path.parent / "snapshots" / settings.job.id
+                if settings.snapshot.url is None:
+                    created.mkdirs(default)
+                coordinator = make_coordinator(host, cport, token, snapshot=settings.snapshot,
+                                               snapshot_url=snapshot_url(settings, default))
             state = State(state_path)
         except BaseException:
             if coordinator is not None:

@@ -233,6 +233,8 @@ class LocalRun:
         if self.args.metrics_port is not None:
             metrics.serve(self.args.metrics_port)
         token = self._token(start, created)
+        if self.settings.snapshot.url is None:  # the default store: a folder the start made
+            created.mkdirs(self.wd.snapshots)
         coordinator = self._coordinator(start, found, token)
         return Prepared(start, found, coordinator, self.wd.token)
 
@@ -436,11 +438,12 @@ class LocalRun:
                 elif time.monotonic() - last_line > 5.0:
                     last_line = time.monotonic()
                     st = daemon.status(events=0)
+                    acc = st.progress.get("accuracy")
                     print(f"[{(st.now.timestamp() - t0) / 3600:6.2f} h] fleet "
                           f"{sum(st.fleet.values())} (+{st.draining} draining), "
                           f"${st.cost_per_hour:.3f}/h, spend ${st.spend:.4f}, epoch "
                           f"{st.progress.get('epoch', 0)}, accuracy "
-                          f"{st.progress.get('accuracy', '-')}", flush=True)
+                          f"{'-' if acc is None else f'{acc:.3f}'}", flush=True)
                 self.stop.wait(0.25)
         finally:
             if live is not None:

@@ -271,11 +271,13 @@ class Daemon:
 
     def _job_over(self) -> bool:
         """True once the ring says the job ended (done, lost or failed: its ``outcome`` is
-        no longer ``running``): nothing to launch or replace."""
+        no longer ``running``) or is completing (a member finished its last step): nothing to
+        launch or replace (a member that finished and exited is not a loss to make up)."""
         if self.coordinator is None:
             return False
         stats = self.coordinator.stats()
-        return bool(stats.get("finished")) or stats.get("outcome", "running") != "running"
+        return (bool(stats.get("finished")) or bool(stats.get("completing"))
+                or stats.get("outcome", "running") != "running")
 
     def record_metrics(self) -> None:
         """Fleet, cost, spend and samples/s: to the state, Prometheus and the throughput model."""

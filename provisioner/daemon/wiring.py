@@ -14,7 +14,6 @@ coordinator's, a driver's) is made here.
 
 from __future__ import annotations
 
-import logging
 import threading
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,8 +32,6 @@ from provisioner.errors import ConfigError, DriverError, UserError
 from provisioner.plan.pipeline import Planner, plan_settings
 from provisioner.plan.throughput import ThroughputModel
 from provisioner.timing import Intervals
-
-log = logging.getLogger(__name__)
 
 
 def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, state: State, *,
@@ -89,8 +86,7 @@ def make_coordinator(host: str, port: int, token: bytes, *,
     kw: dict[str, Any] = dict(options)
     if snapshot is not None and snapshot_url is not None:
         kw["snapshot"] = _trainer_snapshot(snapshot, snapshot_url)
-        if kw["snapshot"] is None:
-            del kw["snapshot"]
+        _check_store(kw["snapshot"])
     coord = Coordinator(host, port, token, **kw)
     try:
         coord.start()
@@ -100,20 +96,35 @@ def make_coordinator(host: str, port: int, token: bytes, *,
     return coord
 
 
+#: ``every_s`` handed to the trainer for "by steps only" (``[snapshot] every_s = 0``): its
+#: settings need a positive period; this one never comes (about three years).
+BY_STEPS_ONLY_S = 1e8
+
+
+def _check_store(ring_snap: Any) -> None:
+    """List the snapshot store once, so a missing bucket, credentials or SDK is one line
+    naming ``snapshot.url`` before anything starts (the coordinator opens it again)."""
+    from trainer.snapshot import SnapshotError, open_store
+
+    url = ring_snap.url
+    try:
+        open_store(ring_snap).names()
+    except SnapshotError as exc:
+        raise UserError(f"snapshot.url {url}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the SDK's own errors, translated at this edge
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise UserError(f"snapshot.url {url}: cannot list it ({type(exc).__name__}: {first}); "
+                        f"check the bucket, this host's credentials, or [snapshot] "
+                        f"endpoint_url / api_endpoint") from None
+
+
 def _trainer_snapshot(snap: SnapshotSettings, url: str) -> Any:
     """``trainer.snapshot.SnapshotSettings`` of the daemon's ``[snapshot]`` section."""
-    try:
-        from trainer.snapshot import SnapshotSettings as RingSnapshots
-    except ImportError:  # the trainer's snapshots not merged yet: said once, in the log
-        log.warning("this trainer has no trainer.snapshot: the ring runs without snapshots")
-        return None
-    extra: dict[str, Any] = {}
-    if snap.endpoint_url:
-        extra["endpoint_url"] = snap.endpoint_url
-    if snap.api_endpoint:
-        extra["api_endpoint"] = snap.api_endpoint
-    return RingSnapshots(url=url, every_s=snap.every_s, every_steps=snap.every_steps,
-                         keep=snap.keep, **extra)
+    from trainer.snapshot import SnapshotSettings as RingSnapshots
+
+    return RingSnapshots(url=url, every_s=snap.every_s if snap.every_s > 0 else BY_STEPS_ONLY_S,
+                         every_steps=snap.every_steps, keep=snap.keep,
+                         endpoint_url=snap.endpoint_url, api_endpoint=snap.api_endpoint)
 
 
 def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriver, PriceFeed]:
