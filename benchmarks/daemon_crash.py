@@ -23,7 +23,8 @@ logs on stderr, a baseline measured in the same run). Four measures:
    SIGKILLed, left down ``--down-s`` seconds, and started again on the same workdir.
    ``steps_lost_per_kill`` (what each restart cost the ring, from the run's ledger; goal 0),
    ``steps_trained_while_down`` (the ring trains on without the daemon), ``adopt_s`` (restart
-   to the coordinator's ``adopted``), against the baselines measured in the same run:
+   to the coordinator's ``adopted`` event; ``daemon_up_s`` of it is the new daemon's own
+   start, imports included), against the baselines measured in the same run:
    ``cold_start_s`` (a fresh run to its first formed ring: ``adopt_to_cold_start`` is the
    ratio) and ``baseline_steps_lost_per_kill`` (the steps trained at each kill: what a daemon
    that wipes its workdir and trains from epoch 0, as before issue 15, lost).
@@ -240,7 +241,7 @@ def training_kills(kills: int, down_s: float, workdir: Path, adopt_timeout_s: fl
 
     run = RunProcess(workdir / "w", "--speed", "60", "--until-epochs", "1000",
                      "--outages-per-hour", "0", "--max-size", "3")
-    lost, trained_down, adopt, at_kill = [], [], [], []
+    lost, trained_down, adopt, up, at_kill = [], [], [], [], []
     try:
         t0 = time.monotonic()
         run.start()
@@ -263,9 +264,14 @@ def training_kills(kills: int, down_s: float, workdir: Path, adopt_timeout_s: fl
             trained_down.append(sum(1 for s, t in run.step_times().items() if t_kill < t < t_up))
             t1 = time.monotonic()
             run.start(f"run{i + 2}.log")
-            ok = _wait(lambda: bool(run.ring().get("adopted")), adopt_timeout_s)
+            # this restart's own marks (the meta's last stats are the dead daemon's until the
+            # new one writes): its "continued" event, then the coordinator's "adopted" event
+            ok_up = _wait(lambda: len(run.events("continued")) > i, adopt_timeout_s)
+            up.append(round(time.monotonic() - t1, 3) if ok_up else None)
+            ok = _wait(lambda: len(run.events("ring-adopted")) > i, adopt_timeout_s)
             adopt.append(round(time.monotonic() - t1, 3) if ok else None)
-            _wait(lambda: (run.meta("ledger") or {}).get("settled"), adopt_timeout_s)
+            _wait(lambda: (run.meta("ledger") or {}).get("lives") == i + 2
+                  and (run.meta("ledger") or {}).get("settled"), adopt_timeout_s)
             after = run.meta("ledger") or {}
             lost.append(int(after.get("restart_lost", 0)) - int(before.get("restart_lost", 0)))
         run.send(signal.SIGINT)
@@ -275,7 +281,7 @@ def training_kills(kills: int, down_s: float, workdir: Path, adopt_timeout_s: fl
     done = [a for a in adopt if a is not None]
     return {"training_kills": kills, "steps_lost_per_kill": lost,
             "steps_trained_while_down": trained_down, "down_s": down_s,
-            "adopt_s": adopt, "cold_start_s": round(cold, 3),
+            "adopt_s": adopt, "daemon_up_s": up, "cold_start_s": round(cold, 3),
             "adopt_to_cold_start": round(max(done) / cold, 3) if done else None,
             "baseline_steps_lost_per_kill": at_kill}
 
