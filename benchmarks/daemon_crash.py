@@ -190,27 +190,16 @@ def _local_child(root: Path, point: str, k: int, reached) -> None:
 
 def _local_trial(root: Path, n: int, rng: random.Random) -> dict:
     import multiprocessing
-    import os
-    import signal
 
     from provisioner.daemon.state import State
     from provisioner.drivers.local import running
-    from tests.fakes.aws_world import KILL_POINTS
+    from tests.fakes.aws_world import KILL_POINTS, kill_at_point
 
     point = KILL_POINTS[n % len(KILL_POINTS)]
     k = rng.choice((1, 2)) if point.startswith("launch") else 1
     root.mkdir(parents=True)
-    ctx = multiprocessing.get_context("fork")
-    reached = ctx.Event()
-    child = ctx.Process(target=_local_child, args=(root, point, k, reached), daemon=True)
-    child.start()
-    if not reached.wait(60):
-        child.kill()
-        raise RuntimeError(f"local trial {n}: never reached {point} #{k}")
-    if point == "random":
-        time.sleep(rng.uniform(0.0, 1.0))
-    os.kill(child.pid, signal.SIGKILL)
-    child.join(10)
+    kill_at_point(_local_child, (root, point, k), point, k, rng, 1.0,
+                  multiprocessing.get_context("fork").Event())
     job = "spotring-demo"
     held = {r.id for r in State(root / "state.sqlite").live_instances()}
     before = {r["id"] for r in running(root / "cloud", job)}

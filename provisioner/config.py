@@ -170,7 +170,7 @@ class OptimizerSettings(_Section):
     default_spot_hazard_per_hour: float = Field(
         0.1, ge=0, le=100, description="revocations/hour assumed for a spot offering with no "
         "risk estimate")
-    max_quote_age_hours: float = Field(24.0 * 14, gt=0, le=87_600, description="quotes older than this are "
+    max_quote_age_hours: float = Field(24.0 * 14, gt=0, le=1e6, description="quotes older than this are "
                                        "ignored (GCP prices change weekly at most)")
 
 

@@ -37,7 +37,6 @@ import argparse
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -92,6 +91,7 @@ class Prepared:
     """What a start holds once every check passed (before anything was committed)."""
 
     start: Start
+    run_id: str
     found: Mapping[str, Any]  # the meta of the run found in the workdir
     coordinator: RingCoordinator
     token_file: Path
@@ -233,10 +233,11 @@ class LocalRun:
         if self.args.metrics_port is not None:
             metrics.serve(self.args.metrics_port)
         token = self._token(start, created)
+        run_id = start.run_id()
         if self.settings.snapshot.url is None:  # the default store: a folder the start made
-            created.mkdirs(self.wd.snapshots)
-        coordinator = self._coordinator(start, found, token)
-        return Prepared(start, found, coordinator, self.wd.token)
+            created.mkdirs(self.wd.snapshots / run_id)
+        coordinator = self._coordinator(start, found, token, run_id)
+        return Prepared(start, run_id, found, coordinator, self.wd.token)
 
     def _token(self, start: Start, created: Created) -> bytes:
         """The run's token: the one in ``WORKDIR/token`` (a continued run's workers hold it),
@@ -263,9 +264,10 @@ class LocalRun:
             created.file(path)
         return token
 
-    def _coordinator(self, start: Start, found: Mapping[str, Any],
-                     token: bytes) -> RingCoordinator:
-        """The coordinator, on the continued run's address (its workers dial it)."""
+    def _coordinator(self, start: Start, found: Mapping[str, Any], token: bytes,
+                     run_id: str) -> RingCoordinator:
+        """The coordinator, on the continued run's address (its workers dial it), keeping
+        this run's snapshots (``.../<run id>``: never another run's)."""
         d = self.settings.daemon
         host, port = d.coordinator_host, d.coordinator_port
         prev = found.get("coordinator") if start.kind is StartKind.CONTINUE else None
@@ -280,8 +282,9 @@ class LocalRun:
             snap = snap.model_copy(update={"every_s": max(MIN_SNAPSHOT_REAL_S,
                                                           snap.every_s / self.speed)})
         try:
+            url = snapshot_url(self.settings, self.wd.snapshots)
             return make_coordinator(host, port, token, heartbeat_timeout_s=5.0, snapshot=snap,
-                                    snapshot_url=snapshot_url(self.settings, self.wd.snapshots))
+                                    snapshot_url=url and f"{url}/{run_id}")
         except UserError as exc:
             if not prev:
                 raise
@@ -299,9 +302,7 @@ class LocalRun:
         self.wd.samples.mkdir(exist_ok=True)
         state = State(self.wd.state)
         run = dict(state.get_meta("run") or {}) if start.kind is StartKind.CONTINUE else {}
-        run_id = run.get("id") or (f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-"
-                                   f"{secrets.token_hex(3)}")
-        state.set_meta("run", {"id": run_id, "identity": identity.as_meta(), "ended": None,
+        state.set_meta("run", {"id": ready.run_id, "identity": identity.as_meta(), "ended": None,
                                "previous_end": run.get("ended")})
         host, port = ready.coordinator.address
         state.set_meta("coordinator", {"host": host, "port": port})

@@ -7,8 +7,8 @@ against this start's :class:`RunIdentity`:
 
 - no state: a **fresh** run;
 - a run whose job finished (``ended.outcome == "done"``): the **next** run; the finished
-  run's files (state, worker logs, samples, snapshots, the default report) are moved, not
-  deleted, to ``runs/<its id>/`` first (:func:`archive`);
+  run's files (state, worker logs, samples, its snapshots, the default report) are moved,
+  not deleted, to ``runs/<its id>/`` first (:func:`archive`);
 - anything else (a daemon killed or crashed, Ctrl-C, ``--duration`` reached, a lost job):
   **continue** it: the same state, token, coordinator address and snapshots, the fleet
   adopted, the simulated clock going on where it is. A start whose identity differs (another
@@ -16,7 +16,9 @@ against this start's :class:`RunIdentity`:
   and its report would mix two runs.
 
 ``cloud/`` (the local driver's instance records) is the machine's "cloud account": it is
-never moved, so instances of any earlier run stay visible to recovery.
+never moved, so instances of any earlier run stay visible to recovery. Snapshots are kept
+per run (``snapshots/<run id>``, or ``<snapshot.url>/<job.id>/<run id>``): a run never
+resumes from another run's snapshots, a finished one's least of all.
 
 Rule: read the state only with :meth:`provisioner.daemon.state.State.read_only` before the
 run's lock is held and the start decided; :func:`archive` is the only move.
@@ -25,7 +27,9 @@ run's lock is held and the start decided; :func:`archive` is the only move.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
@@ -104,6 +108,17 @@ class Start:
     kind: StartKind
     previous_id: str | None = None  # the run continued or archived
 
+    def run_id(self) -> str:
+        """The id of the run this start runs: the continued one's, else a new one."""
+        if self.kind is StartKind.CONTINUE and self.previous_id:
+            return self.previous_id
+        return new_run_id()
+
+
+def new_run_id() -> str:
+    """``20261124T093235Z-fd46a1``: sortable by start, unique enough for one machine."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
 
 def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
                  identity: RunIdentity, where: str) -> Start:
@@ -135,10 +150,12 @@ def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
         k += 1
         dest = wd.runs / f"{name}.{k}"
     dest.mkdir(parents=True)
-    moving = [wd.workers, wd.samples, wd.snapshots, *wd.root.glob("state.sqlite*")]
+    moving = [(p, p.name) for p in (wd.workers, wd.samples, *wd.root.glob("state.sqlite*"))]
+    if run_id:
+        moving.append((wd.snapshots / run_id, "snapshots"))
     if report is not None and report.resolve().parent == wd.root.resolve():
-        moving.append(report)
-    for p in moving:
+        moving.append((report, report.name))
+    for p, to in moving:
         if p.exists():
-            os.replace(p, dest / p.name)
+            os.replace(p, dest / to)
     return dest

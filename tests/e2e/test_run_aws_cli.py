@@ -42,6 +42,7 @@ def write_inputs(world: AwsWorld, tmp: Path) -> Path:
     for zone, price in (("us-east-1a", 0.161), ("us-east-1b", 0.172), ("us-east-1c", 0.183)):
         rows.append(f"{now.isoformat()},aws,us-east-1,{zone},g4dn.xlarge,spot,{price},0.526,")
     (tmp / "prices.csv").write_text("\n".join(rows) + "\n")
+    (tmp / "ring-token").write_text("a-test-token\n")  # the daemon runs the coordinator
     cfg = tmp / "config.toml"
     cfg.write_text(f"""
 [job]
@@ -60,6 +61,7 @@ max_size = 2
 markets = ["spot"]
 [daemon]
 state_path = "state.sqlite"
+token_path = "ring-token"
 notice_poll_s = 0.5
 plan_s = 600
 """)
@@ -86,6 +88,8 @@ def test_provision_run_against_moto(world, tmp_path):
     try:
         assert wait_for(lambda: len(alive(world)) == 2, 60), (tmp_path / "run1.log").read_text()
         fleet = alive(world)
+        coordinator = _meta(tmp_path, "coordinator")
+        assert coordinator and coordinator["port"] > 0
         busy = start(cfg, tmp_path, 9)
         assert busy.wait(60) == 2  # one daemon per state file
         assert "in use by another `provision run`" in (tmp_path / "run9.log").read_text()
@@ -102,6 +106,8 @@ def test_provision_run_against_moto(world, tmp_path):
                 (tmp_path / "run2.log").read_text()
             assert alive(world) == fleet
             assert not (elsewhere / "state.sqlite").exists()  # the same state, found again
+            # the coordinator on the address the workers dial (port 0 in the config)
+            assert _meta(tmp_path, "coordinator") == coordinator
             assert "terminated" not in _events(tmp_path)
             victim = sorted(fleet)[0]
             world.interrupt(victim)
@@ -119,13 +125,26 @@ def test_provision_run_against_moto(world, tmp_path):
     assert alive(world) == set()  # --on-exit terminate
 
 
+def _meta(tmp: Path, key: str):
+    from provisioner.daemon.state import State
+
+    path = tmp / "state.sqlite"
+    if not path.exists():
+        return None
+    st = State.read_only(path)
+    try:
+        return st.get_meta(key)
+    finally:
+        st.close()
+
+
 def _events(tmp: Path) -> list[str]:
     from provisioner.daemon.state import State
 
     path = tmp / "state.sqlite"
     if not path.exists():
         return []
-    st = State(path)
+    st = State.read_only(path)
     try:
         return [e.kind for e in st.events()]
     finally:

@@ -41,24 +41,16 @@ def run_and_kill_everyone(tmp_path: Path, snapshot_toml: str, env: dict[str, str
 def test_snapshots_in_s3_resume_the_job(tmp_path):
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
-    from moto.server import ThreadedMotoServer
+    from tests.fakes.aws_world import moto_endpoint
 
-    server = ThreadedMotoServer(port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    with moto_endpoint() as endpoint:
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         s3.create_bucket(Bucket="snaps")
         run_and_kill_everyone(tmp_path, f'url = "s3://snaps/runs"\nendpoint_url = "{endpoint}"\n',
-                              creds)
+                              {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               "AWS_DEFAULT_REGION": "us-east-1"})
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket="snaps").get("Contents", [])]
         assert keys and all(k.startswith(f"runs/{JOB}/") for k in keys), keys
-    finally:
-        server.stop()
 
 
 @pytest.mark.timeout(360)

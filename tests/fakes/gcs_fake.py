@@ -142,6 +142,10 @@ def _error(status: int, message: str, reason: str) -> dict[str, Any]:
                       "errors": [{"message": message, "domain": "global", "reason": reason}]}}
 
 
+def _missing(bucket: str, name: str) -> dict[str, Any]:
+    return _error(404, f"No such object: {bucket}/{name}", "notFound")
+
+
 def _precondition(query: dict[str, list[str]], current: dict[str, Any] | None) -> bool:
     """True when ``ifGenerationMatch`` / ``ifGenerationNotMatch`` hold for ``current``."""
     gen = current["generation"] if current else "0"
@@ -289,8 +293,7 @@ def _handler(fake: GcsFake) -> type[BaseHTTPRequestHandler]:
             with fake.lock:
                 found = fake.objects.get((bucket, name))
             if found is None:
-                return self._send(404, _error(404, f"No such object: {bucket}/{name}",
-                                              "notFound"))
+                return self._send(404, _missing(bucket, name))
             res, data = found
             if not _precondition(query, res):
                 return self._send(412 if method != "GET" else 304,
@@ -368,8 +371,7 @@ def _handler(fake: GcsFake) -> type[BaseHTTPRequestHandler]:
             with fake.lock:
                 found = fake.objects.get((bucket, name))
                 if found is None:
-                    return self._send(404, _error(404, f"No such object: {bucket}/{name}",
-                                                  "notFound"))
+                    return self._send(404, _missing(bucket, name))
                 current = fake.objects.get((dst_bucket, dst_name))
                 if not _precondition(query, current[0] if current else None):
                     return self._send(412, _error(412, "precondition failed", "conditionNotMet"))

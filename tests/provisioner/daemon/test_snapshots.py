@@ -89,25 +89,34 @@ def test_gcs_fake_serves_the_real_client(tmp_path):
             client.bucket("nobucket").blob("x").upload_from_string(b"1")
 
 
-def test_moto_s3_endpoint_as_the_snapshot_settings_give_it(tmp_path):
-    boto3 = pytest.importorskip("boto3")
+def test_a_snapshot_store_that_cannot_be_listed_is_one_line_naming_the_url(tmp_path):
+    """Before anything starts, the daemon lists the store the coordinator will keep the
+    snapshots in: a missing bucket (S3 on moto, GCS on the fake) or an unwritable folder is
+    one line naming ``snapshot.url``; a good one passes."""
     pytest.importorskip("moto.server")
-    from moto.server import ThreadedMotoServer
+    pytest.importorskip("google.cloud.storage")
+    from provisioner.daemon.wiring import _check_store, _trainer_snapshot
+    from provisioner.errors import UserError
+    from tests.fakes.aws_world import moto_endpoint
+    from tests.fakes.gcs_fake import GcsFake
 
-    server = ThreadedMotoServer(port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        s = parse_settings({"snapshot": {"url": "s3://snaps/runs", "endpoint_url": endpoint}})
-        s3 = boto3.client("s3", endpoint_url=s.snapshot.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-        s3.create_bucket(Bucket="snaps")
-        s3.put_object(Bucket="snaps", Key="runs/spotring-demo/000001/meta.json", Body=b"{}")
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="snaps", Prefix="runs/")["Contents"]]
-        assert keys == ["runs/spotring-demo/000001/meta.json"]
-    finally:
-        server.stop()
+    snap = parse_settings({}).snapshot
+    with moto_endpoint() as endpoint:
+        s3 = parse_settings({"snapshot": {"url": "s3://snaps/p", "endpoint_url": endpoint}})
+        with pytest.raises(UserError, match=r"snapshot.url s3://snaps/p/spotring-demo: cannot "
+                                            r"list it \(NoSuchBucket"):
+            _check_store(_trainer_snapshot(s3.snapshot, snapshot_url(s3, tmp_path)))
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="snaps")
+        _check_store(_trainer_snapshot(s3.snapshot, snapshot_url(s3, tmp_path)))
+    with GcsFake(buckets=["snaps"]) as fake:
+        gs = parse_settings({"snapshot": {"url": "gs://other", "api_endpoint": fake.endpoint}})
+        with pytest.raises(UserError, match="snapshot.url gs://other/spotring-demo: cannot list"):
+            _check_store(_trainer_snapshot(gs.snapshot, snapshot_url(gs, tmp_path)))
+    with pytest.raises(UserError, match="snapshot.url file:///sys/spotring"):
+        _check_store(_trainer_snapshot(snap, "file:///sys/spotring"))
 
 
 def test_gcs_fake_as_the_storage_emulator(monkeypatch):

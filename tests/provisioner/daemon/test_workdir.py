@@ -111,8 +111,9 @@ def test_the_start_decision():
 
 def test_archive_moves_the_finished_run_and_deletes_nothing(tmp_path):
     wd = Workdir(tmp_path)
-    for d in (wd.workers, wd.samples, wd.snapshots, wd.report, wd.cloud):
-        d.mkdir()
+    for d in (wd.workers, wd.samples, wd.snapshots / "r1", wd.snapshots / "r2", wd.report,
+              wd.cloud):
+        d.mkdir(parents=True)
         (d / "f").write_text(d.name)
     wd.state.write_text("db")
     (tmp_path / "state.sqlite-wal").write_text("wal")
@@ -123,6 +124,9 @@ def test_archive_moves_the_finished_run_and_deletes_nothing(tmp_path):
                                                       "state.sqlite", "state.sqlite-wal",
                                                       "workers"]
     assert (dest / "samples" / "f").read_text() == "samples"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cloud", "notes.txt", "runs"]
+    assert (dest / "snapshots" / "f").read_text() == "r1"  # that run's snapshots only
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cloud", "notes.txt", "runs",
+                                                          "snapshots"]
+    assert [p.name for p in wd.snapshots.iterdir()] == ["r2"]
     wd.state.write_text("db2")
     assert archive(wd, "r1", None) == wd.runs / "r1.2"  # never over an earlier archive
