@@ -8,8 +8,8 @@ Design: argparse only. Flags are checked here; the run itself is
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
 finite and within a bound that names the flag and the fix (:func:`check_flags`).
 
-Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or the run stopped as asked,
-2 bad input, 3 the job was lost, 4 the job failed.
+Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or a limit reached, 2 bad
+input, 3 the job was lost, 4 the job failed, 130 Ctrl-C or SIGTERM (after draining).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def register(sub: Any) -> None:
                        "trains examples/digits.py on worker processes while prices and "
                        "revocations come from a trace or the built-in generator.")
     p.add_argument("--config", help="TOML settings (default: the embedded local cloud)")
-    p.add_argument("--trace", action="append", metavar="PATH",
-                   help="price/availability trace file or folder (repeatable); default: the "
+    p.add_argument("--trace", action="extend", nargs="+", metavar="PATH",
+                   help="price/availability trace files or folders; default: the "
                    "built-in generator")
     p.add_argument("--speed", type=float, help="simulated seconds per real second "
                    "(default local.speed, 60)")

@@ -4,7 +4,7 @@ Design: read-only over :class:`provisioner.daemon.state.State` (:meth:`State.rea
 file is opened ``mode=ro``, and it reads while a daemon writes); it never writes to the file
 it reads, and makes no cloud call. "Now" is the newest time the daemon recorded (the daemon's
 clock may be simulated), so the cost is the spend up to that moment. ``--json`` is plain JSON
-(no ``Infinity``: :func:`provisioner.daemon.report.dumps`).
+(no ``Infinity``: :func:`provisioner.clio.print_json`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from provisioner.clio import add_json_flag, print_json
 
 
 def register(sub: Any) -> None:
@@ -22,7 +24,7 @@ def register(sub: Any) -> None:
     p.add_argument("--state", help="state file (default: WORKDIR/state.sqlite)")
     p.add_argument("--workdir", default="spotring-run", help="the local run's work directory")
     p.add_argument("--events", type=int, default=12, help="recent events shown")
-    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    add_json_flag(p, help="JSON instead of tables")
     p.set_defaults(handler=run)
 
 
@@ -37,7 +39,6 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.report import dumps
     from provisioner.daemon.state import State
 
     path = _state_path(args)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         state.close()
     if args.json:
-        print(dumps(doc, indent=2))
+        print_json(doc, indent=2)
         return 0
     from rich.console import Console
     from rich.table import Table

@@ -17,9 +17,10 @@ Design: two small pure parts, no I/O.
   lost job the steps trained since the newest snapshot (gone with the members) and the
   money spent on every lost step.
 
-Exit codes: :data:`EXIT_OK` (done, or stopped as asked), 2 (bad input, including workers
+Exit codes: :data:`EXIT_OK` (done, or a limit reached), 2 (bad input, including workers
 that never join: a broken job file), :data:`EXIT_LOST` (the ring lost every holder of the
-state with no snapshot to resume from), :data:`EXIT_FAILED` (the job itself failed).
+state with no snapshot to resume from), :data:`EXIT_FAILED` (the job itself failed),
+:data:`EXIT_INTERRUPTED` (130: Ctrl-C or SIGTERM, after draining).
 
 Rule: nothing is reported that did not happen; a figure the daemon can only bound (the
 steps a restart cost when the ring died while the daemon was down) is a lower bound, the
@@ -31,13 +32,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
+from provisioner.clio import EXIT_INTERRUPTED as EXIT_INTERRUPTED_CLI
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_LOST = 3
 EXIT_FAILED = 4
-#: Ctrl-C or SIGTERM: the fleet drained and kept or terminated as asked (issue 18 may make
-#: this 130 like other tools; the one place to change it).
-EXIT_INTERRUPTED = 0
+#: Ctrl-C or SIGTERM: the fleet drained and kept or terminated as asked, then 128 + SIGINT
+#: like other tools (the CLI's convention, :data:`provisioner.clio.EXIT_INTERRUPTED`).
+EXIT_INTERRUPTED = EXIT_INTERRUPTED_CLI
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ written after the run; nothing here talks to a cloud or the ring. The figures:
 - ``accuracy``: the job's held-out accuracy at the end;
 - counts of launches, notices (drained), kills (no notice), joins and leaves.
 
-Every JSON figure is finite (:func:`plain`: an infinite or NaN float becomes null), and JSON
-is written with ``allow_nan=False``: no ``Infinity`` in a file other tools parse.
+Every JSON figure is finite (:func:`provisioner.clio.dumps`: an infinite or NaN float becomes
+null, and ``allow_nan=False``): no ``Infinity`` in a file other tools parse.
 
 Plots (``provisioner.plots.lines`` for the series): ``price.png`` (price of every offering
 held), ``fleet.png`` (instances held), ``throughput.png`` (samples/s), ``cost.png``
@@ -28,38 +28,19 @@ Rule for callers: call :func:`write_report` once the daemon has stopped (the sta
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from provisioner import plots
+from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
               EventKind.EXITED, EventKind.TERMINATED, ring_kind("join"),
               ring_kind("leave"), ring_kind("lost"))
-
-
-def plain(obj: Any) -> Any:
-    """``obj`` as JSON-safe plain data: non-finite floats become None, tuples lists, keys
-    strings (so ``json.dumps(plain(x), allow_nan=False)`` never fails on a float)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)
-
-
-def dumps(obj: Any, **kw: Any) -> str:
-    """JSON text with no ``Infinity`` or ``NaN`` (see :func:`plain`)."""
-    return json.dumps(plain(obj), allow_nan=False, **kw)
 
 
 def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, Any]:

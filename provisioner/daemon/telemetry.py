@@ -73,14 +73,14 @@ class Telemetry:
 
     def keep_ledger(self, stats: Mapping[str, object]) -> None:
         """Advance the ledger with the ring's stats; both kept in the state's meta."""
-        from provisioner.daemon.report import plain
+        from provisioner.clio import finite
 
         with self._lock:
             led = advance(self.ledger, stats)
             if led != self.ledger:
                 self.ledger = led
                 self.state.set_meta("ledger", led.as_meta())
-        self.state.set_meta("ring", plain({k: v for k, v in stats.items() if k != "rejected"}))
+        self.state.set_meta("ring", finite({k: v for k, v in stats.items() if k != "rejected"}))
 
     def observe(self, workers: Mapping[str, float]) -> None:
         """Measured samples/s per worker, averaged per instance type, into the model."""

@@ -3,7 +3,7 @@ it launches the fleet; a second daemon on the same state is refused; SIGKILLed a
 again from another directory (the config's relative ``state_path`` is read from the config
 file's folder) it adopts the fleet (no orphan, no duplicate, nothing terminated); an
 interruption through EventBridge -> SQS is replaced; SIGTERM with ``--on-exit terminate``
-exits 0 and leaves nothing running."""
+drains, exits 130 (as Ctrl-C) and leaves nothing running."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_provision_run_against_moto(world, tmp_path):
             assert len(tokens) == 3  # ever launched: the fleet of two, then one replacement
         finally:
             second.send_signal(signal.SIGTERM)
-            assert second.wait(60) == 0, (tmp_path / "run2.log").read_text()
+            assert second.wait(60) == 130, (tmp_path / "run2.log").read_text()  # stopped
     finally:
         if first.poll() is None:
             first.kill()

@@ -30,7 +30,8 @@ def test_done_limits_and_interruptions():
     assert epochs.exit_code == 0 and not epochs.job_over  # --on-exit decides
     limit = v({"outcome": "running"}, elapsed_s=7200, duration_s=3600, duration_text="1h")
     assert limit.reason == "--duration 1h reached" and limit.outcome == "limit"
-    assert v({"outcome": "lost"}, interrupted=True).outcome == "interrupted"
+    stopped = v({"outcome": "lost"}, interrupted=True)
+    assert stopped.outcome == "interrupted" and stopped.exit_code == 130
     broken = v({}, crash_loop="4 workers exited before any joined the ring")
     assert broken.exit_code == 2 and broken.job_over
 
