@@ -92,13 +92,14 @@ def test_ctrl_c_then_a_rerun_continues_the_same_run(tmp_path):
         logs1 = sorted(p.name for p in (wd / "workers").iterdir())
         assert run.workers() == [] and logs1
 
+        time.sleep(5.0)  # a clock that kept running would be 300 simulated seconds further on
         assert run.start("run2.log").wait(timeout=240) == 0, run.log()
         run2 = run.meta("run")
         assert run2["id"] == run1["id"] and run2["ended"]["outcome"] == "done"
         assert run.meta("coordinator") == coord1 and (wd / "token").read_bytes() == token1
         cont = run.events("continued")
         assert len(cont) == 1
-        assert cont[0].t - run1["ended"]["t"] < 600  # the clock went on from the stop
+        assert cont[0].t - run1["ended"]["t"] < 150  # the clock went on from the stop
         fig = run.report()
         assert fig["spend_usd"] > spend1 and fig["daemon_restarts"] == 1
         assert set(logs1) <= {p.name for p in (wd / "workers").iterdir()}  # nothing deleted
