@@ -11,7 +11,7 @@ Design: :class:`LocalRun` wires the whole loop here:
   (:func:`provisioner.daemon.wiring.make_coordinator`), storing the ring's snapshots in
   ``WORKDIR/snapshots`` (or ``[snapshot] url``); instances are ``python -m trainer worker``
   processes started by the local driver in their own sessions (their argv:
-  :func:`worker_argv`), training ``job.job_file`` (``examples/digits.py``). Workers outlive
+  :func:`worker_argv`), training ``job.job_file`` (``--job``; default the packaged ``spotring_examples.digits``). Workers outlive
   the daemon: it is not in the data path;
 - the end (:func:`provisioner.daemon.outcome.verdict`): ``--until-epochs`` (passed to the
   example as ``DIGITS_EPOCHS``), ``--duration`` (simulated, the run's total), the job
@@ -27,8 +27,8 @@ the coordinator bound (a continued run's on its own address and token). A failur
 these undoes what the start created and is one line, exit 2. Only then is the state opened
 and the daemon started; a continued run's fleet is adopted, never wiped.
 
-Rule for callers: run from the repository root (or give ``job.job_file`` as an absolute
-path). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
+Rule for callers: pass settings whose ``job.job_file`` went through
+:func:`provisioner.daemon.jobspec.check_job` (``provision run`` does). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pricing.sources import synthetic
 from pricing.sources.synthetic import AvailabilityIndex
 from provisioner.config import Settings
+from provisioner.daemon import registry
 from provisioner.daemon.lock import Created, RunLock, writable_folder
 from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
@@ -58,7 +59,7 @@ from provisioner.daemon.state import EventKind, State, ring_kind
 from provisioner.daemon.wiring import build_daemon, make_coordinator, snapshot_url
 from provisioner.daemon.workdir import (RunIdentity, Start, StartKind, Workdir, archive,
                                         decide_start)
-from provisioner.errors import ConfigError, UserError
+from provisioner.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +186,9 @@ class LocalRun:
         return replace(snap, quotes=tuple(ok)), start
 
     def job_spec(self) -> str:
-        job_file = Path(self.settings.job.job_file)
-        if not job_file.is_absolute() and not job_file.exists() and "/" in str(job_file):
-            raise ConfigError(f"job.job_file = {str(job_file)!r}: not found from {os.getcwd()}; "
-                              "run from the repository root or give an absolute path")
-        return str(job_file.resolve()) if job_file.exists() else str(job_file)
+        """The job the workers train: ``job.job_file`` as ``provision run`` checked it
+        (:func:`provisioner.daemon.jobspec.check_job`: an absolute path or a module)."""
+        return self.settings.job.job_file
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -230,8 +229,10 @@ class LocalRun:
         run_meta = found.get("run") or ({"ended": {"outcome": "done"}}
                                         if found.get("finished") else {})
         start = decide_start(run_meta, has_state, identity, f"--workdir {self.workdir}")
-        if self.args.metrics_port is not None:
-            metrics.serve(self.args.metrics_port)
+        endpoint = getattr(self.args, "metrics_endpoint", None)
+        if endpoint is not None:
+            host, port = endpoint
+            print(f"metrics: http://{host}:{metrics.serve(port, host)}/metrics", flush=True)
         token = self._token(start, created)
         run_id = start.run_id()
         if self.settings.snapshot.url is None:  # the default store: a folder the start made
@@ -342,6 +343,10 @@ class LocalRun:
         ring: dict[str, Any] = {}
         try:
             state = self._commit(ready, identity)
+            detached = os.environ.get("SPOTRING_DETACHED_LOG")
+            registry.register(run_id=ready.run_id, driver="local", workdir=self.wd.root,
+                              state=self.wd.state, lock=self.wd.lock, job=job_spec,
+                              log=Path(detached) if detached else None, config=self.args.config)
             continuing = ready.start.kind is StartKind.CONTINUE
             prev_end = (ready.found.get("run") or {}).get("ended") if continuing else None
             now = self._clock(state, trace_start, prev_end, continuing)
@@ -364,6 +369,7 @@ class LocalRun:
             coordinator.stop()
             for sig, handler in self._old_handlers.items():
                 signal.signal(sig, handler)
+            registry.unregister()
         assert daemon is not None and self.verdict is not None
         return self._finish(daemon, ring, notes, self.verdict, terminate)
 

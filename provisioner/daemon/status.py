@@ -3,6 +3,10 @@
 Design: :class:`Status` is frozen data; :func:`build_status` reads the state, the market's
 prices and the ring's coordinator (members' speeds, progress) at one moment.
 
+:func:`summary` is the one reading of a state file from outside its daemon (``provision
+status``, ``list`` and ``down``): "now" is the newest time the daemon recorded (its clock may
+be simulated), so the cost is the spend up to that moment.
+
 Rule: never call a driver from here (the dashboard refreshes four times a second).
 """
 
@@ -55,3 +59,34 @@ def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
     return Status(now, dict(fleet), sum(1 for r in live if r.draining_since is not None),
                   by_key, cost, state.spend(t), sps, progress,
                   tuple(state.events(limit=events)) if events else (), plan_text, workers)
+
+
+#: The ring's figures a summary keeps (its ``ring`` meta, the last the daemon recorded).
+RING_KEYS = ("outcome", "failure", "generation", "step", "epoch", "world", "samples_done",
+             "steps_lost", "snapshot", "resumed_from", "adopted", "accuracy")
+
+
+def summary(state: State, events: int = 12) -> dict[str, Any]:
+    """What a state file says about its run, as plain data (``provision status --json``)."""
+    times = [t for t, _, _ in state.metric_series("spend")]
+    recent = state.events(limit=events) if events else []
+    last = state.events(limit=1)
+    now = max(times + [e.t for e in recent + last] + [state.get_meta("started_at", 0.0)])
+    t0 = float(state.get_meta("started_at", now))
+    live = state.live_instances()
+    run = state.get_meta("run") or {}
+    return {
+        "state": str(state.path),
+        "job": state.get_meta("job", {}),
+        "run_id": run.get("id"),
+        "hours": round((now - t0) / 3600.0, 4),
+        "spend_usd": round(state.spend(now), 6),
+        "finished": bool(state.get_meta("finished", False)),
+        "outcome": (run.get("ended") or {}).get("outcome"),
+        "fleet_kept": bool((run.get("ended") or {}).get("fleet_kept")),
+        "ring": {k: v for k, v in (state.get_meta("ring") or {}).items() if k in RING_KEYS},
+        "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
+                   "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
+        "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
+                    "instance": e.instance_id, "detail": e.detail} for e in recent],
+    }
