@@ -114,6 +114,8 @@ class LocalRun:
         self.interrupted = False
         self.verdict: Verdict | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._driver: Any = None
+        self._outages: Any = None
 
     # -- inputs (nothing changes) ------------------------------------------------------------
     def market(self) -> tuple[Any, list[str]]:
@@ -136,7 +138,19 @@ class LocalRun:
                 params = replace(params, outages_per_hour=self.args.outages_per_hour)
             snap = synthetic.generate(params)
             origin = "the built-in generator"
+            if self.job_outages(params):
+                origin += (" with job-time outages at "
+                           + ", ".join(f"{o.at:.0%} ({'notice' if o.notice else 'kill'})"
+                                       for o in params.job_outages) + " of the job")
         return snap, [origin, *snap.notes[-3:]]
+
+    def job_outages(self, params: synthetic.GeneratorParams) -> tuple:
+        """The built-in market's job-time outages this run meets: none with a ``--trace`` (the
+        trace is the market), with ``--outages-per-hour 0`` (revocations only by hand) or
+        without ``--until-epochs`` (no known length to place them in)."""
+        if self.args.trace or not self.args.until_epochs or params.outages_per_hour <= 0:
+            return ()
+        return params.job_outages
 
     def identity(self, job_spec: str) -> RunIdentity:
         """This start's :class:`RunIdentity` (a continued run must have the same)."""
@@ -351,6 +365,7 @@ class LocalRun:
             daemon = self._daemon(TraceSource([], snapshot=snap), now, coordinator,
                                   ready.token_file, job_spec,
                                   AvailabilityIndex(snap.availability), metrics, state)
+            self._outages = self._job_time_outages(daemon, coordinator)
             self._signals()
             daemon.start()
             t0 = float(state.get_meta("started_at") or daemon.now().timestamp())
@@ -385,11 +400,41 @@ class LocalRun:
         driver = LocalDriver(self.wd.cloud, command, clock=now, availability=availability,
                              notice_window_s=loc.notice_window_s,
                              hard_kill_every=loc.hard_kill_every)
+        self._driver = driver
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
         if self.args.until_epochs:
             env["DIGITS_EPOCHS"] = str(self.args.until_epochs)
         return build_daemon(self.settings, driver, source, state, now=now, speed=self.speed,
                             coordinator=coordinator, metrics=metrics, launch_env=env)
+
+    def _job_time_outages(self, daemon: Daemon, coordinator: RingCoordinator) -> Any:
+        """The built-in market's job-time outages (:mod:`provisioner.daemon.outages`), or None."""
+        from dataclasses import replace
+
+        from provisioner.daemon.outages import META_KEY, JobTimeOutages
+
+        params = synthetic.GeneratorParams(seed=self.args.seed)
+        if self.args.outages_per_hour is not None:
+            params = replace(params, outages_per_hour=self.args.outages_per_hour)
+        schedule = self.job_outages(params)
+        if not schedule:
+            return None
+        state, driver = daemon.state, self._driver
+
+        def active() -> set[str]:
+            return {m.name for m in coordinator.members() if m.state == "active"}
+
+        def live() -> list[tuple[str, float]]:
+            return [(r.id, r.launched_at) for r in state.live_instances()
+                    if r.draining_since is None]
+
+        def revoke(iid: str, hard: bool, source: str) -> bool:
+            return bool(driver.revoke(iid, hard=hard, source=source))
+
+        return JobTimeOutages(schedule, int(self.args.until_epochs), stats=coordinator.stats,
+                              active=active, live=live, revoke=revoke,
+                              fired=int(state.get_meta(META_KEY) or 0),
+                              on_fired=lambda n: state.set_meta(META_KEY, n))
 
     def _signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
@@ -434,6 +479,8 @@ class LocalRun:
                 if v is not None:
                     self.verdict = v
                     return
+                if self._outages is not None:
+                    self._outages.tick()
                 if live is not None:
                     live.update(render(daemon.status(), t0))
                 elif time.monotonic() - last_line > 5.0:
