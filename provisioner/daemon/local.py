@@ -97,6 +97,10 @@ class Prepared:
     token_file: Path
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 class LocalRun:
     """The main job on this machine (see the module docstring)."""
 
@@ -320,6 +324,9 @@ class LocalRun:
                                "previous_end": run.get("ended")})
         host, port = ready.coordinator.address
         state.set_meta("coordinator", {"host": host, "port": port})
+        # the checkpoint-restart baseline checkpoints as often as this run snapshots
+        # (simulated seconds, :mod:`provisioner.daemon.savings`)
+        state.set_meta("baseline", {"checkpoint_every_s": self.settings.snapshot.every_s})
         return state
 
     def _clock(self, state: State, trace_start: datetime, ended: Mapping[str, Any] | None,
@@ -460,13 +467,12 @@ class LocalRun:
                 f"{tail}); check job.job_file and local.worker_args")
 
     def _watch(self, daemon: Daemon, t0: float) -> None:
-        from provisioner.daemon.dashboard import render
-
         live = None
         if not self.args.no_dashboard and sys.stdout.isatty():
             from rich.live import Live
 
-            live = Live(render(daemon.status(), t0), refresh_per_second=4, transient=False)
+            live = Live(self._frame(daemon, t0, None), refresh_per_second=4, transient=False,
+                        vertical_overflow="crop")
             live.start()
         last_line = 0.0
         try:
@@ -482,7 +488,7 @@ class LocalRun:
                 if self._outages is not None:
                     self._outages.tick()
                 if live is not None:
-                    live.update(render(daemon.status(), t0))
+                    live.update(self._frame(daemon, t0, live))
                 elif time.monotonic() - last_line > 5.0:
                     last_line = time.monotonic()
                     st = daemon.status(events=0)
@@ -496,6 +502,15 @@ class LocalRun:
         finally:
             if live is not None:
                 live.stop()
+
+    @staticmethod
+    def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
+        """The dashboard sized to the terminal as it is now (it may have been resized)."""
+        from provisioner.daemon.dashboard import render
+        from rich.console import Console
+
+        size = (live.console if live is not None else Console()).size
+        return render(daemon.status(events=40), t0, width=size.width, height=size.height)
 
     def _finish(self, daemon: Daemon, ring: Mapping[str, Any], notes: list[str],
                 v: Verdict, terminated: bool) -> int:
@@ -520,6 +535,11 @@ class LocalRun:
               f"{acc}, steps lost {fig['steps_lost']} "
               f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
               f"{fig['kills']} kills, {fig['joins']} joins", flush=True)
+        print(f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
+              f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
+              flush=True)
         print(f"report: {path}", flush=True)
         if v.failure:
             print(f"provision run: error: {v.failure}", file=sys.stderr, flush=True)
