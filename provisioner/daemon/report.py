@@ -44,6 +44,7 @@ from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
 from provisioner.daemon.savings import from_state
+from provisioner.daemon.status import describe
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
@@ -87,6 +88,20 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
     }
 
 
+def _summary(fig: Mapping[str, Any]) -> str:
+    """The report's first sentence: what the run did and what it saved."""
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.0%}"
+
+    acc = "-" if fig.get("accuracy") is None else f"{fig['accuracy']:.3f}"
+    return (f"Outcome **{fig['outcome']}**, accuracy {acc}, through {fig['notices']} notices "
+            f"and {fig['kills']} kills ({fig['steps_lost']} steps lost). Spend "
+            f"${fig['spend_usd']:.4f}: {pct(fig['saved_vs_on_demand'])} less than on-demand "
+            f"(${fig['on_demand_usd']:.4f}) and {pct(fig['saved_vs_checkpoint_restart'])} "
+            f"less than checkpoint-restart on the same spot fleet "
+            f"(${fig['checkpoint_restart_usd']:.4f}; see docs/daemon.md, \"Savings\").")
+
+
 def checkpoint_every_s(state: State) -> float:
     """The checkpoint interval of the checkpoint-restart baseline: the run's snapshot
     interval as it recorded it, else the default."""
@@ -128,15 +143,14 @@ def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[
                 step=False)
     _events_plot(out / "events.png", state, t0, end_t)
     (out / "report.json").write_text(dumps(fig, indent=2))
-    md = [f"# {title}", "", "| figure | value |", "|---|---|"]
+    md = [f"# {title}", "", _summary(fig), "", "| figure | value |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in fig.items()]
     md += ["", "![price](price.png)", "![fleet](fleet.png)", "![throughput](throughput.png)",
            "![cost](cost.png)", "![events](events.png)", "", "## Last decision", ""]
     decisions = state.decisions(limit=1)
     md += ["```", decisions[-1][2] if decisions else "(none)", "```", "", "## Events", ""]
-    for e in state.events(limit=40):
-        md.append(f"- {_hours(e.t, t0):7.3f} h  {e.kind:<14} {e.instance_id or ''} "
-                  f"{e.offering or ''} {e.detail}".rstrip())
+    for e in state.events(limit=60):
+        md.append(f"- {_hours(e.t, t0):7.3f} h  {describe(e)}")
     md += [""] + [f"note: {n}" for n in notes]
     path = out / "report.md"
     path.write_text("\n".join(md) + "\n")
