@@ -501,7 +501,10 @@ class LocalRun:
                 self.stop.wait(0.25)
         finally:
             if live is not None:
-                live.stop()
+                try:  # the last frame left on the screen is the end, not a frame before it
+                    live.update(self._frame(daemon, t0, live))
+                finally:
+                    live.stop()
 
     @staticmethod
     def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
@@ -510,7 +513,10 @@ class LocalRun:
         from rich.console import Console
 
         size = (live.console if live is not None else Console()).size
-        return render(daemon.status(events=40), t0, width=size.width, height=size.height)
+        # one line short of the terminal: a frame of its full height scrolls the screen by
+        # one each time the cursor ends below it, leaving torn frames above
+        return render(daemon.status(events=60), t0, width=size.width,
+                      height=max(8, size.height - 1))
 
     def _finish(self, daemon: Daemon, ring: Mapping[str, Any], notes: list[str],
                 v: Verdict, terminated: bool) -> int:
