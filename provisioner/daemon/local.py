@@ -98,6 +98,10 @@ class Prepared:
     token_file: Path
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 class LocalRun:
     """The main job on this machine (see the module docstring)."""
 
@@ -115,6 +119,8 @@ class LocalRun:
         self.interrupted = False
         self.verdict: Verdict | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._driver: Any = None
+        self._outages: Any = None
 
     # -- inputs (nothing changes) ------------------------------------------------------------
     def market(self) -> tuple[Any, list[str]]:
@@ -137,7 +143,19 @@ class LocalRun:
                 params = replace(params, outages_per_hour=self.args.outages_per_hour)
             snap = synthetic.generate(params)
             origin = "the built-in generator"
+            if self.job_outages(params):
+                origin += (" with job-time outages at "
+                           + ", ".join(f"{o.at:.0%} ({'notice' if o.notice else 'kill'})"
+                                       for o in params.job_outages) + " of the job")
         return snap, [origin, *snap.notes[-3:]]
+
+    def job_outages(self, params: synthetic.GeneratorParams) -> tuple:
+        """The built-in market's job-time outages this run meets: none with a ``--trace`` (the
+        trace is the market), with ``--outages-per-hour 0`` (revocations only by hand) or
+        without ``--until-epochs`` (no known length to place them in)."""
+        if self.args.trace or not self.args.until_epochs or params.outages_per_hour <= 0:
+            return ()
+        return params.job_outages
 
     def identity(self, job_spec: str) -> RunIdentity:
         """This start's :class:`RunIdentity` (a continued run must have the same)."""
@@ -307,6 +325,9 @@ class LocalRun:
                                "previous_end": run.get("ended")})
         host, port = ready.coordinator.address
         state.set_meta("coordinator", {"host": host, "port": port})
+        # the checkpoint-restart baseline checkpoints as often as this run snapshots
+        # (simulated seconds, :mod:`provisioner.daemon.savings`)
+        state.set_meta("baseline", {"checkpoint_every_s": self.settings.snapshot.every_s})
         return state
 
     def _clock(self, state: State, trace_start: datetime, ended: Mapping[str, Any] | None,
@@ -356,6 +377,7 @@ class LocalRun:
             daemon = self._daemon(TraceSource([], snapshot=snap), now, coordinator,
                                   ready.token_file, job_spec,
                                   AvailabilityIndex(snap.availability), metrics, state)
+            self._outages = self._job_time_outages(daemon, coordinator)
             self._signals()
             daemon.start()
             t0 = float(state.get_meta("started_at") or daemon.now().timestamp())
@@ -391,11 +413,41 @@ class LocalRun:
         driver = LocalDriver(self.wd.cloud, command, clock=now, availability=availability,
                              notice_window_s=loc.notice_window_s,
                              hard_kill_every=loc.hard_kill_every)
+        self._driver = driver
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
         if self.args.until_epochs:
             env["DIGITS_EPOCHS"] = str(self.args.until_epochs)
         return build_daemon(self.settings, driver, source, state, now=now, speed=self.speed,
                             coordinator=coordinator, metrics=metrics, launch_env=env)
+
+    def _job_time_outages(self, daemon: Daemon, coordinator: RingCoordinator) -> Any:
+        """The built-in market's job-time outages (:mod:`provisioner.daemon.outages`), or None."""
+        from dataclasses import replace
+
+        from provisioner.daemon.outages import META_KEY, JobTimeOutages
+
+        params = synthetic.GeneratorParams(seed=self.args.seed)
+        if self.args.outages_per_hour is not None:
+            params = replace(params, outages_per_hour=self.args.outages_per_hour)
+        schedule = self.job_outages(params)
+        if not schedule:
+            return None
+        state, driver = daemon.state, self._driver
+
+        def active() -> set[str]:
+            return {m.name for m in coordinator.members() if m.state == "active"}
+
+        def live() -> list[tuple[str, float]]:
+            return [(r.id, r.launched_at) for r in state.live_instances()
+                    if r.draining_since is None]
+
+        def revoke(iid: str, hard: bool, source: str) -> bool:
+            return bool(driver.revoke(iid, hard=hard, source=source))
+
+        return JobTimeOutages(schedule, int(self.args.until_epochs), stats=coordinator.stats,
+                              active=active, live=live, revoke=revoke,
+                              fired=int(state.get_meta(META_KEY) or 0),
+                              on_fired=lambda n: state.set_meta(META_KEY, n))
 
     def _signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
@@ -421,13 +473,12 @@ class LocalRun:
                 f"{tail}); check job.job_file and local.worker_args")
 
     def _watch(self, daemon: Daemon, t0: float) -> None:
-        from provisioner.daemon.dashboard import render
-
         live = None
         if not self.args.no_dashboard and sys.stdout.isatty():
             from rich.live import Live
 
-            live = Live(render(daemon.status(), t0), refresh_per_second=4, transient=False)
+            live = Live(self._frame(daemon, t0, None), refresh_per_second=4, transient=False,
+                        vertical_overflow="crop")
             live.start()
         last_line = 0.0
         try:
@@ -440,8 +491,10 @@ class LocalRun:
                 if v is not None:
                     self.verdict = v
                     return
+                if self._outages is not None:
+                    self._outages.tick()
                 if live is not None:
-                    live.update(render(daemon.status(), t0))
+                    live.update(self._frame(daemon, t0, live))
                 elif time.monotonic() - last_line > 5.0:
                     last_line = time.monotonic()
                     st = daemon.status(events=0)
@@ -454,7 +507,22 @@ class LocalRun:
                 self.stop.wait(0.25)
         finally:
             if live is not None:
-                live.stop()
+                try:  # the last frame left on the screen is the end, not a frame before it
+                    live.update(self._frame(daemon, t0, live))
+                finally:
+                    live.stop()
+
+    @staticmethod
+    def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
+        """The dashboard sized to the terminal as it is now (it may have been resized)."""
+        from provisioner.daemon.dashboard import render
+        from rich.console import Console
+
+        size = (live.console if live is not None else Console()).size
+        # one line short of the terminal: a frame of its full height scrolls the screen by
+        # one each time the cursor ends below it, leaving torn frames above
+        return render(daemon.status(events=60), t0, width=size.width,
+                      height=max(8, size.height - 1))
 
     def _finish(self, daemon: Daemon, ring: Mapping[str, Any], notes: list[str],
                 v: Verdict, terminated: bool) -> int:
@@ -479,6 +547,11 @@ class LocalRun:
               f"{acc}, steps lost {fig['steps_lost']} "
               f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
               f"{fig['kills']} kills, {fig['joins']} joins", flush=True)
+        print(f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
+              f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
+              flush=True)
         print(f"report: {path}", flush=True)
         if v.failure:
             print(f"provision run: error: {v.failure}", file=sys.stderr, flush=True)

@@ -6,8 +6,11 @@ telemetry from values it already computed; nothing here reads the state or a clo
 series are the ones a Grafana board of a training fleet plots:
 
 - the fleet and its money: ``spotring_fleet_size{offering}``, ``spotring_cost_per_hour_usd``,
-  ``spotring_spend_usd``, and the savings: ``spotring_on_demand_equivalent_usd`` (the same
-  instance-hours at the on-demand price), ``spotring_savings_usd`` (that minus the spend) and
+  ``spotring_spend_usd``, and the savings (:mod:`provisioner.daemon.savings`):
+  ``spotring_on_demand_equivalent_usd`` (the same instance-hours at the on-demand price, less
+  the boots an on-demand fleet would not have paid),
+  ``spotring_checkpoint_restart_equivalent_usd``, ``spotring_savings_usd`` (on-demand minus
+  the spend) and
   ``spotring_spend_ratio`` (spend / on-demand: 0.3 means 70% saved);
 - the ring: ``spotring_samples_per_s`` (all), ``spotring_worker_samples_per_s{worker}`` (a
   member's measured rate; a worker that left is removed, not left at its last value),
@@ -45,6 +48,10 @@ class Metrics:
                            registry=r)
         self.on_demand = Gauge("spotring_on_demand_equivalent_usd", "what the same "
                                "instance-seconds cost at the on-demand price", registry=r)
+        self.checkpoint_restart = Gauge(
+            "spotring_checkpoint_restart_equivalent_usd", "what a checkpoint-restart trainer "
+            "would have spent on the same fleet (USD; see provisioner.daemon.savings)",
+            registry=r)
         self.savings = Gauge("spotring_savings_usd", "on-demand equivalent minus spend",
                              registry=r)
         self.spend_ratio = Gauge("spotring_spend_ratio", "spend / on-demand equivalent "
@@ -101,9 +108,11 @@ class Metrics:
         if samples_per_s is not None:
             self.samples.set(samples_per_s)
 
-    def update_savings(self, spend: float, on_demand: float) -> None:
-        """Spend against the same instance-seconds at the on-demand price."""
+    def update_savings(self, spend: float, on_demand: float,
+                       checkpoint_restart: float) -> None:
+        """Spend against the two baselines of :mod:`provisioner.daemon.savings`."""
         self.on_demand.set(on_demand)
+        self.checkpoint_restart.set(checkpoint_restart)
         self.savings.set(on_demand - spend)
         if on_demand > 0:
             self.spend_ratio.set(spend / on_demand)

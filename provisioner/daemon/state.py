@@ -337,21 +337,6 @@ class State:
                 total += Step.of(series).between(row.launched_at, end) / 3600.0
         return total
 
-    def on_demand_spend(self, now: float) -> float:
-        """What :meth:`spend`'s instance-seconds cost at the on-demand price of each
-        instance's offering (USD; an offering with no recorded on-demand price counts at its
-        own price): the figure the savings are measured against."""
-        total = 0.0
-        cache: dict[Offering, list[tuple[float, float]]] = {}
-        for row in self.instances():
-            od = row.offering.with_market("on-demand")
-            series = cache.setdefault(od, self.price_series(od)) or cache.setdefault(
-                row.offering, self.price_series(row.offering))
-            end = row.ended_at if row.ended_at is not None else now
-            if series:
-                total += Step.of(series).between(row.launched_at, end) / 3600.0
-        return total
-
     def instance_seconds(self, now: float) -> float:
         return sum(max(0.0, (r.ended_at if r.ended_at is not None else now) - r.launched_at)
                    for r in self.instances())

@@ -1,8 +1,8 @@
 """Telemetry: metrics rows, Prometheus, the closed throughput loop, the ring's events.
 
-Prometheus gets, beside the status: the savings (spend against
-:meth:`~provisioner.daemon.state.State.on_demand_spend`), each member's samples/s, the steps
-lost (:func:`provisioner.daemon.outcome.totals`, the report's own figure) and each formed
+Prometheus gets, beside the status: the savings (the status's
+:class:`~provisioner.daemon.savings.Savings`, the dashboard's and report's own figures),
+each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the report's own figure) and each formed
 generation's switch time (the ring's ``formed`` events).
 
 Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
@@ -73,7 +73,9 @@ class Telemetry:
             self.keep_ledger(st.progress)
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
-            self.metrics.update_savings(st.spend, self.state.on_demand_spend(t))
+            if st.savings is not None:
+                self.metrics.update_savings(st.savings.spend_usd, st.savings.on_demand_usd,
+                                            st.savings.checkpoint_restart_usd)
             lost = (totals(self.ledger, st.progress, st.spend)["steps_lost"]
                     if self.coordinator is not None and st.progress else None)
             epoch = st.progress.get("epoch")

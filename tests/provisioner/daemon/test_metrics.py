@@ -11,6 +11,7 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.daemon.metrics import Metrics
+from provisioner.daemon.savings import from_state
 from provisioner.daemon.state import State
 from provisioner.daemon.telemetry import Telemetry
 from provisioner.daemon.status import Status
@@ -84,7 +85,8 @@ def test_grafana_series_from_telemetry(tmp_path):
                         metrics=m)
         now = datetime.fromtimestamp(3600.0, timezone.utc)
         st = Status(now, {spot.key: 1}, 0, {spot.key: 0.9}, 0.9, state.spend(3600.0), 300.0,
-                    tel.coordinator.stats(), (), "", {"i-1": 180.0, "i-2": 120.0})
+                    tel.coordinator.stats(), (), "", {"i-1": 180.0, "i-2": 120.0},
+                    savings=from_state(state, 3600.0, 300.0))
         tel.record(st)
         got = scrape(port)
         assert got['spotring_worker_samples_per_s{worker="i-1"}'] == 180.0
@@ -97,6 +99,8 @@ def test_grafana_series_from_telemetry(tmp_path):
         assert got["spotring_on_demand_equivalent_usd"] == pytest.approx(3.06)
         assert got["spotring_savings_usd"] == pytest.approx(3.06 - 0.9)
         assert got["spotring_spend_ratio"] == pytest.approx(0.9 / 3.06)
+        # no revocation: a checkpoint-restart trainer would have paid the same
+        assert got["spotring_checkpoint_restart_equivalent_usd"] == pytest.approx(0.9)
         # i-2 left the ring: its series goes, rather than staying at its last value
         tel.record(Status(now, {spot.key: 1}, 0, {spot.key: 0.9}, 0.9, 0.9, 180.0,
                           tel.coordinator.stats(), (), "", {"i-1": 180.0}))
@@ -106,18 +110,3 @@ def test_grafana_series_from_telemetry(tmp_path):
     finally:
         m.close()
         state.close()
-
-
-def test_on_demand_spend_prices_each_instance_at_its_on_demand_rate(tmp_path):
-    state = State(tmp_path / "s.sqlite")
-    spot = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
-    other = Offering("local", "l", "l-a", "local.v100", "spot")  # no on-demand price known
-    state.record_price(spot, 0.0, 1.0)
-    state.record_price(spot.with_market("on-demand"), 0.0, 3.0)
-    state.record_price(other, 0.0, 0.5)
-    state.begin_launch("t", spot, 1, 0.0)
-    state.finish_launch("t", [("a", spot), ("b", other)], 0.0)
-    state.end_instance("a", 1800.0, "test")
-    assert state.spend(3600.0) == pytest.approx(0.5 + 0.5)
-    assert state.on_demand_spend(3600.0) == pytest.approx(1.5 + 0.5)
-    state.close()
