@@ -2,8 +2,8 @@
 
 Prometheus gets, beside the status: the savings (the status's
 :class:`~provisioner.daemon.savings.Savings`, the dashboard's and report's own figures),
-each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the report's own figure) and each formed
-generation's switch time (the ring's ``formed`` events).
+each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the
+report's own figure) and each formed generation's switch time (the ring's ``formed`` events).
 
 Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
 writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
