@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import ring
+from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class Agreement:
         VW) and queue its control reduction of ``row`` (this member's row filled)."""
         work = None
         if pack is not None and self.stage_pg is not None:
-            work = self.stage_pg.allreduce([pack])
+            with transport(f"stage reduction of wave {wave}"):
+                work = self.stage_pg.allreduce([pack])
         self._q.put((wave, work, pack, row))
 
     def wait(self, wave: int) -> Agreed:

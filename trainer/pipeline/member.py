@@ -54,18 +54,22 @@ from trainer.member import Member, Outcome
 from trainer.pipeline import agree, partition, profile, wsp
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
-from trainer.pipeline.runner import Micro, StageRunner
+from trainer.pipeline.runner import Micro, StageRunner, transport
 from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
 from trainer.pipeline.stagestate import LayoutError, ModelIndex, StagePack, bundle, load
 from trainer.sampler import CursorState, epoch_order
-from trainer.step import JobCodeError
 from trainer.store_client import ControlLost, ControlTimeout
 
 log = logging.getLogger(__name__)
 
-MOVE_TAG, GATHER_TAG = 1 << 30, (1 << 30) | (1 << 24)  # above every wave's tags
+MOVE_TAG, GATHER_TAG, HANDOVER_TAG = 1 << 30, (1 << 30) | (1 << 24), (1 << 30) | (2 << 24)
+# (above every wave's tags)
 OPTIMIZER_SLOTS = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}  # else 2 (Adam's)
+
+
+class StageLost(Exception):
+    """Layers that no member holds any more, and no durable snapshot to take them from."""
 
 
 @dataclass
@@ -115,6 +119,7 @@ class PipelineMember(Member):
         self.ccursor = CursorState()
         self.stop_at: int | None = None
         self.newest = 0
+        self.source = 0  # the rank this member last received state from
         self._orders: dict[int, torch.Tensor] = {}
         self._snap_at = (-1, time.monotonic())
 
@@ -149,9 +154,8 @@ class PipelineMember(Member):
             return self._fail(self.setup_error)
         try:
             return super().live()
-        except JobCodeError as e:  # raised while forming (no layer source left)
-            self._report_job_error(e)
-            return Outcome.FAILED
+        except StageLost as e:  # raised while forming: the job cannot go on
+            return self._fail(f"job {self.w.cfg.job}: the job is lost: {e}")
         finally:
             if self.agree is not None:
                 self.agree.stop()
@@ -220,7 +224,7 @@ class PipelineMember(Member):
             [partition.Candidate(r, row.speed, row.memory, row.slot)
              for r, row in enumerate(rows)], costs, self._settings(world), tb.hint(rows))
         self.layout = layout
-        nbytes = 0
+        nbytes, self.source = 0, 0
         if layout is None:
             self.slot, self.runner, self.pack = None, None, None
             log.warning("generation %d: no layout of %d stages fits these %d members' memory; "
@@ -240,8 +244,8 @@ class PipelineMember(Member):
         self.was_member = True
         self.layout_gen = gen
         self.ccursor, self.stop_at, self.newest = w.cursor, None, gen
-        report = mb.Formed(checksum, w.step, max(0, started - target) if started else 0, 0,
-                           nbytes, round((time.perf_counter() - t0) * 1000, 2))
+        report = mb.Formed(checksum, w.step, max(0, started - target) if started else 0,
+                           self.source, nbytes, round((time.perf_counter() - t0) * 1000, 2))
         self.store.set(mb.k_formed(gen, self.id), report.to_json())
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d: slot %s, layers %d..%d", gen, rank,
@@ -279,8 +283,8 @@ class PipelineMember(Member):
     def _from_snapshot(self, plan: mb.Plan, layout: partition.Layout, missing: tuple[int, ...],
                        abort: Any) -> tuple[int, tuple[partition.Transfer, ...]]:
         """Layers ``missing`` are held by nobody: every member rolls back to the newest
-        durable snapshot (rank 0 loads it and sends it on). Raises :class:`JobCodeError`
-        (the job cannot go on) when there is none."""
+        durable snapshot (rank 0 loads it and sends it on). Raises :class:`StageLost` when
+        there is none."""
         w = self.w
         found = torch.zeros(2, dtype=torch.float64)
         if self.rank == 0:
@@ -295,10 +299,10 @@ class PipelineMember(Member):
                 log.error("the durable snapshot cannot be used: %s", e)
         ring.allreduce(self.group.ctl, found, abort)
         if found[0] == 0:
-            raise JobCodeError("pipeline", w.step, 0, RuntimeError(
+            raise StageLost(
                 f"layers {missing[0]}..{missing[-1]} are held by no member left (every "
                 "replica of a stage was lost) and there is no durable snapshot; run more than "
-                "one virtual worker or keep snapshots"))
+                "one virtual worker or keep snapshots")
         step = int(found[1])
         log.warning("layers %d..%d were lost with their last holders: every member rolls "
                     "back to the snapshot of step %d", missing[0], missing[-1], step)
@@ -316,8 +320,9 @@ class PipelineMember(Member):
 
     def _move(self, moves: tuple[partition.Transfer, ...], step: int, plan: mb.Plan,
               abort: Any, base: int) -> int:
-        """Run the moves this member is in: post every send, then receive and load, then
-        wait for the sends. Returns the bytes sent and received. Raises
+        """Run the moves this member is in: post every send, then receive and load (the
+        shared state too, when forming: a joiner's step, cursor and metrics), then wait for
+        the sends. Returns the bytes sent and received. Raises
         :class:`trainer.ring.RingBroken` (a peer failed, or sent a state that is not
         this job's at ``step``)."""
         w, pg, opt = self.w, self.group.ctl, self.w.job.optimizer
@@ -326,20 +331,23 @@ class PipelineMember(Member):
             if t.src == self.rank:
                 payload = st.encode(bundle(self.index, opt, t.lo, t.hi, self._meta()))
                 head = torch.tensor([payload.numel(), *_digest(payload)], dtype=torch.int64)
-                posted += [(pg.send([head], t.dst, base + 2 * i), t.dst),
-                           (pg.send([payload], t.dst, base + 2 * i + 1), t.dst)]
+                with transport(f"send to rank {t.dst}"):
+                    posted += [(pg.send([head], t.dst, base + 2 * i), t.dst),
+                               (pg.send([payload], t.dst, base + 2 * i + 1), t.dst)]
                 keep += [head, payload]
                 nbytes += payload.numel()
         for i, t in enumerate(moves):
             if t.dst != self.rank:
                 continue
             head = torch.zeros(5, dtype=torch.int64)
-            ring.recv(pg, head, t.src, base + 2 * i, abort)
+            with transport(f"recv from rank {t.src}"):
+                ring.recv(pg, head, t.src, base + 2 * i, abort)
             n = int(head[0])
             if not 0 < n <= 1 << 40:
                 raise ring.RingBroken(f"stage state from rank {t.src}: {n} bytes announced")
             data = torch.empty(n, dtype=torch.uint8)
-            ring.recv(pg, data, t.src, base + 2 * i + 1, abort)
+            with transport(f"recv from rank {t.src}"):
+                ring.recv(pg, data, t.src, base + 2 * i + 1, abort)
             nbytes += n
             try:
                 if _digest(data) != head[1:].tolist():
@@ -348,7 +356,12 @@ class PipelineMember(Member):
                 if meta.get("step") != step or (plan.job and meta.get("job") != plan.job):
                     raise st.BadState(f"state of step {meta.get('step')!r} of another job, "
                                       f"or not the agreed step {step}")
-                self._load_meta(meta)
+                if base == MOVE_TAG:  # a gather or a handover carries the sender's
+                    self._load_meta(meta)  # metrics, older than the head's own
+                self.source = t.src
+                if t.hi > t.lo and base == MOVE_TAG:
+                    log.info("received layers %d..%d from rank %d (slot %s)", t.lo, t.hi - 1,
+                             t.src, self.layout.slot_of(t.src) if self.layout else None)
             except (st.BadState, KeyError, TypeError, ValueError) as e:
                 raise ring.RingBroken(f"stage state from rank {t.src} rejected: {e}") from e
         ring.wait_posted(posted, abort)
@@ -432,6 +445,8 @@ class PipelineMember(Member):
         stop = self.stop_at is not None and wave > self.stop_at
         if stop or self.ccursor.epoch >= job.epochs:
             self._apply_through(w.step + len(self.pending))
+            if stop:
+                self._handover()
             return self.newest if stop else gen
         epoch = self.ccursor.epoch
         self._compute(wave)
@@ -440,8 +455,30 @@ class PipelineMember(Member):
         else:
             self._apply_through(wsp.needed_before(wave + 1, self.ps.staleness))
         if self.stop_at is not None and w.step > self.stop_at and not self.pending:
+            self._handover()
             return self.newest
         return gen
+
+    def _handover(self) -> None:
+        """At a generation's stop point (every started wave applied): the stages whose every
+        replica leaves with notice go to members that stay, so a drain loses nothing."""
+        try:
+            nxt = mb.Plan.from_json(self.store.get(mb.k_plan(self.newest)))
+        except (ControlLost, ControlTimeout, mb.Malformed) as e:
+            raise ring.RingBroken(f"reading generation {self.newest}: {e}") from e
+        staying = [r for r, m in enumerate(self.plan.members) if m in set(nxt.members)]
+        moves = partition.handover(self.layout, staying)
+        if not moves:
+            return
+        gen = self.plan.generation
+        self._move(moves, self.w.step, self.plan, lambda: self._broken(gen), HANDOVER_TAG)
+        for t in moves:
+            if t.dst == self.rank:
+                lo, hi = (t.lo, t.hi) if self.hi <= self.lo else (
+                    min(self.lo, t.lo), max(self.hi, t.hi))
+                self.lo, self.hi = lo, hi
+                log.info("took over layers %d..%d from rank %d, which leaves", t.lo, t.hi - 1,
+                         t.src)
 
     def _compute(self, wave: int) -> None:
         w, job, layout, ps = self.w, self.w.job, self.layout, self.ps
@@ -486,7 +523,7 @@ class PipelineMember(Member):
             w.note_speed(len(mine), stats.busy_s)
         if self._head():
             me[agree.EVAL] = w.eval_s
-            me[agree.SNAP] = 1.0 if self._snapshot_due(wave) else 0.0
+            me[agree.SNAP] = 1.0 if self._snapshot_due(wave + 1) else 0.0
         self.agree_or_start().submit(wave, flat, rows)
         self.ccursor = cur.advance(len(job), total)
 
@@ -563,17 +600,20 @@ class PipelineMember(Member):
     def _release(self) -> None:
         self.index.keep_only(self.w.job.optimizer, self.lo, self.hi)
 
-    def _snapshot_due(self, wave: int) -> bool:
+    def _snapshot_due(self, step: int) -> bool:
+        """Is a snapshot due once ``step`` waves are applied (the head asks, and announces it
+        in that wave's control row so that VW 0 gathers at the same wave)?"""
         s = self.w.snapshotter
-        return s is not None and snap.due(wave, time.monotonic(), self._snap_at[0],
+        return s is not None and snap.due(step, time.monotonic(), self._snap_at[0],
                                           self._snap_at[1], s.every_steps, s.every_s)
 
     def _snapshot(self) -> None:
         w = self.w
         if self._gather():
-            if w.snapshotter is not None and w.snapshotter.maybe(
-                    w.step, w.state, w.fingerprint, w.cursor.epoch, w.samples_done):
-                self._snap_at = (w.step, time.monotonic())
+            self._snap_at = (w.step, time.monotonic())  # tried: the next one is an interval on
+            if w.snapshotter is not None:
+                w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch,
+                                    w.samples_done)
             self._release()
 
     def _finish(self) -> None:

@@ -33,7 +33,8 @@ member holds the same bits and :func:`decide` (pure, no I/O) returns the same
   source covers first, the least loaded source on ties, so a replacement receives its stage
   from the same stage of another VW; a member with a stale step and no layers to receive gets
   the small shared state alone. Layers nobody holds are reported (the durable snapshot, or
-  the job is lost).
+  the job is lost). Members leaving with notice first hand every stage that would have no
+  replica left to a member that stays (:func:`handover`).
 
 Rule for callers: give :func:`decide` exactly what every member agreed on (never a local
 measurement), and never mutate what it returns.
@@ -394,6 +395,30 @@ def transfers(holdings: Sequence[Holding], layout: Layout, wave: int,
         if h.wave != wave and not sent and up_to_date:
             out.append(Transfer(up_to_date[0], h.rank, 0, 0))  # the shared state alone
     return tuple(sorted(out, key=lambda t: (t.dst, t.lo))), tuple(sorted(missing))
+
+
+def handover(layout: Layout, staying: Sequence[int]) -> tuple[Transfer, ...]:
+    """Before members leave with notice: each stage none of whose replicas stays is sent by
+    its first replica to a member that stays and can hold it contiguously: a spare (it holds
+    nothing) or, else, a member whose layers end where the stage begins or begin where it
+    ends (lowest rank first; a receiver's range grows with what it received). A stage nobody
+    can take is left out (the durable snapshot is then the floor)."""
+    held = {r: layout.layers_of(r) for r in sorted(staying)}
+    out = []
+    for j in range(layout.stages):
+        ranks = layout.stage_ranks(j)
+        if not ranks or any(r in held for r in ranks):
+            continue
+        lo, hi = layout.bounds[j], layout.bounds[j + 1]
+        empty = [r for r, (a, b) in held.items() if a >= b]
+        near = [r for r, (a, b) in held.items() if a < b and (b == lo or a == hi)]
+        if not empty and not near:
+            continue
+        dst = (empty or near)[0]
+        a, b = held[dst]
+        held[dst] = (lo, hi) if a >= b else (min(a, lo), max(b, hi))
+        out.append(Transfer(ranks[0], dst, lo, hi))
+    return tuple(out)
 
 
 def gather(layout: Layout) -> tuple[Transfer, ...]:

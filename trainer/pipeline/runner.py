@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,16 @@ _CODES = {dt: i for i, dt in enumerate(DTYPES.values())}
 _BY_CODE = list(DTYPES.values())
 HEADER = 10  # int64 words: dtype code, ndim, up to 8 dimensions
 ACT_HEAD, ACT, GRAD_HEAD, GRAD = range(4)
+
+
+@contextlib.contextmanager
+def transport(what: str) -> Iterator[None]:
+    """Posting a send or a receive on a group whose peer is gone raises gloo's
+    ``RuntimeError`` at once (not at the wait): it is a broken generation like any other."""
+    try:
+        yield
+    except RuntimeError as e:
+        raise ring.RingBroken(f"{what}: {e}") from e
 
 
 def tag(wave: int, micro: int, kind: int) -> int:
@@ -101,7 +111,10 @@ class StageRunner:
     # -- transport ---------------------------------------------------------------------------
 
     def _post(self, t: torch.Tensor, dst: int, wave: int, micro: Micro, kind: int) -> None:
-        t = t.detach().contiguous()
+        with transport(f"send to rank {dst}"):
+            self._post_now(t.detach().contiguous(), dst, wave, micro, kind)
+
+    def _post_now(self, t: torch.Tensor, dst: int, wave: int, micro: Micro, kind: int) -> None:
         key = (dst, kind, micro.samples)
         if not self.fixed_shapes or key not in self._sent:
             head = torch.zeros(HEADER, dtype=torch.int64)
@@ -119,7 +132,8 @@ class StageRunner:
         key = (src, kind, micro.samples)
         if not self.fixed_shapes or key not in self._recv_shapes:
             head = torch.zeros(HEADER, dtype=torch.int64)
-            ring.recv(self.pg, head, src, tag(wave, micro.index, kind - 1), should_abort)
+            with transport(f"recv from rank {src}"):
+                ring.recv(self.pg, head, src, tag(wave, micro.index, kind - 1), should_abort)
             code, ndim = int(head[0]), int(head[1])
             if not 0 <= code < len(_BY_CODE) or not 0 <= ndim <= HEADER - 2:
                 raise ring.RingBroken(f"stage message from rank {src}: bad header")
@@ -130,7 +144,8 @@ class StageRunner:
         shape, dtype = self._recv_shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device if self.device.type == "cuda"
                           else "cpu")
-        ring.recv(self.pg, buf, src, tag(wave, micro.index, kind), should_abort)
+        with transport(f"recv from rank {src}"):
+            ring.recv(self.pg, buf, src, tag(wave, micro.index, kind), should_abort)
         return buf.to(self.device)
 
     def finish_sends(self, should_abort: Callable[[], bool]) -> None:

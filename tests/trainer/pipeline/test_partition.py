@@ -159,6 +159,18 @@ def test_a_new_boundary_takes_a_layer_from_a_neighbour_and_balances_sources() ->
     assert {m.src for m in moves} == {1, 3}  # one each, not both from rank 1
 
 
+def test_a_stage_whose_replicas_all_leave_is_handed_to_a_member_that_stays() -> None:
+    one = Layout(((0, 1, 2),), (0, 2, 4, 6), (1.0,), (3,))
+    # stage 1 leaves: the spare takes it
+    assert pt.handover(one, [0, 2, 3]) == (Transfer(1, 3, 2, 4),)
+    # no spare: a neighbour takes it and holds a contiguous range
+    assert pt.handover(one, [0, 2]) == (Transfer(1, 0, 2, 4),)
+    # two neighbouring stages leave: both go to the one that stays, in order
+    assert pt.handover(one, [0]) == (Transfer(1, 0, 2, 4), Transfer(2, 0, 4, 6))
+    # a replica stays in another VW: nothing to hand over
+    assert pt.handover(LAY, [0, 3]) == ()
+
+
 def test_the_gather_brings_virtual_worker_0_to_its_head() -> None:
     assert pt.gather(LAY) == (Transfer(1, 0, 3, 6),)
 
