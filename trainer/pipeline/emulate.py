@@ -8,31 +8,59 @@ forward to a backward), so a stage's time is known exactly and costs no CPU, whi
 numbers it computes are real (gradients can be compared with one process). Sleeps release
 the GIL, so threads or processes emulating stages run truly in parallel.
 
+Inside :func:`deferred` (the runner wraps each pass in it) the layers add their sleep to a
+tally instead of sleeping, and the caller sleeps once per pass: hundreds of short sleeps on a
+loaded host each overshoot by up to a millisecond, one per pass does not.
+
 Rule for callers: say which figures come from emulated layers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+_TALLY = threading.local()
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Callable[[], float]]:
+    """Within: emulated layers of this thread only tally their sleep; the yielded function
+    returns the seconds tallied so far (the caller sleeps them)."""
+    prev = getattr(_TALLY, "owed", None)
+    _TALLY.owed = 0.0
+    try:
+        yield lambda: float(_TALLY.owed)
+    finally:
+        _TALLY.owed = prev
+
+
+def pause(seconds: float) -> None:
+    """Sleep ``seconds``, or tally them inside :func:`deferred`."""
+    if seconds <= 0:
+        return
+    if getattr(_TALLY, "owed", None) is not None:
+        _TALLY.owed += seconds
+    else:
+        time.sleep(seconds)
 
 
 class _Pause(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float
                 ) -> torch.Tensor:
-        if forward_s > 0:
-            time.sleep(forward_s)
+        pause(forward_s)
         ctx.backward_s = backward_s
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if ctx.backward_s > 0:
-            time.sleep(ctx.backward_s)
+        pause(ctx.backward_s)
         return g, None, None
 
 

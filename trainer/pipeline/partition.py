@@ -11,8 +11,9 @@ member holds the same bits and :func:`decide` (pure, no I/O) returns the same
 :class:`Layout` everywhere.
 
 * **Slots.** Fresh, members are sorted by speed (fastest first, ties by rank) and cut into
-  ``k`` tiers of ``V``: stage ``j`` of every VW gets a member of tier ``j``, so the members of
-  one stage are about as fast as each other. Survivors of the previous layout keep their
+  ``k`` tiers of ``V``: every stage gets one tier, so the members of one stage are about as
+  fast as each other; which tier runs which stage is chosen too (every order up to 5
+  stages): an expensive layer, a language model's head, belongs on a fast tier. Survivors of the previous layout keep their
   ``(vw, stage)`` slot when the VW count is unchanged and the kept layout's throughput is
   within ``keep_within`` of the fresh one: a replacement then takes the dead member's slot,
   and its layers come from the same stage of another VW.
@@ -42,6 +43,7 @@ measurement), and never mutate what it returns.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -296,6 +298,28 @@ def _fit(costs: Costs, vws: list[list[Candidate]], settings: Settings,
     return bounds, sum(rates)
 
 
+def _orders(k: int) -> list[tuple[int, ...]]:
+    """The orders of tiers over stages tried fresh: every one up to 5 stages (120), else
+    fastest-first and fastest-last."""
+    if k <= 5:
+        return list(itertools.permutations(range(k)))
+    return [tuple(range(k)), tuple(reversed(range(k)))]
+
+
+def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: Settings,
+               hint: Sequence[int] | None
+               ) -> tuple[list[list[Candidate]], tuple[tuple[int, ...], float]] | None:
+    """The best order of the speed tiers over the stages (an expensive layer, e.g. a
+    language model's head, belongs on a fast tier wherever it is in the model)."""
+    best = None
+    for order in _orders(len(vws[0])):
+        cand = [[row[t] for t in order] for row in vws]
+        fit = _fit(costs, cand, settings, hint)
+        if fit is not None and (best is None or fit[1] > best[1][1] * (1 + 1e-9)):
+            best = (cand, fit)
+    return best
+
+
 def decide(members: Sequence[Candidate], costs: Costs, settings: Settings,
            hint: Sequence[int] | None = None) -> Layout | None:
     """The layout of a generation (see the module docstring). ``members`` in rank order;
@@ -307,15 +331,15 @@ def decide(members: Sequence[Candidate], costs: Costs, settings: Settings,
     k = min(settings.stages, len(live), costs.layers)
     v_count = len(live) // k
     idle = sorted(m.rank for m in members if m not in live)
-    fresh = _tiered(live, v_count, k)
-    fresh_fit = _fit(costs, fresh[0], settings, hint)
+    tiers, fresh_spares = _tiered(live, v_count, k)
+    fresh = _fit_fresh(costs, tiers, settings, hint)
     kept = _kept(live, v_count, k)
     kept_fit = _fit(costs, kept[0], settings, hint) if kept is not None else None
-    if kept_fit is not None and (fresh_fit is None
-                                 or kept_fit[1] >= settings.keep_within * fresh_fit[1]):
+    if kept_fit is not None and (fresh is None
+                                 or kept_fit[1] >= settings.keep_within * fresh[1][1]):
         (vws, spares), (bounds, _) = kept, kept_fit  # type: ignore[misc]
-    elif fresh_fit is not None:
-        (vws, spares), (bounds, _) = fresh, fresh_fit
+    elif fresh is not None:
+        (vws, (bounds, _)), spares = fresh, fresh_spares
     else:
         return None
     rates = vw_rates(costs, bounds, [[m.speed for m in row] for row in vws], settings.micro_batch)

@@ -21,8 +21,9 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   both sides know the micro-batch sizes, so they agree on when a header comes. Without it
   (shapes that depend on the data, e.g. padded sequences) every tensor has one. Tags are ``wave % 64``, micro-batch and kind, so a wave's
   messages never match another's;
-* ``slowdown`` F emulates a slower device: after each pass the stage sleeps ``F - 1`` times
-  the pass's measured time.
+* ``slowdown`` F emulates a slower device: after each pass the stage sleeps so that the pass
+  takes ``F`` times its measured compute plus what emulated layers tallied
+  (:func:`trainer.pipeline.emulate.deferred`), in one sleep.
 
 Rule for callers: one :class:`StageRunner` per stage per generation; call :meth:`run` with the
 same micro-batches and schedule kind on every stage of the VW; after
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 
 from trainer import ring
+from trainer.pipeline import emulate
 from trainer.pipeline.schedule import FORWARD, Op
 from trainer.state import DTYPES
 from trainer.step import PRECISIONS, JobCodeError
@@ -132,8 +134,7 @@ class StageRunner:
         key = (src, kind, micro.samples)
         if not self.fixed_shapes or key not in self._recv_shapes:
             head = torch.zeros(HEADER, dtype=torch.int64)
-            with transport(f"recv from rank {src}"):
-                ring.recv(self.pg, head, src, tag(wave, micro.index, kind - 1), should_abort)
+            self._recv(head, src, tag(wave, micro.index, kind - 1), should_abort)
             code, ndim = int(head[0]), int(head[1])
             if not 0 <= code < len(_BY_CODE) or not 0 <= ndim <= HEADER - 2:
                 raise ring.RingBroken(f"stage message from rank {src}: bad header")
@@ -144,9 +145,13 @@ class StageRunner:
         shape, dtype = self._recv_shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device if self.device.type == "cuda"
                           else "cpu")
-        with transport(f"recv from rank {src}"):
-            ring.recv(self.pg, buf, src, tag(wave, micro.index, kind), should_abort)
+        self._recv(buf, src, tag(wave, micro.index, kind), should_abort)
         return buf.to(self.device)
+
+    def _recv(self, t: torch.Tensor, src: int, tag_: int, should_abort: Callable[[], bool]
+              ) -> None:
+        with transport(f"recv from rank {src}"):
+            ring.wait_posted([(self.pg.recv([t], src, tag_), src)], should_abort)
 
     def finish_sends(self, should_abort: Callable[[], bool]) -> None:
         """Wait for every posted send (their buffers are kept alive until then)."""
@@ -187,7 +192,7 @@ class StageRunner:
                 t0 = time.perf_counter()
                 stage = "forward"
                 try:
-                    with cast:
+                    with cast, emulate.deferred() as owed:
                         out = self.module(x)
                         if self.next is None:
                             stage = "loss"
@@ -195,11 +200,12 @@ class StageRunner:
                             loss = self.loss_fn(out, targets(mb.index))
                             loss_sum += float(loss.detach()) * mb.samples
                             out = loss * mb.weight
+                        emulated = owed()
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:  # noqa: BLE001 - the user's code
                     raise JobCodeError(stage, self._step(), mb.samples, e) from e
-                busy += self._pace(t0)
+                busy += self._pace(t0, emulated)
                 held[mb.index] = (x_in, out)
                 if self.next is not None:
                     self._post(out, self.next, wave, mb, ACT)
@@ -209,12 +215,14 @@ class StageRunner:
                         else self._take(self.next, wave, mb, GRAD, should_abort))
                 t0 = time.perf_counter()
                 try:
-                    out.backward(grad)
+                    with emulate.deferred() as owed:
+                        out.backward(grad)
+                        emulated = owed()
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:  # noqa: BLE001 - the user's code
                     raise JobCodeError("backward", self._step(), mb.samples, e) from e
-                busy += self._pace(t0)
+                busy += self._pace(t0, emulated)
                 if self.prev is not None:
                     assert x_in is not None
                     g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
@@ -223,12 +231,13 @@ class StageRunner:
         ended = time.perf_counter()
         return StageStats(busy, ended - started, loss_sum, started, ended)
 
-    def _pace(self, t0: float) -> float:
-        """The pass's time, after sleeping ``slowdown - 1`` times it (an emulated slower
-        device); on a GPU the compute stream is waited for first."""
+    def _pace(self, t0: float, emulated: float = 0.0) -> float:
+        """The pass's time: its compute plus the emulated layers' tally, times ``slowdown``
+        (one sleep for both); on a GPU the compute stream is waited for first."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         dt = time.perf_counter() - t0
-        if self.slowdown > 1.0:
-            time.sleep((self.slowdown - 1.0) * dt)
+        owe = self.slowdown * (dt + emulated) - dt
+        if owe > 0:
+            time.sleep(owe)
         return time.perf_counter() - t0

@@ -80,6 +80,12 @@ def test_members_are_tiered_by_speed_and_the_slowest_are_spares() -> None:
     assert lay.layers_of(4) == (0, 0) and lay.slot_of(4) is None
 
 
+def test_an_expensive_last_layer_puts_the_fast_tier_last() -> None:
+    c = costs([1.0] * 6 + [6.0])  # a language model's head
+    lay = pt.decide([Candidate(0, 3.0), Candidate(1, 1.0)], c, pt.Settings(2, 1))
+    assert lay is not None and lay.vws == ((1, 0),) and lay.bounds == (0, 3, 7)
+
+
 def test_fewer_members_than_stages_make_one_shorter_virtual_worker() -> None:
     lay = pt.decide([Candidate(0, 1.0)], costs([1.0] * 4), pt.Settings(3, 4))
     assert lay is not None and lay.vws == ((0,),) and lay.bounds == (0, 4)
