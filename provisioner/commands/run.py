@@ -15,6 +15,7 @@ import logging
 import re
 from typing import Any
 
+from provisioner.clio import EXIT_INTERRUPTED
 from provisioner.config import load_settings, parse_settings
 from provisioner.errors import UserError
 
@@ -28,8 +29,8 @@ def register(sub: Any) -> None:
                        "trains examples/digits.py on worker processes while prices and "
                        "revocations come from a trace or the built-in generator.")
     p.add_argument("--config", help="TOML settings (default: the embedded local cloud)")
-    p.add_argument("--trace", action="append", metavar="PATH",
-                   help="price/availability trace file or folder (repeatable); default: the "
+    p.add_argument("--trace", action="extend", nargs="+", metavar="PATH",
+                   help="price/availability trace files or folders; default: the "
                    "built-in generator")
     p.add_argument("--speed", type=float, help="simulated seconds per real second "
                    "(default local.speed, 60)")
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if settings.cloud.driver == "local":
         from provisioner.daemon.local import LocalRun
 
-        return LocalRun(settings, args, duration).run()
+        local = LocalRun(settings, args, duration)
+        code = local.run()
+        return EXIT_INTERRUPTED if local.interrupted else code
     from provisioner.daemon.cloud import run_cloud
 
     return run_cloud(settings, args, duration)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from typing import Any, Iterator
 
+from provisioner.clio import add_json_flag, dumps, print_json
 from provisioner.errors import UserError
 
 
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", action="extend", nargs="+", choices=ALL_POLICIES, metavar="NAME",
                    help=f"policies to run (default: all that apply): {', '.join(ALL_POLICIES)}")
     p.add_argument("--report", metavar="DIR", help="write report.md, figures.json and PNGs here")
-    p.add_argument("--json", action="store_true", help="print one JSON object keyed by policy")
+    add_json_flag(p, help="print one JSON object keyed by policy")
     p.add_argument("--config", metavar="FILE", help="TOML settings for job and fleet figures")
     p.add_argument("--type", dest="itype", metavar="TYPE",
                    help="the job's instance type for the baselines (default: the spot type with "
@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"report written to {path}")
     if args.json:
-        print(json.dumps(figures(results), sort_keys=True))
+        print_json(figures(results), sort_keys=True)
     elif not args.report:
         for n, f in figures(results).items():
-            print(n, json.dumps(f))
+            print(n, dumps(f))
     return 0

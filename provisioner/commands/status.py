@@ -8,10 +8,10 @@ daemon's clock may be simulated), so the cost is the spend up to that moment.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from provisioner.clio import add_json_flag, print_json
 from provisioner.errors import UserError
 
 
@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--state", help="state file (default: WORKDIR/state.sqlite)")
     p.add_argument("--workdir", default="spotring-run", help="the local run's work directory")
     p.add_argument("--events", type=int, default=12, help="recent events shown")
-    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    add_json_flag(p, help="JSON instead of tables")
     p.set_defaults(handler=run)
 
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         state.close()
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print_json(doc, indent=2)
         return 0
     from rich.console import Console
     from rich.table import Table
