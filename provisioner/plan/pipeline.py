@@ -41,6 +41,7 @@ from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, good_offerings, pace,
                                      per_sample_fleet)
+from provisioner.plan import virtual
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -178,7 +179,8 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
-    return out, notes
+    out, vw_notes = virtual.expand(out, b.model_mb)  # GPUs too small: whole virtual workers
+    return out, notes + vw_notes
 
 
 def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
@@ -206,7 +208,7 @@ class Planner:
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
             plan = solve(problem_of(cands, self.s, notes), time_limit_s=self.s.time_limit_s)
-            return Decision(dict(plan.counts), plan)
+            return Decision(virtual.instances(plan), plan)
         return self._paced(market, fleet, progress, now)
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
@@ -260,7 +262,7 @@ class Planner:
             return Decision({})
         if floor <= 0.0:
             plan = self._per_dollar(prob, plan, target)
-        return Decision(dict(plan.counts), plan)
+        return Decision(virtual.instances(plan), plan)
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
                    ahead: bool) -> Plan | None:
