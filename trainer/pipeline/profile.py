@@ -33,7 +33,7 @@ class LayerTimer:
     """Forward hooks timing each child of a sequential model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.children = list(model.children())
+        self.children = list(model._modules.values())  # every entry, in order
         n = len(self.children)
         self.best = [float("inf")] * n  # fastest forward seconds per sample
         self.act = [0.0] * n  # output bytes per sample

@@ -57,7 +57,11 @@ class ModelIndex:
             p for g in optimizer.param_groups for p in g["params"])}
         seen: dict[int, str] = {}
         layers = []
-        for name, child in model.named_children():
+        children = list(model._modules.items())  # named_children() skips a repeated module
+        if len({id(c) for _, c in children}) < len(children):
+            raise LayoutError("a module appears twice in the model: layers that share "
+                              "weights cannot be cut into stages")
+        for name, child in children:
             params = tuple((f"{name}.{n}", p) for n, p in child.named_parameters())
             for full, p in params:
                 if id(p) in seen:
@@ -68,7 +72,7 @@ class ModelIndex:
             layers.append(_Layer(params, buffers, tuple(
                 order[id(p)] for _, p in params if p.requires_grad and id(p) in order)))
         self.layers = tuple(layers)
-        self.modules = tuple(model.children())
+        self.modules = tuple(c for _, c in children)
 
     def __len__(self) -> int:
         return len(self.layers)
