@@ -325,7 +325,7 @@ class PipelineMember(Member):
         the sends. Returns the bytes sent and received. Raises
         :class:`trainer.ring.RingBroken` (a peer failed, or sent a state that is not
         this job's at ``step``)."""
-        w, pg, opt = self.w, self.group.ctl, self.w.job.optimizer
+        pg, opt = self.group.ctl, self.w.job.optimizer
         posted, keep, nbytes = [], [], 0
         for i, t in enumerate(moves):
             if t.src == self.rank:
@@ -625,18 +625,7 @@ class PipelineMember(Member):
             self._release()
         done = mb.Done(self._checksum(lambda: self._broken(self.plan.generation)), w.step,
                        dict(w.metrics))
-        while True:  # the end must reach the coordinator, even one that is restarting
-            try:
-                if self._head() and self.hb.stats is not None:
-                    last = mb.Progress.parse(self.hb.stats)
-                    self.hb.publish_stats(
-                        dataclasses.replace(last, metrics=dict(w.metrics)).to_json())
-                self.store.set(mb.k_done(self.id), done.to_json())
-                self.store.add(mb.DONES, 1)
-                break
-            except (ControlLost, ControlTimeout) as e:
-                self._away(e)
-        log.info("finished at step %d", w.step, extra={"checksum": done.checksum})
+        self._report_done(done, publish=self._head())
 
 
 def _digest(payload: torch.Tensor) -> list[int]:

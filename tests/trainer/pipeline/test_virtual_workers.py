@@ -118,13 +118,19 @@ def test_each_sample_exactly_once_per_epoch(either: dict[str, Any]) -> None:
         assert set(c.values()) == {1}, epoch
 
 
+def _one_vw(tmp: Path, epochs: int, fault: str, **coord: Any) -> Ring:
+    """One virtual worker of two stages, ``a`` and ``b``; ``b`` meets ``fault``."""
+    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(epochs), "PIPE_LAYER_MS": "0.3"},
+                initial_world=2, heartbeat_timeout_s=3.0, **coord)
+    ring.worker("a")
+    ring.worker("b", "--fault", fault)
+    return ring
+
+
 def test_a_lost_stage_without_another_replica_or_snapshot_fails_at_once(tmp_path: Path
                                                                        ) -> None:
-    ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "20", "PIPE_LAYER_MS": "0.3"},
-                initial_world=2, heartbeat_timeout_s=3.0)
+    ring = _one_vw(tmp_path, 20, "kill@6")
     try:
-        ring.worker("a")
-        ring.worker("b", "--fault", "kill@6")
         ring.wait_for("the job to end", lambda: ring.coord.stats().get("finished"), 120)
         stats = ring.coord.stats()
         assert stats["outcome"] == "failed", stats
@@ -136,11 +142,8 @@ def test_a_lost_stage_without_another_replica_or_snapshot_fails_at_once(tmp_path
 
 def test_the_only_replica_of_a_stage_hands_it_over_when_it_leaves_with_notice(
         tmp_path: Path) -> None:
-    ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "4", "PIPE_LAYER_MS": "0.3"},
-                initial_world=2, heartbeat_timeout_s=3.0)
+    ring = _one_vw(tmp_path, 4, "term@10")
     try:
-        ring.worker("a")
-        ring.worker("b", "--fault", "term@10")
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
         stats = ring.coord.stats()
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
@@ -154,11 +157,8 @@ def test_the_only_replica_of_a_stage_hands_it_over_when_it_leaves_with_notice(
 def test_a_lost_stage_comes_back_from_the_durable_snapshot(tmp_path: Path) -> None:
     settings = snap.SnapshotSettings(str(tmp_path / "snapshots"), every_s=3600.0,
                                      every_steps=5)
-    ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "6", "PIPE_LAYER_MS": "0.3"},
-                initial_world=2, heartbeat_timeout_s=3.0, snapshot=settings)
+    ring = _one_vw(tmp_path, 6, "kill@13", snapshot=settings)
     try:
-        ring.worker("a")
-        ring.worker("b", "--fault", "kill@13")
         ring.wait_for("the kill", lambda: ring.procs["b"].poll() is not None, 90)
         ring.worker("c")
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
