@@ -2,8 +2,8 @@
 revocations, and time to a target loss against the ring.
 
 Design. Each figure comes from the pipeline's own parts (:mod:`trainer.pipeline.local`: every
-rank a forked process over real gloo groups, the ring's ranks too; the revocation: real worker processes around an
-in-process coordinator), and stage compute is **emulated** with sleeps
+rank a forked process over real gloo groups, the ring's ranks too; the revocation: real
+worker processes around an in-process coordinator), and stage compute is **emulated** with sleeps
 (:mod:`trainer.pipeline.emulate`: real small math plus a known sleep; 2 shared cores cannot
 compute 4-8 stages at once). What is emulated is listed in ``emulated``. Figures (one JSON
 line on stdout):

@@ -13,10 +13,10 @@ member holds the same bits and :func:`decide` (pure, no I/O) returns the same
 * **Slots.** Fresh, members are sorted by speed (fastest first, ties by rank) and cut into
   ``k`` tiers of ``V``: every stage gets one tier, so the members of one stage are about as
   fast as each other; which tier runs which stage is chosen too (every order up to 5
-  stages): an expensive layer, a language model's head, belongs on a fast tier. Survivors of the previous layout keep their
-  ``(vw, stage)`` slot when the VW count is unchanged and the kept layout's throughput is
-  within ``keep_within`` of the fresh one: a replacement then takes the dead member's slot,
-  and its layers come from the same stage of another VW.
+  stages): an expensive layer, a language model's head, belongs on a fast tier. Survivors of
+  the previous layout keep their ``(vw, stage)`` slot when the VW count is unchanged and the
+  kept layout's throughput is within ``keep_within`` of the fresh one: a replacement then
+  takes the dead member's slot, and its layers come from the same stage of another VW.
 * **Boundaries.** The stages of every VW hold the same layers (so the replicas of a layer
   are reduced in one group of ``V`` members per stage). The boundaries minimise the
   bottleneck ``max_j C_j / S_j``, ``C_j`` the stage's summed layer cost and ``S_j`` the

@@ -19,8 +19,8 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   tensor. With ``fixed_shapes`` (the default: a stage's output shape depends only on the
   number of samples) only the first tensor of each micro-batch size in a generation has one;
   both sides know the micro-batch sizes, so they agree on when a header comes. Without it
-  (shapes that depend on the data, e.g. padded sequences) every tensor has one. Tags are ``wave % 64``, micro-batch and kind, so a wave's
-  messages never match another's;
+  (shapes that depend on the data, e.g. padded sequences) every tensor has one. Tags are
+  ``wave % 64``, micro-batch and kind, so a wave's messages never match another's;
 * ``slowdown`` F emulates a slower device: after each pass the stage sleeps so that the pass
   takes ``F`` times its measured compute plus what emulated layers tallied
   (:func:`trainer.pipeline.emulate.deferred`), in one sleep.
