@@ -113,6 +113,12 @@ def _memory(instance_type: str) -> float | None:
     return spec.memory_gib if spec is not None else None
 
 
+def units(c: Candidate, instances: int) -> int:
+    """The whole units of ``c`` that ``instances`` instances make (``instances // n`` for a
+    VW of ``n`` instances; the instances themselves otherwise)."""
+    return instances // c.instances if isinstance(c, VirtualWorkers) else instances
+
+
 def instances(plan: Plan) -> dict[Offering, int]:
     """The plan's counts in instances (a VW unit of ``n`` instances counts ``n``)."""
     counts = dict(plan.counts)

@@ -8,7 +8,8 @@ import pytest
 from pricing.model import Offering
 from provisioner.plan import virtual
 from provisioner.plan.model import Candidate, Problem
-from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
+from provisioner.plan.pipeline import (FleetView, MarketView, Planner, PlanSettings, Progress,
+                                        keep)
 
 T4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge", "spot")  # 1 x T4, 16 GiB
 T4X4 = Offering("aws", "us-east-1", "us-east-1a", "g4dn.12xlarge", "spot")  # 4 x T4
@@ -62,3 +63,12 @@ def test_the_planner_buys_cheap_gpus_as_whole_virtual_workers_and_counts_instanc
     assert got.target.get(T4, 0) == 2 * got.plan.counts[T4]
     assert any("virtual workers" in n for n in got.plan.notes)
     assert got.plan.cost_per_hour <= 2.0 + 1e-9
+
+
+def test_kept_instances_pin_the_whole_virtual_workers_they_make() -> None:
+    vw, = virtual.expand([Candidate(T4, 0.2, 100.0, 0.1, 0.05, 1)], 6000.0)[0]
+    ring = Candidate(A100, 1.5, 600.0, 0.2, 0.05, 1)
+    assert virtual.units(vw, 5) == 2 and virtual.units(ring, 5) == 5
+    prob = keep(Problem((vw, ring), model_mb=6000.0, budget_per_hour=10.0, max_size=20),
+                {T4: 5, A100: 1}, max_regions=2)
+    assert [c.min_count for c in prob.candidates] == [2, 1]  # 5 T4s: two pairs kept
