@@ -307,7 +307,7 @@ class Member:
             self.pending = None
         self.fresh = False
         self.was_member = True
-        self._prepare_steps(plan, rank)
+        discarded += self._prepare_steps(plan, rank)
         self.export_seen = self.hb.export
         if rank == 0:
             w.start_snapshots(self.store)
@@ -318,10 +318,12 @@ class Member:
         log.info("formed generation %d as rank %d/%d (%s)", gen, rank, len(plan.members),
                  plan.backend, extra=dataclasses.asdict(report))
 
-    def _prepare_steps(self, plan: mb.Plan, rank: int) -> None:
+    def _prepare_steps(self, plan: mb.Plan, rank: int) -> int:
         """Make ready to step in the generation just formed, its state agreed (before the
         formed report): the batch sizes and the ring's :class:`Stepper`. Other training
-        modes (:mod:`trainer.runners`) override it with their own machinery."""
+        modes (:mod:`trainer.runners`) override it with their own machinery. Returns the
+        steps this member computed that no member kept (reported as lost; the ring's one
+        pending step is counted above)."""
         w, job = self.w, self.w.job
         assert job is not None
         self._plan_sizes(plan)
@@ -330,6 +332,7 @@ class Member:
         self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
                                rank=rank, device=w.device, precision=job.precision,
                                scaler=w.scaler, bucket_mb=w.cfg.bucket_mb)
+        return 0
 
     def _resume(self, plan: mb.Plan) -> None:
         """Rank 0 of a generation with no holder of the state loads the durable snapshot the
