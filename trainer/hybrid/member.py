@@ -134,15 +134,15 @@ class HybridMember(Member):
 
     # -- forming -----------------------------------------------------------------------------
 
-    def _prepare_steps(self, plan: mb.Plan, rank: int) -> None:
+    def _prepare_steps(self, plan: mb.Plan, rank: int) -> int:
         if self.ring_mode:
-            super()._prepare_steps(plan, rank)
-            return
+            return super()._prepare_steps(plan, rank)
         w, job, cfg = self.w, self.w.job, self.w.cfg
         assert job is not None
         for v in sorted(self.own):  # updates this zone computed that a peer applied count
             if v < w.step:
                 self._record(_Pending(v, self.own[v].epoch, self.own[v].ids))
+        lost = sum(1 for v in self.own if v >= w.step)  # applied nowhere: computed again
         self.own.clear()
         zl = zone_layout(plan.zones, len(plan.members))
         zone = zl.zone_of(rank)
@@ -159,20 +159,22 @@ class HybridMember(Member):
                             stepper, layout, end, newest=plan.generation)
         self._plan_zone()
         if rank != zl.leader(zone):
-            return
+            return lost
         zones = len(zl.ranks)
         shards = self.settings.shards or zones
         placement = place(layout.items(), shards, tolerance=self.settings.tolerance)
         g.psgroup = self._subgroup(plan, "ps", zone, zones)
         seq = Sequencer(plan.generation, w.step, end) if zone == 0 else None
         g.exchange = Exchange(g.psgroup.ctl, zone, zones, layout.numel, placement,
-                              layout.item_offsets(), shard_hosts(shards, zones), end=end,
+                              layout.item_offsets(), shard_hosts(shards, zones),
+                              start=w.step, end=end,
                               sequencer=seq,
                               p2p_timeout_s=max(600.0, 20 * cfg.collective_timeout_s)).start()
         log.info("hybrid generation %d: zone %d/%d (%s) of %d, leader; %d shards (imbalance "
                  "%.3f), staleness %d, updates %d..%d", plan.generation, zone, zones,
                  zl.names[zone] or "-", len(ranks), shards, placement.imbalance,
                  self.settings.staleness, w.step, end)
+        return lost
 
     def _subgroup(self, plan: mb.Plan, name: str, rank: int, world: int) -> ring.Group:
         """A process group of some members of the generation, its rendezvous under

@@ -64,9 +64,10 @@ class Exchange:
     """One leader's end of the cross-zone exchange (module docstring)."""
 
     def __init__(self, pg: Any, zone: int, zones: int, numel: int, placement: Placement,
-                 offsets: Sequence[int], hosts: Sequence[int], *, end: int,
+                 offsets: Sequence[int], hosts: Sequence[int], *, start: int, end: int,
                  sequencer: Sequencer | None, p2p_timeout_s: float = 600.0) -> None:
-        self.pg, self.zone, self.zones, self.numel, self.end = pg, zone, zones, numel, end
+        self.pg, self.zone, self.zones, self.numel = pg, zone, zones, numel
+        self.first, self.end = start, end  # the versions this generation may apply
         self.placement, self.hosts = placement, tuple(hosts)
         self.host_zones = sorted(set(self.hosts))
         self.ranges = {h: host_ranges(placement, offsets, self.hosts, h)
@@ -103,7 +104,7 @@ class Exchange:
         served; as the sequencer: every zone told to stop)."""
         with self._cond:
             if self.zone in self.host_zones and any(v not in self._served
-                                                    for v in range(final)):
+                                                    for v in range(self.first, final)):
                 return False
             return self._seq is None or self._told >= set(self.peers)
 
@@ -217,8 +218,9 @@ class Exchange:
         what = f"{_KINDS.get(kind, kind)} from zone {q}"
         if kind not in _KINDS:
             raise ExchangeError(f"unknown message kind {kind} from zone {q}")
-        if kind in (PUSH, RELAY) and not 0 <= version < self.end:
-            raise ExchangeError(f"{what}: version {version} outside 0..{self.end - 1}")
+        if kind in (PUSH, RELAY) and not self.first <= version < self.end:
+            raise ExchangeError(f"{what}: version {version} outside {self.first}.."
+                                f"{self.end - 1}")
         if kind == PUSH:
             if zone != q or self.zone not in self.host_zones or n != self.length[self.zone]:
                 raise ExchangeError(f"{what}: not a push this host takes (zone {zone}, {n})")

@@ -1,0 +1,187 @@
+"""Hybrid rings of real worker processes (gloo on CPU), zones given by ``--zone``.
+
+Two scenarios, each a module fixture shared by the tests below (the suite stays fast):
+
+* ``clean``: two zones of two workers train a BatchNorm model (its buffers travel in the
+  updates) for two epochs, nothing happens;
+* ``elastic``: two zones; the leader of zone b, which serves a parameter-server shard, is
+  SIGKILLed at a step; a worker of zone a leaves with notice (SIGTERM); a joiner arrives
+  hot in zone b; a worker of zone b hangs (SIGSTOP: found by its heartbeat, dropped, woken,
+  refused, joins again as a new member).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.ringutil import Ring, per_epoch_counts
+
+pytestmark = pytest.mark.slow
+
+JOB = "tests/trainer/hybrid/job.py"
+DIGITS_TRAIN = 1437
+
+
+def start_in_order(ring: Ring, workers: list[tuple[str, str, tuple[str, ...]]]) -> None:
+    """Start ``(name, zone, extra flags)`` one after the other, each admitted before the next
+    starts, so the first generation's ranks follow this order."""
+    for name, zone, extra in workers:
+        ring.worker(name, "--zone", zone, *extra)
+        ring.wait_for(f"{name} admitted",
+                      lambda name=name: any(m.name == name for m in ring.coord.members()), 60)
+
+
+def finish_checksums(events: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e["data"]["checksum"] for e in events
+            if e["kind"] == "leave" and e["data"].get("finished")}
+
+
+def assert_exactly_once(samples: list[dict[str, Any]], epochs: int) -> None:
+    counts = per_epoch_counts(samples)
+    assert sorted(counts) == list(range(epochs))
+    for epoch, c in counts.items():
+        dup = sorted(i for i, n in c.items() if n != 1)
+        missing = sorted(set(range(DIGITS_TRAIN)) - set(c))
+        assert not dup and not missing, (epoch, dup[:10], missing[:10])
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("hybrid-clean")
+    ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": "2", "HYBRID_BN": "1"}, initial_world=4)
+    try:
+        start_in_order(ring, [("a0", "a", ()), ("b0", "b", ()), ("a1", "a", ()),
+                              ("b1", "b", ())])
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
+        codes = {n: p.wait(20) for n, p in ring.procs.items()}
+        yield {"codes": codes, "stats": ring.coord.stats(), "events": ring.coord.events(),
+               "samples": ring.samples(), "metrics": ring.metrics()}
+    finally:
+        ring.close()
+
+
+def test_two_zones_train_to_the_end_with_identical_replicas(clean: dict[str, Any]) -> None:
+    assert clean["stats"]["outcome"] == "done" and clean["stats"]["epoch"] == 2
+    assert set(clean["codes"].values()) == {0}
+    sums = finish_checksums(clean["events"])
+    assert sorted(sums) == ["a0", "a1", "b0", "b1"]
+    assert len(set(sums.values())) == 1, sums  # parameters, BatchNorm buffers, Adam state
+    assert_exactly_once(clean["samples"], 2)
+
+
+def test_every_replica_applies_the_same_updates_in_the_same_order(clean: dict[str, Any]
+                                                                   ) -> None:
+    by_member: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+    for r in clean["metrics"]:
+        by_member[r["member"].split("/")[0]].append((r["step"], r["loss"], r["zone"]))
+    seqs = [[(s, loss) for s, loss, _ in sorted(v)] for v in by_member.values()]
+    assert len(seqs) == 4 and all(s == seqs[0] for s in seqs)
+    assert [s for s, _ in seqs[0]] == list(range(1, len(seqs[0]) + 1))
+
+
+def test_both_zones_compute_and_no_update_is_staler_than_the_bound(clean: dict[str, Any]
+                                                                   ) -> None:
+    own = [r for r in clean["metrics"] if r["own"]]
+    computed_by = Counter((r["step"], r["zone"]) for r in own)
+    assert {z for _, z in computed_by} == {0, 1}  # both zones took tickets
+    assert len({s for s, _ in computed_by}) == len(computed_by)  # each update by one zone
+    assert max(r["staleness"] for r in clean["metrics"]) <= 1  # the default bound
+
+
+def test_shards_carry_equal_loads(clean: dict[str, Any]) -> None:
+    last: dict[str, int] = {}
+    for r in sorted(clean["metrics"], key=lambda r: r["step"]):
+        last.update(r.get("ps_bytes", {}))
+    assert sorted(last) == ["0", "1"]
+    loads = list(last.values())
+    assert min(loads) > 0 and max(loads) * len(loads) / sum(loads) <= 1.10
+
+
+def test_staleness_zero_runs_the_synchronous_ring(tmp_path: Path) -> None:
+    ring = Ring(tmp_path, job=JOB, env={"DIGITS_EPOCHS": "1", "HYBRID_STALENESS": "0"},
+                initial_world=2)
+    try:
+        start_in_order(ring, [("a0", "a", ()), ("b0", "b", ())])
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 120)
+        metrics = ring.metrics()
+        assert metrics and all("staleness" not in r and "zone" not in r for r in metrics)
+        assert len(set(finish_checksums(ring.coord.events()).values())) == 1
+    finally:
+        ring.close()
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("hybrid-elastic")
+    ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": "4"}, initial_world=4,
+                heartbeat_timeout_s=3.0, rollcall_s=0.5)
+    out: dict[str, Any] = {}
+    try:
+        slow = ("--slowdown", "3")
+        start_in_order(ring, [
+            ("a0", "a", slow),
+            ("b0", "b", (*slow, "--fault", "kill@12")),  # zone b's leader, a shard host
+            ("a1", "a", (*slow, "--fault", "term@30")),  # leaves with notice
+            ("b1", "b", slow)])  # hangs later
+        ring.wait_for("generation 1", lambda: len(ring.formed()) >= 1, 120)
+        ring.worker("b2", "--zone", "b", *slow)  # joins hot
+        ring.wait_for("b2 in the ring", lambda: ring.active("b2"), 120)
+        ring.wait_for("b0 lost", lambda: any(e["name"] == "b0" for e in ring.events("lost")),
+                      120)
+        ring.wait_for("step 40", lambda: ring.coord.stats()["step"] >= 40, 120)
+        os.kill(ring.procs["b1"].pid, signal.SIGSTOP)  # a hang
+        ring.wait_for("b1 dropped", lambda: sum(e["name"] == "b1"
+                                                 for e in ring.events("lost")) >= 1, 120)
+        time.sleep(0.5)
+        os.kill(ring.procs["b1"].pid, signal.SIGCONT)
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 240)
+        out["codes"] = {n: p.wait(30) for n, p in ring.procs.items()}
+        out.update(stats=ring.coord.stats(), events=ring.coord.events(),
+                   formed=ring.formed(), samples=ring.samples(), metrics=ring.metrics())
+        yield out
+    finally:
+        ring.close()
+
+
+def test_a_killed_shard_host_a_drain_a_join_and_a_hang_cost_no_run(elastic: dict[str, Any]
+                                                                    ) -> None:
+    assert elastic["stats"]["outcome"] == "done" and elastic["stats"]["epoch"] == 4
+    codes = elastic["codes"]
+    assert codes["b0"] == -signal.SIGKILL
+    assert codes["a1"] == 0 and codes["a0"] == 0 and codes["b2"] == 0 and codes["b1"] == 0
+    sums = finish_checksums(elastic["events"])
+    assert {"a0", "b2", "b1"} <= set(sums) and len(set(sums.values())) == 1, sums
+    assert all(f["identical"] for f in elastic["formed"]), elastic["formed"]
+    leaves = [e for e in elastic["events"] if e["kind"] == "leave" and e["name"] == "a1"]
+    assert leaves and "drained" in leaves[0]["detail"]
+
+
+def test_the_drain_and_the_join_lose_no_update_and_send_state_only_to_the_joiner(
+        elastic: dict[str, Any]) -> None:
+    gens = {e["generation"]: e for e in elastic["events"] if e["kind"] == "generation"}
+    by_gen = {f["generation"]: f for f in elastic["formed"]}
+    joined = [g for g, e in gens.items() if e["data"]["joined"] and g > 1
+              and not e["data"]["lost"]]
+    drained = [g for g, e in gens.items() if e["data"]["drained"] and not e["data"]["lost"]]
+    assert joined and drained
+    for g in joined + drained:
+        assert by_gen[g]["steps_lost"] == 0, by_gen[g]
+    for g in drained:
+        assert by_gen[g]["bytes"] == 0  # every member left the generation at one version
+
+
+def test_each_sample_exactly_once_per_epoch_through_the_faults(elastic: dict[str, Any]
+                                                                ) -> None:
+    assert_exactly_once(elastic["samples"], 4)
+
+
+def test_no_update_staler_than_the_bound_through_the_faults(elastic: dict[str, Any]) -> None:
+    assert max(r["staleness"] for r in elastic["metrics"]) <= 1
