@@ -60,7 +60,7 @@ from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_c
                                       updates_left)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
 from trainer.member import Member, Outcome, _Pending
-from trainer.sampler import epoch_order, scale_sizes, split
+from trainer.sampler import CursorState, epoch_order, scale_sizes, split
 from trainer.step import B_COL, COMPUTE_COL
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WAIT, COMPUTE, DONE = 0, 1, 2
-HEADER = 6  # action, ticket, apply, remote, final, newest
+HEADER = 6  # action, ticket, apply, remote, final, newest; then the zone's batch sizes
 
 
 @dataclass
@@ -252,15 +252,16 @@ class HybridMember(Member):
         g, w = self.gen, self.w
         assert g is not None
         lead = g.exchange is not None
-        head = torch.zeros(HEADER, dtype=torch.int64)
+        head = torch.zeros(HEADER + len(g.zkeys), dtype=torch.int64)
         remote: list[torch.Tensor] = []
         if lead:
             action, ticket, n, versions = self._lead()
             remote = [g.exchange.take(v) for v in versions]  # type: ignore[union-attr]
+            sizes = self._sizes(ticket) if action == COMPUTE else [0] * len(g.zkeys)
             head[:] = torch.tensor([action, ticket, n, len(remote),
-                                    -1 if g.final is None else g.final, g.newest])
+                                    -1 if g.final is None else g.final, g.newest, *sizes])
         self._zone_broadcast(head, "zone header")
-        action, ticket, n, n_remote, final, newest = (int(x) for x in head.tolist())
+        action, ticket, n, n_remote, final, newest = (int(x) for x in head[:HEADER].tolist())
         g.final = None if final < 0 else final
         g.newest = max(g.newest, newest)
         if n_remote:
@@ -268,12 +269,16 @@ class HybridMember(Member):
                     torch.empty(n_remote * g.layout.numel, dtype=torch.float32))
             self._zone_broadcast(body, "zone updates")
             remote = list(body.split(g.layout.numel))
+        if n and self.plan is not None and self._broken(self.plan.generation):
+            # a member that was frozen (its heartbeat too) asks the store before it commits:
+            # what it would apply now may have been computed again by the survivors
+            raise ring.RingBroken("the generation was broken while this member waited")
         for _ in range(n):
             v = w.step
             own = self.own.pop(v, None)
             self._apply(v, own.update if own is not None else remote.pop(0), own)
         if action == COMPUTE:
-            self._compute(ticket)
+            self._compute(ticket, [int(x) for x in head[HEADER:].tolist()])
         elif action == DONE:
             if lead:
                 assert g.exchange is not None
@@ -339,15 +344,31 @@ class HybridMember(Member):
 
     # -- compute and apply ---------------------------------------------------------------------
 
-    def _compute(self, v: int) -> None:
-        """Compute ticket ``v`` with the zone (this member's share of its samples)."""
+    def _cursor(self, v: int) -> tuple[CursorState, int]:
+        """The data cursor before update ``v`` and the samples of ``v``."""
+        w, job = self.w, self.w.job
+        assert job is not None
+        cur = cursor_after(w.cursor, v - w.step, len(job), job.global_batch, w.min_batch)
+        return cur, cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+
+    def _sizes(self, v: int) -> list[int]:
+        """The leader's split of update ``v`` over its zone (zone rank order): the zone's
+        members may hold different speed models (a joiner's came from another zone), so
+        the leader's plan is the one every member of the zone follows."""
+        w, g = self.w, self.gen
+        assert g is not None
+        return scale_sizes([w.sizes.get(k, 0) for k in g.zkeys], self._cursor(v)[1],
+                           min_batch=w.min_batch)
+
+    def _compute(self, v: int, sizes: list[int]) -> None:
+        """Compute ticket ``v`` with the zone (this member's share ``sizes[zone rank]``)."""
         g, w, job, plan = self.gen, self.w, self.w.job, self.plan
         assert g is not None and job is not None and plan is not None
         n = len(job)
-        cur = cursor_after(w.cursor, v - w.step, n, job.global_batch, w.min_batch)
-        total = cur.step_total(n, job.global_batch, min_batch=w.min_batch)
-        sizes = scale_sizes([w.sizes.get(k, 0) for k in g.zkeys], total,
-                            min_batch=w.min_batch)
+        cur, total = self._cursor(v)
+        if sum(sizes) != total:
+            raise ring.RingBroken(f"the leader split update {v} into {sum(sizes)} samples, "
+                                  f"not {total}")
         order = w.order() if cur.epoch == w.cursor.epoch else epoch_order(w.cfg.seed,
                                                                           cur.epoch, n)
         ids = split(order, cur, sizes)[g.zrank]
