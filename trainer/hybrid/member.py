@@ -257,7 +257,7 @@ class HybridMember(Member):
         if lead:
             action, ticket, n, versions = self._lead()
             remote = [g.exchange.take(v) for v in versions]  # type: ignore[union-attr]
-            sizes = self._sizes(ticket) if action == COMPUTE else [0] * len(g.zkeys)
+            sizes = self._zone_sizes(ticket) if action == COMPUTE else [0] * len(g.zkeys)
             head[:] = torch.tensor([action, ticket, n, len(remote),
                                     -1 if g.final is None else g.final, g.newest, *sizes])
         self._zone_broadcast(head, "zone header")
@@ -351,7 +351,7 @@ class HybridMember(Member):
         cur = cursor_after(w.cursor, v - w.step, len(job), job.global_batch, w.min_batch)
         return cur, cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
 
-    def _sizes(self, v: int) -> list[int]:
+    def _zone_sizes(self, v: int) -> list[int]:
         """The leader's split of update ``v`` over its zone (zone rank order): the zone's
         members may hold different speed models (a joiner's came from another zone), so
         the leader's plan is the one every member of the zone follows."""

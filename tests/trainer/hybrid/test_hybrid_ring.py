@@ -112,6 +112,7 @@ def test_staleness_zero_runs_the_synchronous_ring(tmp_path: Path) -> None:
     try:
         start_in_order(ring, [("a0", "a", ()), ("b0", "b", ())])
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 120)
+        assert ring.coord.stats()["outcome"] == "done"
         metrics = ring.metrics()
         assert metrics and all("staleness" not in r and "zone" not in r for r in metrics)
         assert len(set(finish_checksums(ring.coord.events()).values())) == 1
