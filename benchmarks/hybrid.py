@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if ring and hyb:
         out["straggler_speedup"] = round(hyb["samples_per_s"] / ring["samples_per_s"], 3)
         out["accuracy_gap"] = round(ring["accuracy"] - hyb["accuracy"], 4)
-        out["cross_zone_bytes_ratio"] = round(hyb["cross_zone_mb"] / ring["cross_zone_mb"], 3)
-    if hyb and hyb.get("shard_mb"):
+        out["cross_zone_bytes_ratio"] = (round(hyb["cross_zone_mb"] / ring["cross_zone_mb"], 3)
+                                         if ring["cross_zone_mb"] else None)  # one zone: 0/0
+    if hyb and sum(hyb.get("shard_mb", {}).values()):  # one zone: no network, no figure
         loads = list(hyb["shard_mb"].values())
         out["ps_load_imbalance"] = round(max(loads) * len(loads) / sum(loads), 4)
         out["ps_load_imbalance_whole_layers"] = round(whole_layers_imbalance(len(loads)), 3)
