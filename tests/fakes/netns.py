@@ -146,8 +146,12 @@ class Zones:
         if not 0 < len(tag) <= 6 or not 1 <= zones <= 8 or not 1 <= base <= 240:
             raise ValueError(f"tag={tag!r}, zones={zones}, base={base}: out of range")
         z = cls(tag, base, hub=f"{tag}hub")
-        for name in [z.hub, *(f"{tag}z{i}" for i in range(zones))]:
-            _ip("netns", "del", name)  # a leftover of a crashed run
+        # leftovers of a crashed run: the host ends first (deleted at once, with their peers;
+        # a deleted namespace frees its links later, and a new link of the same name fails)
+        for i in range(8):
+            _ip("link", "del", f"{tag}c{i}h")
+        for name in [z.hub, *(f"{tag}z{i}" for i in range(8))]:
+            _ip("netns", "del", name)
         try:
             _run_ok(["ip", "netns", "add", z.hub])
         except NetnsUnavailable as e:
