@@ -185,14 +185,18 @@ class Ring:
 
     Each worker writes ``<workdir>/<name>.jsonl`` (``--metrics-file``) and logs to
     ``<workdir>/<name>.log``. ``env`` is added to every worker's environment (e.g. the digits
-    job's ``DIGITS_BATCH`` / ``DIGITS_EPOCHS``). Use as a context manager: leaving it kills
+    job's ``DIGITS_BATCH`` / ``DIGITS_EPOCHS``); ``device`` is every worker's ``--device``
+    (default ``cpu``: on a GPU host the worker's own default, ``auto``, would put the ring on
+    the GPU and its CPU baseline would not compare). Use as a context manager: leaving it kills
     every worker still running and stops the coordinator.
     """
 
     def __init__(self, workdir: Path, job: Path = DEFAULT_JOB, env: dict[str, str] | None = None,
-                 initial_world: int = 1, heartbeat_timeout_s: float = 5.0) -> None:
+                 initial_world: int = 1, heartbeat_timeout_s: float = 5.0,
+                 device: str = "cpu") -> None:
         from trainer.coordinator import Coordinator
 
+        self.device = device  # every worker's --device (never the worker's own default, auto)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.job = Path(job)
@@ -222,7 +226,7 @@ class Ring:
         args += [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
                 "--coordinator", f"{host}:{port}", "--token-file", str(self.token_file),
                 "--job", str(self.job), "--name", name, "--slowdown", str(slowdown),
-                "--metrics-file", str(self.metrics_path(name)), *extra]
+                "--metrics-file", str(self.metrics_path(name)), "--device", self.device, *extra]
         proc = spawn(args, self.workdir / f"{name}.log", self.env)
         self.procs[name] = proc
         return proc
@@ -259,31 +263,88 @@ def digits_env(global_batch: int, steps: int, samples: int = 1437) -> dict[str, 
     return {"DIGITS_BATCH": str(global_batch), "DIGITS_EPOCHS": str(epochs)}
 
 
-# -- the baseline worker (plain DDP under torchrun) ----------------------------------------
+# -- memory ----------------------------------------------------------------------------------
+
+
+def proc_status_kb(pid: int, key: str) -> int | None:
+    """``key`` (``VmRSS``, ``VmHWM``: the peak resident set) of process ``pid`` in kB, from
+    ``/proc/<pid>/status``; None when the process is gone or the key is missing."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+# -- the baseline worker (plain DDP under torchrun, or a plain loop) ---------------------------
+
+
+def _make_batch(job: Any, ids: Any, device: Any) -> Any:
+    """The batch of ``ids`` on ``device`` as a good plain loop makes it, and as the spotring
+    worker's input pipeline does (:class:`trainer.data.Feed`): a ``TensorDataset`` is gathered
+    straight into pinned host memory and copied without blocking; other datasets are
+    collated (``job.batch``) and then pinned and copied."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from trainer.devices import pin
+
+    ds = job.train_set
+    if device.type != "cuda":
+        return job.batch(ids)
+    if isinstance(ds, TensorDataset) and job.collate_fn is None:
+        out = []
+        for t in ds.tensors:
+            host = torch.empty((len(ids), *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+            torch.index_select(t, 0, ids, out=host)
+            out.append(host.to(device, non_blocking=True))
+        return out
+    return pin(job.batch(ids), device)
 
 
 def _baseline_main(argv: Sequence[str] | None = None) -> int:
     """One baseline rank: train ``--steps`` steps (0: until killed), one metrics line per step.
 
-    ``--mode ddp``: plain ``DistributedDataParallel`` (gradients all-reduced inside
-    ``backward``, bucketed and overlapped). ``--mode equal``: equal local batches, local
-    forward/backward, the same ``--slowdowns`` emulation as ``python -m trainer worker
-    --slowdown`` (sleep ``(F - 1) x batch x`` a running median of compute s/sample), then one flat all-reduce of the gradients: the
-    equal-batch ring that heterogeneity-aware sizing is measured against. The job file is
-    built with ``trainer.job.load_job`` exactly as a spotring worker builds it; each step takes
-    ``global_batch`` random sample ids (seeded by the step number, so a restarted run
-    continues the same stream) split evenly over the ranks. ``--epoch-loop`` instead walks the
-    job's epochs exactly as a spotring worker does (the seeded per-epoch order of
-    :mod:`trainer.sampler`, the short last step of an epoch) and runs the job's ``evaluate``
-    on rank 0 at every epoch end (its time is the metrics key ``eval_s``): the same work as a
-    spotring ring of equal workers, so a ratio against it measures the ring's overhead only.
+    ``--mode ddp``: plain ``DistributedDataParallel`` with its defaults (25 MB buckets,
+    gradients all-reduced inside ``backward``, bucketed and overlapped), on ``--device``
+    (``cpu``; ``cuda`` takes GPU ``LOCAL_RANK % count`` and passes it as ``device_ids``) over
+    ``--backend`` (``gloo``, the default, also with CUDA tensors: several ranks may share one
+    GPU; ``nccl``). ``--mode plain``: one process and no process group at all, the plain
+    single-device loop a user writes (run it directly, not under torchrun). ``--mode
+    equal``: equal local batches, local forward/backward, the same ``--slowdowns`` emulation
+    as ``python -m trainer worker --slowdown`` (sleep ``(F - 1) x batch x`` a running median
+    of compute s/sample), then one flat all-reduce of the gradients: the equal-batch ring that
+    heterogeneity-aware sizing is measured against. Every mode runs the forward pass and the
+    loss under the job's ``precision`` (autocast, a GradScaler for fp16) as a spotring worker
+    does, and reads the loss every step (one device synchronisation, as the worker's step).
+    ``--mode probe``: no training; times ``--probe-steps`` local forward/backward passes of
+    this rank's share and as many bare all-reduces of a flat buffer the size of the gradients
+    (over ``--backend``), and writes one JSON line (rank 0): the reduction's share of an
+    unoverlapped step.
+
+    The job file is built with ``trainer.job.load_job`` exactly as a spotring worker builds
+    it; each step takes ``global_batch`` random sample ids (seeded by the step number, so a
+    restarted run continues the same stream) split evenly over the ranks. ``--epoch-loop``
+    instead walks the job's epochs exactly as a spotring worker does (the seeded per-epoch
+    order of :mod:`trainer.sampler`, the short last step of an epoch) and runs the job's
+    ``evaluate`` on rank 0 at every epoch end (its time is the metrics key ``eval_s``): the
+    same work as a spotring ring of equal workers, so a ratio against it measures the ring's
+    overhead only.
     """
-    ap = argparse.ArgumentParser(description="baseline worker (run under torchrun)")
+    ap = argparse.ArgumentParser(description="baseline worker (run under torchrun; "
+                                 "--mode plain: run directly)")
     ap.add_argument("--job", default=str(DEFAULT_JOB))
-    ap.add_argument("--mode", choices=("ddp", "equal"), default="ddp")
+    ap.add_argument("--mode", choices=("ddp", "equal", "plain", "probe"), default="ddp")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
     ap.add_argument("--slowdowns", default="", help="comma list, one factor per rank (equal)")
     ap.add_argument("--global-batch", type=int, default=None, help="default: the job's")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: never)")
+    ap.add_argument("--probe-steps", type=int, default=8, help="--mode probe: timed repeats")
     ap.add_argument("--ckpt", default=None, help="save after every step / load at start")
     ap.add_argument("--metrics-file", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -292,24 +353,42 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
                     "last step) and evaluate on rank 0 at each epoch end (metrics key eval_s)")
     args = ap.parse_args(argv)
 
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
+    from trainer.devices import resolve
     from trainer.job import load_job
     from trainer.sampler import CursorState, epoch_order, scale_sizes
+    from trainer.step import PRECISIONS
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, args.threads))
+    device = resolve(args.device)
+    grouped = args.mode != "plain"
+    if grouped:
+        dist.init_process_group(args.backend)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
     job = load_job(args.job, args.seed)
-    model, opt = job.model, job.optimizer
-    net = torch.nn.parallel.DistributedDataParallel(model) if args.mode == "ddp" else model
+    model, opt = job.model.to(device), job.optimizer
+    if args.mode == "ddp":
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    else:
+        net = model
+    dtype = PRECISIONS[job.precision]
+    scaler = torch.amp.GradScaler(device.type) if job.precision == "fp16" else None
+
+    def cast() -> Any:
+        return (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                else contextlib.nullcontext())
+
     slow = [float(f) for f in args.slowdowns.split(",") if f] or [1.0]
     factor = slow[rank % len(slow)]
     global_batch = args.global_batch or job.global_batch
     step = 0
     if args.ckpt and os.path.exists(args.ckpt):
-        state = torch.load(args.ckpt, weights_only=False)
+        state = torch.load(args.ckpt, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -319,11 +398,14 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     sizes = [global_batch // world + (1 if r < global_batch % world else 0) for r in range(world)]
     lo = sum(sizes[:rank])
     hi = lo + sizes[rank]
+    if args.mode == "probe":
+        return _probe(args, job, model, opt, params, device, cast, rank, world, sizes[rank])
     metrics = open(args.metrics_file, "a") if rank == 0 else None
     per_sample: list[float] = []
     cursor = CursorState()
     order = epoch_order(args.seed, 0, n)
-    dist.barrier()
+    if grouped:
+        dist.barrier()
     while not args.steps or step < args.steps:
         samples = global_batch
         if args.epoch_loop:  # the spotring worker's data walk: same order, short last step
@@ -335,12 +417,16 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
             ids = torch.randint(0, n, (global_batch,), generator=gen)[lo:hi]
         t0 = time.perf_counter()
-        x, y = job.batch(ids)
+        x, y = _make_batch(job, ids, device)
         opt.zero_grad(set_to_none=True)
-        loss = job.loss_fn(net(x), y)
-        loss.backward()  # ddp: all-reduces (averages) the gradients inside backward
+        with cast():
+            loss = job.loss_fn(net(x), y)
+        # ddp: all-reduces (averages) the gradients inside backward
+        (scaler.scale(loss) if scaler is not None else loss).backward()
         wait_s = 0.0
         if args.mode == "equal":
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
             compute = time.perf_counter() - t0
             if factor > 1.0:  # as trainer.loop.Worker._slow: a running median of s/sample
                 per_sample.append(compute / sizes[rank])
@@ -354,7 +440,12 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
             for p in params:
                 p.grad.copy_(flat[o : o + p.numel()].view_as(p))
                 o += p.numel()
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        loss_v = loss.item()  # one synchronisation per step, as the spotring worker's
         step += 1
         eval_s = 0.0
         if args.epoch_loop:
@@ -364,6 +455,7 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
                 if rank == 0 and job.evaluate is not None:
                     t_eval = time.perf_counter()
                     job.evaluate(model)
+                    model.train()
                     eval_s = time.perf_counter() - t_eval
         if args.ckpt and rank == 0:
             tmp = args.ckpt + ".tmp"
@@ -374,18 +466,78 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
             metrics.write(json.dumps({
                 "t": time.time(), "step": step, "generation": 0, "world": world,
                 "batch": int(ids.numel()), "compute_s": step_s - wait_s, "wait_s": wait_s,
-                "step_s": step_s, "samples": samples, "loss": loss.item(), "eval_s": eval_s,
+                "step_s": step_s, "samples": samples, "loss": loss_v, "eval_s": eval_s,
             }) + "\n")
             metrics.flush()
+    if grouped:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def _probe(args: argparse.Namespace, job: Any, model: Any, opt: Any, params: list, device: Any,
+           cast: Any, rank: int, world: int, local: int) -> int:
+    """``--mode probe``: the local step and a bare all-reduce of the gradients' size, timed
+    apart (medians of ``--probe-steps``, after one untimed round), written as one JSON line
+    by rank 0: ``compute_s`` (forward, backward and optimiser step of ``local`` samples),
+    ``allreduce_s``, ``grad_mb`` and ``reduction_share`` = allreduce / (compute +
+    allreduce): the share of a step the reduction would take if nothing overlapped it."""
+    import torch
+    import torch.distributed as dist
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    ids = torch.arange(min(local, len(job)))
+    compute, reduce = [], []
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=device)
+    for k in range(args.probe_steps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        x, y = _make_batch(job, ids, device)
+        opt.zero_grad(set_to_none=True)
+        with cast():
+            loss = job.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        sync()
+        t1 = time.perf_counter()
+        dist.barrier()
+        t2 = time.perf_counter()
+        dist.all_reduce(flat)
+        sync()
+        t3 = time.perf_counter()
+        if k:
+            compute.append(t1 - t0)
+            reduce.append(t3 - t2)
+    c, r = statistics.median(compute), statistics.median(reduce)
+    if rank == 0:
+        with open(args.metrics_file, "w") as f:
+            f.write(json.dumps({
+                "world": world, "local_batch": int(ids.numel()), "compute_s": c,
+                "allreduce_s": r, "grad_mb": flat.numel() * flat.element_size() / 2**20,
+                "reduction_share": r / (c + r), "compute_runs": compute, "allreduce_runs": reduce,
+            }) + "\n")
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
-def torchrun(nproc: int, worker_args: Sequence[str], log_path: Path) -> subprocess.Popen:
-    """Start the real ``torchrun --standalone`` with ``nproc`` baseline ranks of this file."""
+def torchrun(nproc: int, worker_args: Sequence[str], log_path: Path,
+             env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the real ``torchrun --standalone`` with ``nproc`` baseline ranks of this file
+    (``env`` added to their environment)."""
     return spawn([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}",
-                  str(Path(__file__).resolve()), *worker_args], log_path)
+                  str(Path(__file__).resolve()), *worker_args], log_path, env)
+
+
+def plain(worker_args: Sequence[str], log_path: Path,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the ``--mode plain`` baseline: this file as one process, no torchrun, no group."""
+    return spawn([PYTHON, str(Path(__file__).resolve()), "--mode", "plain", *worker_args],
+                 log_path, env)
 
 
 if __name__ == "__main__":

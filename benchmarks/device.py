@@ -18,9 +18,18 @@ job and pads every training forward/backward to the device's time::
 the benchmark's base slowdown ``K``; see :func:`default_base_slowdown`) and ``F_i`` the
 worker's relative slowness (``$DEVICE_FACTOR``, or ``$DEVICE_FACTORS`` indexed by
 ``$RANK`` for torchrun ranks). The real forward/backward still runs (same gradients, same
-model); the pad sleeps in the backward of an identity placed on the model's input, the last
-node of the backward pass, until the device time is over. Evaluation is never padded. The
-collective, the state transfer and everything else stay real.
+model); the device time starts when a training forward pass starts (a forward pre-hook: the
+worker's ``compute_s`` clock starts there too) and the pad sleeps in the backward of an
+identity placed on the model's input, the last node of the backward pass, until the device
+time is over. Evaluation (no gradients) is never padded. The collective, the state transfer
+and everything else stay real.
+
+Until 2026-11-24 the device time started in ``Job.batch``; since the workers read batches
+through ``trainer.data.Feed`` (which indexes the dataset itself) that was never called in a
+worker, so its steps were not padded at all, while the baselines' (which call ``job.batch``)
+were: trainer_join and trainer_hetero figures taken between the Feed commit and this fix
+compared unpadded spotring workers with padded baselines (``device_fidelity`` below 1 shows
+it).
 
 Rule: the emulation holds only while a worker's real compute ends before its device time
 does; a benchmark reports the measured compute / device ratio (``device_fidelity``) so a run
@@ -53,9 +62,9 @@ DEVICE_JOB = Path(__file__).resolve()  # the job file that wraps $DEVICE_JOB
 class Pacer:
     """Pads one forward/backward to a device time ``factor x (fixed_s + per_sample_s x b)``.
 
-    :meth:`start` is called when the batch is fetched (the start of the step's compute) and
-    :meth:`finish` at the end of the backward pass; it sleeps until the deadline (no sleep
-    when the real compute already took longer).
+    :meth:`start` is called when a training forward pass starts and :meth:`finish` at the
+    end of the backward pass; it sleeps until the deadline (no sleep when the real compute
+    already took longer).
     """
 
     def __init__(self, fixed_s: float, per_sample_s: float, factor: float) -> None:
@@ -100,18 +109,16 @@ class PacedJob(Job):
 
     pacer: Pacer | None = None
 
-    def batch(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pacer is not None:
-            self.pacer.start(int(ids.numel()))
-        return super().batch(ids)
-
 
 def paced(job: Job, pacer: Pacer) -> PacedJob:
-    """``job`` on the emulated device ``pacer`` (same model, optimiser, data)."""
+    """``job`` on the emulated device ``pacer`` (same model, optimiser, data). The device
+    time starts in a forward pre-hook, so it holds whatever reads the batches (the worker's
+    ``trainer.data.Feed`` or ``job.batch``)."""
 
     def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if not torch.is_grad_enabled() or pacer.deadline is None:
+        if not torch.is_grad_enabled():
             return None  # evaluation: not a training step
+        pacer.start(int(args[0].shape[0]))
         x = args[0].detach().requires_grad_(True)
         return (_PaceAtInput.apply(x, pacer), *args[1:])
 

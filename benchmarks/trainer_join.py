@@ -88,10 +88,10 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
     joiners = [f"j{k}" for k in range(args.joiners)]
     env = digits_env(args.global_batch, 100_000)
     job, slowdown = args.job, args.slowdown
-    if args.device:  # every worker on a private device of the same speed
-        env.update(args.device, **{ENV_FACTOR: "1"})
+    if args.device_env:  # every worker on a private device of the same speed
+        env.update(args.device_env, **{ENV_FACTOR: "1"})
         job, slowdown = DEVICE_JOB, 1.0
-    with Ring(workdir, job, env, initial_world=args.workers) as ring:
+    with Ring(workdir, job, env, initial_world=args.workers, device=args.device) as ring:
         pins = [c.strip() for c in args.pin.split(";")] if args.pin else ["", ""]
         for n in names:
             ring.add_worker(n, slowdown, cpus=pins[0])
@@ -112,7 +112,7 @@ def spotring_phase(args: argparse.Namespace, workdir: Path) -> dict:
         wait_for(lambda: time.time() > t_join + window, window + 10, "the join window")
         recs = steps_by_number(ring.metrics(names[0]))
     fid = None
-    if args.device:
+    if args.device_env:
         fixed_s, per_sample_s = args.line
         fid = fidelity(list(recs.values()), lambda b: fixed_s + per_sample_s * b)
     args.window = window  # the baseline is measured over the same window length
@@ -148,9 +148,9 @@ def baseline_phase(args: argparse.Namespace, workdir: Path, boot_s: float) -> di
     workdir.mkdir(parents=True, exist_ok=True)
     metrics, ckpt = workdir / "ckpt.jsonl", workdir / "ckpt.pt"
     common = ["--mode", "equal", "--global-batch", str(args.global_batch), "--ckpt", str(ckpt),
-              "--metrics-file", str(metrics)]
-    if args.device:  # the same private devices, one per rank (torchrun passes os.environ on)
-        os.environ.update(args.device, **{ENV_FACTORS: ",".join(
+              "--device", args.device, "--metrics-file", str(metrics)]
+    if args.device_env:  # the same private devices, one per rank (torchrun passes os.environ on)
+        os.environ.update(args.device_env, **{ENV_FACTORS: ",".join(
             ["1"] * (args.workers + args.joiners))})
         common += ["--job", str(DEVICE_JOB)]
     else:
@@ -177,7 +177,7 @@ def baseline_phase(args: argparse.Namespace, workdir: Path, boot_s: float) -> di
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--joiners", type=int, default=1)
@@ -207,16 +207,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="'RING;JOINERS' taskset CPU lists (default '0;1': the ring on CPU 0, "
                     "the joiners on CPU 1, standing for their own machine; '' = no pinning)")
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
+    ap.add_argument("--device", default="cpu",
+                    help="every worker's, joiner's and baseline rank's --device (cpu, cuda, "
+                    "cuda:N; default cpu); ranks sharing one GPU reduce over gloo")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     setup_logging(args.verbose)
     if args.workers < 1 or args.joiners < 1:
         ap.error("--workers and --joiners: at least 1")
     load = os.getloadavg()[0]
     k = None
-    args.device = None
+    args.device_env = None
     if args.emulation == "pace":
         try:
             fixed_s, per_sample_s = parse_device_ms(args.device_ms)
@@ -227,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         if k < 1.0:
             ap.error(f"--base-slowdown {k}: must be >= 1")
         args.line = (k * fixed_s, k * per_sample_s)
-        args.device = device_env(args.job, *args.line)
+        args.device_env = device_env(args.job, *args.line)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotring-join-"))
     spot = spotring_phase(args, workdir / "ring")
     boot = agent_boot_s()
@@ -237,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "joiners": args.joiners,
         "emulation": args.emulation,
+        "device": args.device,
         "base_slowdown": k,
         "device_fidelity": None if spot["fidelity"] is None else round(spot["fidelity"][0], 3),
         "device_overrun": None if spot["fidelity"] is None else round(spot["fidelity"][1], 3),

@@ -49,7 +49,7 @@ def _generation(ring: Ring) -> int:
     return plan.generation if plan else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=4, help="at least 4 (3 are taken away)")
     ap.add_argument("--global-batch", type=int, default=256)
@@ -57,9 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-timeout", type=float, default=2.0)
     ap.add_argument("--collective-timeout", type=float, default=3.0)
     ap.add_argument("--job", type=Path, default=DEFAULT_JOB)
+    ap.add_argument("--device", default="cpu",
+                    help="every worker's --device (cpu, cuda, cuda:N; default cpu); workers "
+                    "sharing one GPU reduce over gloo with CUDA tensors")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     setup_logging(args.verbose)
     if args.workers < 4:
@@ -68,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"w{k}" for k in range(args.workers)]
     extra = ["--collective-timeout", str(args.collective_timeout), "--no-rejoin"]
     env = digits_env(args.global_batch, 100 * args.settle_steps)
-    out: dict = {"benchmark": "trainer_revoke", "workers": args.workers,
+    out: dict = {"benchmark": "trainer_revoke", "workers": args.workers, "device": args.device,
                  "heartbeat_timeout_s": args.heartbeat_timeout,
                  "collective_timeout_s": args.collective_timeout}
     with Ring(workdir, args.job, env, initial_world=args.workers,
-              heartbeat_timeout_s=args.heartbeat_timeout) as ring:
+              heartbeat_timeout_s=args.heartbeat_timeout, device=args.device) as ring:
         for n in names:
             ring.add_worker(n, extra=extra)
         ring.wait_step(2 * args.settle_steps, args.timeout)

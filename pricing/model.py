@@ -147,6 +147,22 @@ class Lifetime:
 
 
 @dataclass(frozen=True)
+class Span:
+    """The period over which a file observed an offering's availability: outside it the
+    count is unknown (not zero, not the last value), so a consumer must not hold a value
+    past ``end``."""
+
+    offering: Offering
+    start: datetime
+    end: datetime
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", utc(self.start))
+        object.__setattr__(self, "end", utc(self.end))
+
+
+@dataclass(frozen=True)
 class RiskEstimate:
     """Revocation hazard of an offering, with how it was obtained.
 
@@ -190,3 +206,4 @@ class Snapshot:
     gpus: dict[str, GpuSpec] = field(default_factory=dict)  # instance type -> GpuSpec
     rejected: tuple[Rejection, ...] = ()
     notes: tuple[str, ...] = ()  # human-readable remarks (e.g. "prices combined with ...")
+    spans: tuple[Span, ...] = ()  # where each availability series was observed

@@ -136,12 +136,11 @@ def _estimate(off: Offering, obs: _Obs, basis: str) -> RiskEstimate:
     return RiskEstimate(off, h, basis, n, d, low, high)
 
 
-def estimate(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime],
-             availability: Iterable[Availability] = (),
-             advisor: Mapping[tuple[str, str], float] | None = None) -> dict[Offering, RiskEstimate]:
-    """A :class:`RiskEstimate` for every offering, by the first basis with data (see the
-    module docstring). Pure: inputs are not modified; the result has one entry per offering.
-    """
+def _bases(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime],
+           availability: Iterable[Availability] = (),
+           advisor: Mapping[tuple[str, str], float] | None = None
+           ) -> Iterable[tuple[Offering, str, _Obs | float]]:
+    """(offering, basis, observations or a hazard) by the first basis with data."""
     own: dict[Offering, _Obs] = defaultdict(_Obs)
     for lt in lifetimes:
         own[lt.offering.with_market("spot")] += _Obs(1, int(lt.revoked), lt.seconds / 3600.0)
@@ -158,28 +157,47 @@ def estimate(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime],
         spec = gpu_for(off.instance_type)
         if spec is not None:
             by_gpu[(off.cloud, spec.model)] += obs
-
-    result: dict[Offering, RiskEstimate] = {}
     for off in offerings:
         if off.market == "on-demand":
-            result[off] = RiskEstimate(off, 0.0, "default")
+            yield off, "default", 0.0
             continue
         if off.zone == "*":
             mine = by_region_type.get((off.cloud, off.region, off.instance_type), _Obs())
         else:
             mine = own.get(off, _Obs())
         if mine.events >= MIN_EVENTS and mine.hours > 0:
-            result[off] = _estimate(off, mine, "mle")
+            yield off, "mle", mine
             continue
         spec = gpu_for(off.instance_type)
         pooled = by_type.get((off.cloud, off.instance_type), _Obs())
         if not (pooled.events >= MIN_EVENTS and pooled.hours > 0) and spec is not None:
             pooled = by_gpu.get((off.cloud, spec.model), _Obs())
         if pooled.events >= MIN_EVENTS and pooled.hours > 0:
-            result[off] = _estimate(off, pooled, "pooled")
+            yield off, "pooled", pooled
             continue
         if advisor and off.cloud == "aws" and (off.region, off.instance_type) in advisor:
-            result[off] = RiskEstimate(off, advisor[(off.region, off.instance_type)], "spot-advisor")
+            yield off, "spot-advisor", advisor[(off.region, off.instance_type)]
             continue
-        result[off] = RiskEstimate(off, DEFAULT_HAZARD_PER_HOUR.get(off.cloud, 0.1), "default")
+        yield off, "default", DEFAULT_HAZARD_PER_HOUR.get(off.cloud, 0.1)
+
+
+def estimate(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime],
+             availability: Iterable[Availability] = (),
+             advisor: Mapping[tuple[str, str], float] | None = None) -> dict[Offering, RiskEstimate]:
+    """A :class:`RiskEstimate` for every offering, by the first basis with data (see the
+    module docstring). Pure: inputs are not modified; the result has one entry per offering.
+    """
+    result: dict[Offering, RiskEstimate] = {}
+    for off, basis, data in _bases(offerings, lifetimes, availability, advisor):
+        if isinstance(data, _Obs):
+            result[off] = _estimate(off, data, basis)
+        else:
+            result[off] = RiskEstimate(off, data, basis)
     return result
+
+
+def hazard_rates(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime]) -> dict[Offering, float]:
+    """The hazard per hour :func:`estimate` gives each offering (same bases, same data),
+    without the confidence intervals: cheap enough to recompute every simulated hour."""
+    return {off: (data.events / data.hours if isinstance(data, _Obs) else data)
+            for off, _basis, data in _bases(offerings, lifetimes)}

@@ -6,6 +6,14 @@ an error, not a silent default. :func:`load_settings` turns pydantic's errors in
 (``objective.budget_per_hour``) and says what would be valid. An empty file (or no file) gives
 the embedded local default: no cloud account needed.
 
+Numbers are finite (``allow_inf_nan=False``) and bounded: ``inf``, ``nan`` or an absurd value
+(a budget of 1e308 USD an hour) is refused with the field's name, like a misspelt key.
+
+Relative paths in a config file (``daemon.state_path``, ``daemon.token_path``, a plain-path
+``snapshot.url``, an explicit ``local.state_dir``) are read from the config file's folder, not
+from the current directory: a daemon started from another directory finds the same state
+(and so adopts its fleet instead of starting afresh).
+
 Rule for callers: read settings only through :func:`load_settings`; never construct a
 ``Settings`` from unvalidated dicts elsewhere.
 
@@ -18,15 +26,21 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from provisioner.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+#: The largest figure any rate or amount may take (1e12: a trillion samples/s or USD is no
+#: real job; 1e308 or inf is a typo that would overflow the solver's arithmetic).
+HUGE = 1e12
 
 
 class JobSettings(_Section):
@@ -40,9 +54,9 @@ class JobSettings(_Section):
     global_batch: int = Field(1024, ge=1, le=10_000_000,
                               description="samples per step over the whole ring (constant)")
     samples_per_s_per_unit: float = Field(
-        400.0, gt=0, description="samples/s of one GPU of relative throughput 1.0 "
+        400.0, gt=0, le=HUGE, description="samples/s of one GPU of relative throughput 1.0 "
         "(pricing.catalog.relative_throughput); scales every prior")
-    throughput_priors: dict[str, float] = Field(
+    throughput_priors: dict[str, Annotated[float, Field(gt=0, le=HUGE)]] = Field(
         default_factory=dict, description="instance type -> samples/s, overriding the catalog prior")
 
 
@@ -55,12 +69,15 @@ class ObjectiveSettings(_Section):
     """
 
     kind: Literal["max-throughput", "min-cost", "deadline"] = "max-throughput"
-    budget_per_hour: float | None = Field(None, gt=0, description="USD per hour cap on the fleet")
-    target_samples_per_s: float | None = Field(None, gt=0,
+    budget_per_hour: float | None = Field(None, gt=0, le=1e6,
+                                          description="USD per hour cap on the fleet")
+    target_samples_per_s: float | None = Field(None, gt=0, le=HUGE,
                                                description="useful throughput wanted (min-cost)")
-    work_samples: float | None = Field(None, gt=0, description="samples to process (deadline)")
-    deadline_hours: float | None = Field(None, gt=0,
-                                         description="hours from job start to the deadline")
+    work_samples: float | None = Field(None, gt=0, le=1e18,
+                                       description="samples to process (deadline)")
+    deadline_hours: float | None = Field(None, gt=0, le=87_600,
+                                         description="hours from job start to the deadline "
+                                         "(at most ten years)")
     safety_hours: float = Field(2.0, ge=0, le=1000,
                                 description="deadline: when the slack (time left minus the time "
                                 "on-demand would need) falls below this, on-demand capacity "
@@ -107,9 +124,10 @@ class FleetSettings(_Section):
     churn_horizon_hours: float = Field(1.0, gt=0, le=1000,
                                        description="a change must pay back its reconfiguration "
                                        "cost within this horizon")
-    intra_zone_gbps: float = Field(10.0, gt=0, description="link bandwidth inside a zone")
-    inter_zone_gbps: float = Field(5.0, gt=0, description="link bandwidth across zones")
-    inter_region_gbps: float = Field(1.0, gt=0, description="link bandwidth across regions")
+    intra_zone_gbps: float = Field(10.0, gt=0, le=1e5, description="link bandwidth inside a zone")
+    inter_zone_gbps: float = Field(5.0, gt=0, le=1e5, description="link bandwidth across zones")
+    inter_region_gbps: float = Field(1.0, gt=0, le=1e5,
+                                     description="link bandwidth across regions")
 
     @model_validator(mode="after")
     def _bounds(self) -> "FleetSettings":
@@ -152,7 +170,7 @@ class OptimizerSettings(_Section):
     default_spot_hazard_per_hour: float = Field(
         0.1, ge=0, le=100, description="revocations/hour assumed for a spot offering with no "
         "risk estimate")
-    max_quote_age_hours: float = Field(24.0 * 14, gt=0, description="quotes older than this are "
+    max_quote_age_hours: float = Field(24.0 * 14, gt=0, le=1e6, description="quotes older than this are "
                                        "ignored (GCP prices change weekly at most)")
 
 
@@ -206,7 +224,7 @@ class LocalSettings(_Section):
                          description="simulated seconds per real second (prices, notices, cost)")
     notice_window_s: float = Field(120.0, ge=0, le=3600, description="simulated seconds from a "
                                    "revocation notice to the kill (AWS gives 120)")
-    hard_kill_every: int = Field(3, ge=0, description="every Nth trace revocation comes without "
+    hard_kill_every: int = Field(3, ge=0, le=1_000_000, description="every Nth trace revocation comes without "
                                  "notice (0: never)")
     python: str | None = Field(None, description="interpreter for the workers (default: this one)")
     worker_args: list[str] = Field(default_factory=list,
@@ -217,16 +235,19 @@ class DaemonSettings(_Section):
     """Schedules and state of ``provision run`` (periods in simulated seconds; defaults and
     their reasons in provisioner/timing.py)."""
 
-    state_path: str = "spotring-state.sqlite"
+    state_path: str = Field("spotring-state.sqlite", min_length=1, description="the SQLite "
+                            "state of a cloud run (relative: to the config file's folder); a "
+                            "restart on it adopts the fleet")
     price_poll_s: float = Field(60.0, gt=0, le=86400, description="price poll period")
     notice_poll_s: float = Field(2.0, gt=0, le=600, description="notice watch period")
     plan_s: float = Field(30.0, gt=0, le=86400, description="plan-and-reconcile period")
     metrics_s: float = Field(5.0, gt=0, le=3600, description="metrics period")
-    zone_avoid_ttl_s: float = Field(600.0, ge=0, description="a revoked zone is avoided this long")
-    capacity_ttl_s: float = Field(180.0, ge=0, description="an offering out of capacity is "
-                                  "skipped this long")
-    drain_timeout_s: float = Field(60.0, gt=0, description="a draining worker is terminated "
-                                   "after this long anyway")
+    zone_avoid_ttl_s: float = Field(600.0, ge=0, le=30 * 86400,
+                                    description="a revoked zone is avoided this long")
+    capacity_ttl_s: float = Field(180.0, ge=0, le=30 * 86400, description="an offering out of "
+                                  "capacity is skipped this long")
+    drain_timeout_s: float = Field(60.0, gt=0, le=86400, description="a draining worker is "
+                                   "terminated after this long anyway")
     max_launches_per_round: int = Field(4, ge=1, le=1000, description="churn limit")
     max_removals_per_round: int = Field(2, ge=1, le=1000, description="churn limit")
     on_exit: Literal["keep", "terminate"] = Field("keep", description="what happens to the fleet "
@@ -237,6 +258,46 @@ class DaemonSettings(_Section):
     token_path: str | None = Field(None, description="ring token file; when set, a cloud daemon "
                                    "runs the trainer's coordinator inside (the local run makes "
                                    "its own)")
+
+
+class SnapshotSettings(_Section):
+    """Durable snapshots of the ring's state (the trainer's ``trainer.snapshot``): where and
+    how often. Workers upload over the ring's authenticated control channel to the
+    coordinator inside the daemon, which writes them here; workers need no credentials.
+
+    ``url``: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``file:///abs/dir`` or a plain
+    folder; the job id is appended (``.../<job.id>``) so jobs sharing a bucket never resume
+    each other's state. Unset: the daemon host's disk, ``WORKDIR/snapshots`` for a local run
+    and ``snapshots/<job.id>`` beside ``daemon.state_path`` for a cloud run.
+    """
+
+    url: str | None = Field(None, min_length=1, description="where snapshots go (see above)")
+    every_s: float = Field(300.0, ge=0, le=7 * 86400, description="seconds between snapshots "
+                           "(0: by steps only); losing every member costs at most this")
+    every_steps: int = Field(0, ge=0, le=1_000_000_000, description="steps between snapshots "
+                             "(0: by time only; both 0: no snapshots)")
+    keep: int = Field(3, ge=1, le=1000, description="newest complete snapshots kept")
+    endpoint_url: str | None = Field(None, description="S3 endpoint override (a moto server)")
+    api_endpoint: str | None = Field(None, description="GCS endpoint override (a fake)")
+
+    @field_validator("url")
+    @classmethod
+    def _where(cls, url: str | None) -> str | None:
+        if url is None or "://" not in url:
+            return url
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("s3", "gs", "file"):
+            raise ValueError(f"scheme {scheme!r} unknown; use s3://bucket/prefix, "
+                             "gs://bucket/prefix or a folder")
+        if scheme == "file" and not rest.startswith("/"):
+            raise ValueError("a file URL needs an absolute path (file:///abs/dir)")
+        if scheme in ("s3", "gs") and not rest.split("/", 1)[0]:
+            raise ValueError(f"no bucket; use {scheme}://bucket/prefix")
+        return url
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_s > 0 or self.every_steps > 0
 
 
 class Settings(_Section):
@@ -251,6 +312,7 @@ class Settings(_Section):
     gcp: GcpSettings = GcpSettings()
     local: LocalSettings = LocalSettings()
     daemon: DaemonSettings = DaemonSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -292,4 +354,26 @@ def load_settings(path: str | Path | None) -> Settings:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse_settings(data, origin=str(p))
+    return anchor_paths(parse_settings(data, origin=str(p)), p.resolve().parent)
+
+
+def anchor_paths(settings: Settings, base: Path) -> Settings:
+    """``settings`` with its relative file paths read from ``base`` (the config file's folder):
+    ``daemon.state_path``, ``daemon.token_path``, a plain-path ``snapshot.url`` and an
+    explicitly set ``local.state_dir``."""
+
+    def anchored(path: str) -> str:
+        p = Path(path).expanduser()
+        return str(p if p.is_absolute() else base / p)
+
+    d, snap, loc = settings.daemon, settings.snapshot, settings.local
+    daemon = d.model_copy(update={"state_path": anchored(d.state_path),
+                                  **({"token_path": anchored(d.token_path)}
+                                     if d.token_path else {})})
+    snapshot = snap
+    if snap.url is not None and "://" not in snap.url:
+        snapshot = snap.model_copy(update={"url": anchored(snap.url)})
+    local = loc
+    if "state_dir" in loc.model_fields_set:
+        local = loc.model_copy(update={"state_dir": anchored(loc.state_dir)})
+    return settings.model_copy(update={"daemon": daemon, "snapshot": snapshot, "local": local})

@@ -59,11 +59,9 @@ from __future__ import annotations
 
 import collections
 import functools
-import io
 import logging
 import multiprocessing
 import os
-import pickle
 import threading
 import time
 import weakref
@@ -71,7 +69,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._utils import ExceptionWrapper
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -80,6 +77,8 @@ from torch.utils.data import (
     TensorDataset,
     default_collate,
 )
+
+from trainer.data_workers import Failure, Keyed, pack, read_samples, unpack
 
 __all__ = ["Feed", "FeedError"]
 
@@ -97,7 +96,7 @@ _DL_POLL_S = 0.5
 # How long close() waits for the feeder thread (a worker stuck in a read takes DataLoader 5 s).
 _CLOSE_S = 10.0
 # Tensors in a packed request start at multiples of this many bytes (any dtype's alignment).
-_ALIGN = 64
+
 
 IdsLike = Sequence[int] | torch.Tensor
 
@@ -190,14 +189,14 @@ class Feed:
         if self._fast:
             return self._tensor_batch(idl)
         if self._loader is None:
-            samples = [s for _, s in _read(self._dataset, idl, "in the calling thread",
+            samples = [s for _, s in read_samples(self._dataset, idl, "in the calling thread",
                                            keep_cause=True)]
         else:
             ready, samples = self._loader.take(idl, self._timeout_s)
             if ready:  # the hinted batch, collated (and pinned) by the feeder thread
                 return _to_device(samples, self.device)
         for s in samples:
-            if isinstance(s, _Failure):
+            if isinstance(s, Failure):
                 s.reraise()
         return _to_device(self._collate(samples), self.device)
 
@@ -252,7 +251,7 @@ class _Requests(Sampler[list[int]]):
 
 
 class _Loader:
-    """The workers behind a :class:`Feed`: a DataLoader over ``_Keyed(dataset)`` whose batch
+    """The workers behind a :class:`Feed`: a DataLoader over ``Keyed(dataset)`` whose batch
     sampler is a request queue, iterated by a feeder thread into a cache of samples by id.
 
     State (guarded by ``_cond``): ``_pending`` requests not yet handed to the DataLoader;
@@ -286,8 +285,8 @@ class _Loader:
         seed = int.from_bytes(os.urandom(8), "little") >> 1
         if mp_context is None and "fork" in multiprocessing.get_all_start_methods():
             mp_context = "fork"
-        self._dl = DataLoader(_Keyed(dataset), batch_sampler=_Requests(self),
-                              num_workers=workers, prefetch_factor=prefetch, collate_fn=_pack,
+        self._dl = DataLoader(Keyed(dataset), batch_sampler=_Requests(self),
+                              num_workers=workers, prefetch_factor=prefetch, collate_fn=pack,
                               multiprocessing_context=mp_context, timeout=_DL_POLL_S,
                               generator=torch.Generator().manual_seed(seed))
         started = threading.Event()
@@ -333,7 +332,7 @@ class _Loader:
                     _shutdown(it)
                     return
                 if packed is not None:
-                    pairs = _unpack(packed)
+                    pairs = unpack(packed)
                     if pairs:
                         self._file(pairs)
                         self._precollate()
@@ -362,7 +361,7 @@ class _Loader:
             if key is None or self._ready is not None or self._collating is not None:
                 return
             samples = [self._cache.get(i) for i in key]
-            if any(i not in self._cache or isinstance(s, _Failure)
+            if any(i not in self._cache or isinstance(s, Failure)
                    for i, s in zip(key, samples)):
                 return
             self._collating = key
@@ -426,7 +425,7 @@ class _Loader:
 
     def take(self, ids: list[int], timeout_s: float) -> tuple[bool, Any]:
         """``(True, batch)``: the hinted batch of exactly ``ids``, already prepared; else
-        ``(False, samples)``: the samples of ``ids`` in order (a :class:`_Failure` for a sample
+        ``(False, samples)``: the samples of ``ids`` in order (a :class:`Failure` for a sample
         whose read raised), waiting for the ones still loading. Consumes them from the cache.
         Raises :class:`FeedError` (see Feed.batch)."""
         key = tuple(ids)
@@ -541,142 +540,6 @@ def _shutdown(it: Any) -> None:
             stop()
         except Exception:  # noqa: BLE001 - best effort at teardown
             log.debug("DataLoader worker shutdown failed", exc_info=True)
-
-
-# -- what runs in the workers: reading by id, never raising, and packing ---------------------
-
-
-class _Failure:
-    """A sample whose read raised: the exception as DataLoader carries it across processes."""
-
-    def __init__(self, sample_id: int, where: str, cause: BaseException | None = None) -> None:
-        self.wrapper = ExceptionWrapper(where=f"reading sample {sample_id} (dataset"
-                                        f"[{sample_id}]) {where}")
-        self.cause = cause  # the original, when read in this process; never pickled
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"wrapper": self.wrapper, "cause": None}
-
-    def reraise(self) -> None:
-        try:
-            self.wrapper.reraise()
-        except Exception as exc:
-            raise exc from self.cause
-
-
-def _read(dataset: Dataset, ids: Sequence[int], where: str,
-          keep_cause: bool = False) -> list[tuple[int, Any]]:
-    """``(id, dataset[id])`` for each id, a :class:`_Failure` for each read that raised.
-
-    Uses the dataset's ``__getitems__`` when it has one (as DataLoader does); when that raises,
-    reads one by one to find the ids that fail.
-    """
-    many = getattr(dataset, "__getitems__", None)
-    if many and ids:
-        try:
-            samples = many(list(ids))
-            if len(samples) == len(ids):
-                return list(zip(ids, samples))
-        except Exception:  # noqa: BLE001 - find the failing ids below
-            pass
-    out: list[tuple[int, Any]] = []
-    for i in ids:
-        try:
-            out.append((i, dataset[i]))
-        except Exception as e:  # noqa: BLE001 - becomes that sample's result
-            out.append((i, _Failure(i, where, e if keep_cause else None)))
-    return out
-
-
-class _Keyed(Dataset):
-    """The user's dataset as the workers see it: a request of ids in, ``(id, sample)`` out."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> tuple[int, Any]:
-        return self.__getitems__([i])[0]
-
-    def __getitems__(self, ids: list[int]) -> list[tuple[int, Any]]:
-        return _read(self.dataset, ids, "in an input worker process")
-
-
-class _Packer(pickle.Pickler):
-    """Pickles a request's samples, setting plain CPU tensors aside for the shared buffer."""
-
-    def __init__(self, f: io.BytesIO) -> None:
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
-        self.tensors: list[torch.Tensor] = []
-
-    def persistent_id(self, obj: Any) -> int | None:
-        if (type(obj) is torch.Tensor and obj.device.type == "cpu"
-                and obj.layout == torch.strided and not obj.is_quantized
-                and not obj.requires_grad and obj.element_size() > 0):
-            self.tensors.append(obj)
-            return len(self.tensors) - 1
-        return None
-
-
-class _Unpacker(pickle.Unpickler):
-    """Rebuilds a request's samples, their tensors as views of the shared buffer."""
-
-    def __init__(self, f: io.BytesIO, buf: torch.Tensor, metas: list[Any]) -> None:
-        super().__init__(f)
-        self.buf, self.metas = buf, metas
-
-    def persistent_load(self, pid: Any) -> torch.Tensor:
-        return _view(self.buf, *self.metas[pid])
-
-
-def _view(buf: torch.Tensor, off: int, dtype: torch.dtype,
-          shape: tuple[int, ...]) -> torch.Tensor:
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return buf[off:off + n].view(dtype).view(shape)
-
-
-def _dump(pairs: list[tuple[int, Any]]) -> tuple[bytes, torch.Tensor | None, list[Any]]:
-    f = io.BytesIO()
-    p = _Packer(f)
-    p.dump(pairs)
-    metas, off = [], 0
-    for t in p.tensors:
-        metas.append((off, t.dtype, tuple(t.shape)))
-        off += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-    buf = None
-    if p.tensors:  # one buffer: DataLoader's queue moves it to shared memory (one descriptor)
-        buf = torch.empty(off, dtype=torch.uint8)
-        for (o, dtype, shape), t in zip(metas, p.tensors):
-            _view(buf, o, dtype, shape).copy_(t)
-    return f.getvalue(), buf, metas
-
-
-def _pack(pairs: list[tuple[int, Any]]) -> tuple[bytes, torch.Tensor | None, list[Any]]:
-    """The workers' collate_fn: a request's ``(id, sample)`` pairs, packed for the trip.
-
-    A sample that cannot be pickled becomes that sample's :class:`_Failure`, not the request's.
-    """
-    try:
-        return _dump(pairs)
-    except Exception:  # noqa: BLE001 - find the sample that does not pickle
-        fixed: list[tuple[int, Any]] = []
-        for i, sample in pairs:
-            try:
-                _dump([(i, sample)])
-                fixed.append((i, sample))
-            except Exception:  # noqa: BLE001
-                fixed.append((i, _Failure(i, "to send it from an input worker process "
-                                             "(the sample does not pickle)")))
-        return _dump(fixed)
-
-
-def _unpack(packed: tuple[bytes, torch.Tensor | None, list[Any]]) -> list[tuple[int, Any]]:
-    blob, buf, metas = packed
-    return _Unpacker(io.BytesIO(blob), buf, metas).load()
 
 
 # -- small helpers ---------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Design (after torch elastic's ``_RendezvousJoinOp``, which only reads state and returns an
 action): the coordinator thread reads the keys :func:`reads` names from its store into a
 :class:`Snapshot`, calls :func:`decide`, and applies the returned actions (:class:`Put`,
-:class:`Add`, :class:`Delete`, :class:`DeletePrefix`, :class:`Emit`). :func:`decide` never blocks, sleeps,
-mutates its inputs or touches the store, so every rule below is tested with plain data.
+:class:`Add`, :class:`Delete`, :class:`DeletePrefix`, :class:`Emit`, all in
+:mod:`trainer.ring_state`). :func:`decide` never blocks, sleeps, mutates its inputs or touches
+the store, so every rule below is tested with plain data.
 
 One tick, in order:
 
@@ -23,7 +24,7 @@ One tick, in order:
    members whose heartbeat does not move within ``rollcall_s`` are dropped (when nobody
    answers, that looks like a stall of this machine: the roll call waits up to the
    heartbeat timeout before dropping everyone). A roll call that every member answers
-   re-forms the same set, bounded by :func:`~trainer.membership.reform_or_drop`. Otherwise
+   re-forms the same set, bounded by :func:`~trainer.plans.reform_or_drop`. Otherwise
    a new plan is published only after every member reported the previous one formed.
 
 Rule for callers: call :func:`decide` under the coordinator's lock with a snapshot read
@@ -32,152 +33,26 @@ after :func:`reads` of the same state; apply every action, in order.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from trainer import membership as mb
-from trainer.membership import EventKind, Joiner, MemberState, Outcome, Plan
+from trainer import plans
+from trainer.membership import EventKind, MemberState, Outcome, Plan
+from trainer.plans import Joiner
+from trainer.ring_state import (  # noqa: F401 - the state and actions, re-exported for callers
+    SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, Ring, RollCall,
+    Settings, Snapshot, Tracked, as_dict, members, stats)
 
 HANDSHAKE_TIMEOUT_S = 20.0  # a joiner that takes an id and never says hello is forgotten
-SPEED_POLL_S = 0.5  # how often members' reported samples/s are read
 REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
 MAX_TICK_GAP_S = 0.5  # a longer gap between ticks is the coordinator's own pause
 KEEP_GENERATIONS = 16  # keys of older generations are deleted from the store
 ADOPT_WAIT_S = 3.0  # a restarted coordinator waits this long for every member to report
 MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a token holder
 # bumping the counter by a billion must not make a tick scan a billion ids)
-
-
-# -- data -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    heartbeat_timeout_s: float = 5.0
-    rollcall_s: float = 0.5
-    initial_world: int = 1
-
-
-@dataclass(frozen=True)
-class Tracked:
-    """A member of the newest plan, or an admitted joiner."""
-
-    member_id: int
-    name: str
-    joined_at: float  # wall clock, for display
-    samples_per_s: float = 0.0
-    batch: int = 0
-    hb: int = -1
-    hb_seen: float = 0.0  # active time at which the heartbeat last moved
-    state: MemberState = MemberState.JOINING
-    device: str = "cpu"
-    zone: str = ""
-
-
-@dataclass(frozen=True)
-class Dropped:
-    name: str
-    when: float  # active time
-    hb: int
-
-
-@dataclass(frozen=True)
-class RollCall:
-    """A recovery in progress: who must show a heartbeat for ``plan``'s members to go on."""
-
-    generation: int
-    why: str
-    dead: tuple[int, ...]  # found dead before the roll call (heartbeat stopped)
-    base: Mapping[int, int]  # heartbeat of each other member when it started
-    started: float  # active time
-
-
-@dataclass(frozen=True)
-class Ring:
-    """Everything the coordinator knows (see the module docstring)."""
-
-    plan: Plan | None = None
-    formed: bool = True
-    formed_gen: int = 0  # the newest generation every member reported formed
-    tracked: Mapping[int, Tracked] = field(default_factory=dict)
-    ready: tuple[int, ...] = ()  # admitted joiners, oldest first
-    draining: Mapping[int, str] = field(default_factory=dict)
-    done: frozenset[int] = frozenset()
-    dropped: Mapping[int, Dropped] = field(default_factory=dict)
-    unseen: Mapping[int, float] = field(default_factory=dict)  # id -> active time taken
-    scan_from: int = 1
-    reforms: mb.Reforms = mb.Reforms()
-    rollcall: RollCall | None = None
-    holders: frozenset[int] = frozenset()  # members that hold the state (formed a generation)
-    adopted: bool = False  # a restarted coordinator took over a running ring
-    first_report: float | None = None  # active time of the first member report seen
-    resumed_from: int | None = None  # the step of the snapshot the ring last resumed from
-    progress: mb.Progress = mb.Progress()
-    steps_lost: int = 0
-    outcome: Outcome = Outcome.RUNNING
-    failure: str = ""
-    job: str = ""
-    seen_counts: Mapping[str, int] = field(default_factory=dict)  # drains/dones/errors
-    clock: float = 0.0  # active time
-    last_now: float | None = None
-    last_speed_poll: float = -SPEED_POLL_S
-    malformed: int = 0
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one tick read: the monotonic and wall clocks and the values of :func:`reads`."""
-
-    now: float
-    wall: float
-    values: Mapping[str, bytes | None]
-
-    def get(self, key: str) -> bytes | None:
-        return self.values.get(key)
-
-    def count(self, key: str) -> int:
-        v = self.values.get(key)
-        try:
-            return int(v) if v is not None else 0
-        except ValueError:
-            return 0
-
-
-@dataclass(frozen=True)
-class Put:
-    key: str
-    value: bytes
-
-
-@dataclass(frozen=True)
-class Add:
-    key: str
-    delta: int
-
-
-@dataclass(frozen=True)
-class Delete:
-    key: str
-
-
-@dataclass(frozen=True)
-class DeletePrefix:
-    prefix: str  # ends with "/": a whole folder of keys
-
-
-@dataclass(frozen=True)
-class Emit:
-    kind: EventKind
-    name: str
-    detail: str = ""
-    generation: int | None = None
-    data: Mapping[str, Any] | None = None
-
-
-Action = Put | Add | Delete | DeletePrefix | Emit
 
 
 # -- reads --------------------------------------------------------------------------------------
@@ -322,48 +197,43 @@ def _counter_moved(t: _Tick, key: str) -> bool:
     return True
 
 
+def _new_reports(t: _Tick, counter: str, key: Any, skip: Any, parse: Any,
+                 *, keep_malformed: Any = None) -> list[tuple[int, Tracked, Any]]:
+    """The reports under ``key(member)`` that are new since ``counter`` last moved: one
+    ``(member, tracked, parsed)`` per tracked member not in ``skip``; a malformed one is
+    counted and dropped (or replaced by ``keep_malformed``, when given)."""
+    if not _counter_moved(t, counter):
+        return []
+    out = []
+    for m, tr in sorted(t.r.tracked.items()):
+        raw = t.s.get(key(m))
+        if m in skip or raw is None:
+            continue
+        try:
+            out.append((m, tr, parse(raw)))
+        except mb.Malformed as e:
+            t.malformed(tr.name, e)
+            if keep_malformed is not None:
+                out.append((m, tr, keep_malformed))
+    return out
+
+
 def _reports(t: _Tick) -> None:
-    if _counter_moved(t, mb.DRAINS):
-        for m, tr in sorted(t.r.tracked.items()):
-            raw = t.s.get(mb.k_drain(m))
-            if m in t.r.draining or raw is None:
-                continue
-            try:
-                reason = mb.parse_drain(raw)
-            except mb.Malformed as e:
-                t.malformed(tr.name, e)
-                reason = "drain requested"
-            t.set(draining={**t.r.draining, m: reason})
-            t.put_tracked(replace(tr, state=MemberState.DRAINING))
-            t.emit(EventKind.DRAIN, tr.name, detail=reason)
-    if _counter_moved(t, mb.DONES):
-        for m, tr in sorted(t.r.tracked.items()):
-            raw = t.s.get(mb.k_done(m))
-            if m in t.r.done or raw is None:
-                continue
-            try:
-                done = mb.Done.parse(raw)
-            except mb.Malformed as e:
-                t.malformed(tr.name, e)
-                continue
-            t.set(done=t.r.done | {m})
-            t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
-                   data={"finished": True, "step": done.step, "checksum": done.checksum})
-    if _counter_moved(t, mb.ERRORS) and t.r.outcome is Outcome.RUNNING:
-        for m, tr in sorted(t.r.tracked.items()):
-            raw = t.s.get(mb.k_error(m))
-            if raw is None:
-                continue
-            try:
-                err = mb.JobFailure.parse(raw)
-            except mb.Malformed as e:
-                t.malformed(tr.name, e)
-                continue
-            t.set(outcome=Outcome.FAILED, failure=err.message)
-            t.actions.append(Put(mb.FINISHED, f"failed: {err.message}".encode()))
-            t.emit(EventKind.JOB_ERROR, tr.name, detail=err.message,
-                   data={"step": err.step})
+    for m, tr, reason in _new_reports(t, mb.DRAINS, mb.k_drain, t.r.draining, mb.parse_drain,
+                                      keep_malformed="drain requested"):
+        t.set(draining={**t.r.draining, m: reason})
+        t.put_tracked(replace(tr, state=MemberState.DRAINING))
+        t.emit(EventKind.DRAIN, tr.name, detail=reason)
+    for m, tr, done in _new_reports(t, mb.DONES, mb.k_done, t.r.done, mb.Done.parse):
+        t.set(done=t.r.done | {m})
+        t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
+               data={"finished": True, "step": done.step, "checksum": done.checksum})
+    for _, tr, err in _new_reports(t, mb.ERRORS, mb.k_error, (), mb.JobFailure.parse):
+        if t.r.outcome is not Outcome.RUNNING:
             break
+        t.set(outcome=Outcome.FAILED, failure=err.message)
+        t.actions.append(Put(mb.FINISHED, f"failed: {err.message}".encode()))
+        t.emit(EventKind.JOB_ERROR, tr.name, detail=err.message, data={"step": err.step})
     raw = t.s.get(mb.STATS)
     if raw is not None and raw not in (b"", b"{}"):
         try:
@@ -510,7 +380,7 @@ def _generations(t: _Tick) -> None:
                              resume=plan.resume))
         return  # the ring is gone (no member held the state), or waits for members
     draining = [m for m in t.r.draining if plan is None or m in plan.members]
-    new = mb.next_plan(plan, _joiners(t, ()), draining, [],
+    new = plans.next_plan(plan, _joiners(t, ()), draining, [],
                        initial_world=t.cfg.initial_world, job=t.r.job)
     if new is not None:
         _publish(t, new)
@@ -549,21 +419,21 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     ready = _joiners(t, dead)
     draining = [m for m in t.r.draining if m in plan.members]
     reason = f"{why}; dropped {dead}" if dead else f"{why}; every member answered"
-    if dead or mb.next_plan(plan, ready, draining, []) is not None:
-        t.set(reforms=mb.Reforms())
+    if dead or plans.next_plan(plan, ready, draining, []) is not None:
+        t.set(reforms=plans.Reforms())
     else:  # the same set again: members that answer but never form must not loop it
         g = plan.generation
         started = [m for m in plan.members if t.s.get(mb.k_forming(g, m)) is not None]
         formed = [m for m in plan.members if t.s.get(mb.k_formed(g, m)) is not None]
-        reforms, stuck = mb.reform_or_drop(t.r.reforms, plan, started, formed,
+        reforms, stuck = plans.reform_or_drop(t.r.reforms, plan, started, formed,
                                            t.r.progress.step)
         t.set(reforms=reforms)
         if stuck:
             dead = sorted(stuck)
             why = (f"answered the roll call but never completed forming generation {g} "
-                   f"({mb.MAX_SAME_REFORMS} re-forms of the same set)")
+                   f"({plans.MAX_SAME_REFORMS} re-forms of the same set)")
             reason = f"{reason}; dropped {dead}: {why}"
-    new = mb.next_plan(plan, ready, draining, dead, reason=reason)
+    new = plans.next_plan(plan, ready, draining, dead, reason=reason)
     if new is None:  # everyone answered and nothing else changed: re-form the same set
         new = Plan(generation=plan.generation + 1, members=plan.members, names=plan.names,
                    reason=reason, job=plan.job, fresh_start=plan.fresh_start)
@@ -593,7 +463,7 @@ def _snapshot(t: _Tick) -> tuple[str, int] | None:
 
 def _publish(t: _Tick, new: Plan) -> None:
     g = new.generation
-    new = replace(new, backend=mb.choose_backend(
+    new = replace(new, backend=plans.choose_backend(
         [t.r.tracked[m].device for m in new.members if m in t.r.tracked]),
         fresh_start=not t.r.holders and not new.resume,
         zones=tuple(t.r.tracked[m].zone if m in t.r.tracked else "" for m in new.members))
@@ -694,45 +564,3 @@ def command_drain(ring: Ring, name: str, reason: str) -> tuple[Ring, list[Action
                                     m: replace(tr, state=MemberState.DRAINING)})
             return ring, [Emit(EventKind.DRAIN, name, reason)], True
     return ring, [], False
-
-
-def stats(ring: Ring) -> dict[str, Any]:
-    """The ring's progress as the daemon and the CLI show it (plain data)."""
-    p = ring.progress
-    out: dict[str, Any] = {
-        "generation": ring.plan.generation if ring.plan else 0,
-        "step": p.step, "epoch": p.epoch, "samples_done": p.samples_done,
-        "world": len(ring.plan.members) if ring.plan else 0,
-        "steps_lost": ring.steps_lost,
-        "finished": ring.outcome is not Outcome.RUNNING,
-        "outcome": ring.outcome.value,
-        "lost": ring.outcome is Outcome.LOST,
-        "completing": bool(ring.done),
-        "malformed": ring.malformed,
-        "adopted": ring.adopted,
-        "resumed_from": ring.resumed_from,
-    }
-    if p.loss is not None:
-        out["loss"] = p.loss
-    if p.metrics:
-        out["metrics"] = dict(p.metrics)
-        if "accuracy" in p.metrics:
-            out["accuracy"] = p.metrics["accuracy"]
-    if ring.failure:
-        out["failure"] = ring.failure
-    return out
-
-
-def members(ring: Ring) -> list[mb.MemberInfo]:
-    """Members of the newest generation and admitted joiners, by id."""
-    gen = ring.plan.generation if ring.plan else 0
-    return [mb.MemberInfo(id=tr.member_id, name=tr.name,
-                          generation=gen if tr.state is not MemberState.JOINING else 0,
-                          batch=tr.batch, samples_per_s=tr.samples_per_s,
-                          state=tr.state.value, joined_at=tr.joined_at)
-            for _, tr in sorted(ring.tracked.items())]
-
-
-def as_dict(obj: Any) -> Any:
-    """A frozen dataclass as plain data (for logs and tests)."""
-    return dataclasses.asdict(obj)

@@ -6,7 +6,7 @@ the local rank is ``LOCAL_RANK`` (torchrun's convention) or ``SPOTRING_LOCAL_RAN
 the local driver), so several workers on one host with several GPUs get one GPU each. A
 worker tells the coordinator what it computes on (:func:`describe`: ``cpu`` or
 ``cuda:<GPU UUID>``) and the coordinator picks each generation's backend with the pure
-:func:`trainer.membership.choose_backend`: NCCL when every member is on its own GPU, gloo otherwise (NCCL
+:func:`trainer.plans.choose_backend`: NCCL when every member is on its own GPU, gloo otherwise (NCCL
 refuses two ranks on one GPU, and cannot reach a CPU member; gloo reduces CUDA tensors too,
 through host memory).
 
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from trainer.membership import choose_backend  # noqa: F401 - re-exported: one rule
+from trainer.plans import choose_backend  # noqa: F401 - re-exported: one rule
 
 GLOO, NCCL = "gloo", "nccl"
 

@@ -6,9 +6,8 @@ group), plus who left it and why. This module is the vocabulary of the protocol:
 names used over the coordinator's control store (:mod:`trainer.store`, reachable only by
 token holders), one parser per message that validates it (a message that does not parse is
 :class:`Malformed`: the reader ignores and counts it, it is never fatal), member states and
-outcomes as enums, and the pure planning helpers :func:`next_plan` and
-:func:`reform_or_drop`. The decision of a whole coordinator tick is
-:func:`trainer.decide.decide`.
+outcomes as enums, and the plan. The planning rules (:mod:`trainer.plans`) and the decision
+of a whole coordinator tick (:func:`trainer.decide.decide`) are built on it.
 
 Protocol (all keys live in the coordinator's store):
 
@@ -48,7 +47,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -164,6 +163,13 @@ class Malformed(ValueError):
     """A value read from the store that is not the message its key promises."""
 
 
+class _Message:
+    """A message of the protocol: a frozen dataclass that writes itself as JSON."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=dict)  # type: ignore[call-overload]
+
+
 def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
         d = json.loads(raw)
@@ -215,7 +221,7 @@ def _metrics(d: Any, what: str) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class Hello:
+class Hello(_Message):
     """A joiner's introduction: its name, profiled samples/s, job fingerprint and device
     (``cpu`` or ``cuda:<GPU UUID>``, see :mod:`trainer.devices`)."""
 
@@ -225,8 +231,6 @@ class Hello:
     device: str = "cpu"
     zone: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Hello:
@@ -243,7 +247,7 @@ class Hello:
 
 
 @dataclass(frozen=True)
-class Formed:
+class Formed(_Message):
     """A member's report after forming a generation (``checksum`` of its whole state)."""
 
     checksum: str
@@ -253,8 +257,6 @@ class Formed:
     bytes: int = 0
     switch_ms: float = 0.0
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Formed:
@@ -266,7 +268,7 @@ class Formed:
 
 
 @dataclass(frozen=True)
-class Progress:
+class Progress(_Message):
     """Rank 0's report of the ring's progress (``stats``)."""
 
     generation: int = 0
@@ -277,10 +279,6 @@ class Progress:
     loss: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["metrics"] = dict(self.metrics)
-        return json.dumps(d)
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Progress:
@@ -295,14 +293,12 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class Speed:
+class Speed(_Message):
     """A member's measured samples/s and its local batch."""
 
     samples_per_s: float = 0.0
     batch: int = 0
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Speed:
@@ -312,17 +308,13 @@ class Speed:
 
 
 @dataclass(frozen=True)
-class Done:
+class Done(_Message):
     """A member's report that it finished the last epoch."""
 
     checksum: str
     step: int
     metrics: Mapping[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["metrics"] = dict(self.metrics)
-        return json.dumps(d)
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Done:
@@ -332,14 +324,12 @@ class Done:
 
 
 @dataclass(frozen=True)
-class JobFailure:
+class JobFailure(_Message):
     """The user's code raised on a member: where, and the one-line message with the fix."""
 
     step: int
     message: str
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> JobFailure:
@@ -349,7 +339,7 @@ class JobFailure:
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(_Message):
     """A member's account of itself to a restarted coordinator: who it is and the plan it
     runs (``plan``: its JSON, empty for an admitted joiner not yet in a generation)."""
 
@@ -364,8 +354,6 @@ class Report:
     formed: bool = True  # False: its group broke (or never formed) while nobody coordinated
     zone: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Report:
@@ -503,152 +491,9 @@ def _backend(d: Mapping[str, Any]) -> str:
     return str(b)
 
 
-def choose_backend(devices: Sequence[str]) -> str:
-    """NCCL when every member computes on a GPU of its own, else gloo (pure).
-
-    NCCL refuses two ranks on one GPU and cannot reach a CPU member; gloo reduces CUDA
-    tensors too, through host memory.
-    """
-    if devices and all(d.startswith("cuda:") for d in devices) and len(set(devices)) == len(
-            devices):
-        return "nccl"
-    return "gloo"
-
-
 def member_key(name: str, member_id: int) -> str:
     """The planner's key of a member: its name and id (a rejoin gets a new id, a new key)."""
     return f"{name}/{member_id}"
-
-
-@dataclass(frozen=True)
-class Joiner:
-    """An admitted joiner waiting for a generation: id, name, profiled samples/s."""
-
-    member_id: int
-    name: str
-    samples_per_s: float = 0.0
-
-
-def next_plan(
-    current: Plan | None,
-    ready: Sequence[Joiner],
-    draining: Sequence[int],
-    dead: Sequence[int],
-    *,
-    initial_world: int = 1,
-    reason: str = "",
-    job: str = "",
-) -> Plan | None:
-    """The next generation, or None when nothing changes.
-
-    ``current``: the newest published plan (None before the first). ``ready``: admitted
-    joiners, oldest first. ``draining``: members leaving with notice; ``dead``: members to
-    drop without notice. Survivors keep their relative order (rank 0 stays the oldest
-    member); joiners are appended. The first generation waits for ``initial_world`` joiners.
-    When no member holding the state survives, the plan has no members (joiners are not
-    admitted into it): the caller resumes from a snapshot or ends the job.
-    """
-    if current is None:
-        if len(ready) < max(1, initial_world):
-            return None
-        return Plan(
-            generation=1,
-            members=tuple(j.member_id for j in ready),
-            names=tuple(j.name for j in ready),
-            joined=tuple(j.member_id for j in ready),
-            priors={member_key(j.name, j.member_id): j.samples_per_s for j in ready},
-            reason=reason or "first generation",
-            job=job,
-        )
-    gone_drain = [m for m in current.members if m in set(draining)]
-    gone_dead = [m for m in current.members if m in set(dead) and m not in set(draining)]
-    if not ready and not gone_drain and not gone_dead:
-        return None
-    keep = [
-        (m, n)
-        for m, n in zip(current.members, current.names, strict=True)
-        if m not in set(gone_drain) and m not in set(gone_dead)
-    ]
-    if not keep:
-        return Plan(
-            generation=current.generation + 1,
-            members=(),
-            names=(),
-            drained=tuple(gone_drain),
-            lost=tuple(gone_dead),
-            reason="no member holding the state is left",
-            job=current.job,
-        )
-    members = [m for m, _ in keep] + [j.member_id for j in ready]
-    names = [n for _, n in keep] + [j.name for j in ready]
-    return Plan(
-        generation=current.generation + 1,
-        members=tuple(members),
-        names=tuple(names),
-        joined=tuple(j.member_id for j in ready),
-        drained=tuple(gone_drain),
-        lost=tuple(gone_dead),
-        priors={member_key(j.name, j.member_id): j.samples_per_s for j in ready},
-        reason=reason,
-        job=current.job,
-    )
-
-
-MAX_SAME_REFORMS = 3  # re-forms of one unchanged set, with no step between, before dropping
-
-
-@dataclass(frozen=True)
-class Reforms:
-    """Recoveries in a row that re-formed the same members because every one of them
-    answered the roll call, with no step committed in between.
-
-    ``members``: the set re-formed; ``count``: how many times in a row; ``step``: the ring's
-    newest committed step at the last one.
-    """
-
-    members: tuple[int, ...] = ()
-    count: int = 0
-    step: int = -1
-
-
-def reform_or_drop(
-    history: Reforms,
-    plan: Plan,
-    started: Collection[int],
-    formed: Collection[int],
-    step: int,
-    *,
-    limit: int = MAX_SAME_REFORMS,
-) -> tuple[Reforms, tuple[int, ...]]:
-    """Decide a recovery of ``plan`` in which every member answered the roll call and
-    nothing else changes (the same set would form the next generation again).
-
-    ``started`` / ``formed``: the members that reported starting / completing the forming
-    of ``plan``'s generation; ``step``: the ring's newest committed step. A re-form counts
-    one more when it is the same set as the last one and no step was committed since;
-    otherwise the count starts again at 1. Once the count passes ``limit``, the members
-    that answer the roll call but never complete forming are dropped (they must join again
-    as new members) and the count starts over: those that never even started forming, or
-    else those that started but never completed while others did. When that singles out
-    nobody, or everybody (nothing tells who is at fault), nobody is dropped (the caller
-    re-forms again and logs it).
-
-    Returns ``(history, drop)``: the new history and the member ids to drop (``()``: re-form
-    the same set). Never mutates its inputs.
-    """
-    if limit < 1:
-        raise ValueError(f"limit: {limit}; need at least 1 re-form before dropping")
-    members = tuple(sorted(plan.members))
-    same = history.members == members and history.step == step
-    count = history.count + 1 if same else 1
-    if count <= limit:
-        return Reforms(members, count, step), ()
-    drop = tuple(m for m in plan.members if m not in set(started))
-    if not drop and formed:
-        drop = tuple(m for m in plan.members if m not in set(formed))
-    if not drop or len(drop) == len(plan.members):
-        return Reforms(members, count, step), ()
-    return Reforms(), drop
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ def open_store(settings: SnapshotSettings) -> BlobStore:
                         "s3://bucket/prefix or gs://bucket/prefix")
 
 
-# -- the coordinator's vault -------------------------------------------------------------------------
+# -- the coordinator's vault ---------------------------------------------------------------
 
 
 class Vault:
@@ -359,7 +359,7 @@ class Vault:
             self.store.delete(m.name)
 
 
-# -- the worker's side --------------------------------------------------------------------------------
+# -- the worker's side ---------------------------------------------------------------------
 
 
 def host_copy(tree: Any) -> Any:

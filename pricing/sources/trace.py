@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Sequence
 
 from pricing.catalog import canonical_gpu
 from pricing.errors import TraceFormatError
-from pricing.model import Availability, Lifetime, Offering, PriceQuote, Snapshot, utc
+from pricing.model import Availability, Lifetime, Offering, PriceQuote, Snapshot, Span, utc
 from pricing.sources.trace_formats import USER_COLUMNS, NotATrace, parse_file
 
 log = logging.getLogger(__name__)
@@ -51,29 +51,52 @@ def _trace_files(path: Path) -> list[Path]:
 
 
 def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
-    """Concatenate snapshots; quotes and availability sorted by time."""
+    """Concatenate snapshots; quotes and availability sorted by time. Two files observing
+    the same offering over overlapping periods would interleave into invented flaps: the
+    file that starts first is kept for that offering, the other's records of it dropped,
+    and a note names both."""
     snaps = list(snapshots)
     gpus: dict = {}
     for s in snaps:
         gpus.update(s.gpus)
+    spans = sorted(((sp, i) for i, s in enumerate(snaps) for sp in s.spans),
+                   key=lambda si: (si[0].start, si[1]))
+    kept: dict[Offering, list[Span]] = defaultdict(list)
+    dropped: set[tuple[Offering, int]] = set()  # (offering, index of the snapshot)
+    notes = [n for s in snaps for n in s.notes]
+    for sp, i in spans:
+        clash = next((k for k in kept[sp.offering] if sp.start < k.end and k.start < sp.end), None)
+        if clash is None:
+            kept[sp.offering].append(sp)
+            continue
+        dropped.add((sp.offering, i))
+        notes.append(f"{sp.source} observes {sp.offering} over {sp.start:%Y-%m-%d %H:%M}.."
+                     f"{sp.end:%Y-%m-%d %H:%M}, overlapping {clash.source}: its records of it "
+                     f"are dropped, the first file's kept")
     return Snapshot(
         quotes=tuple(sorted((q for s in snaps for q in s.quotes), key=lambda q: q.time)),
-        availability=tuple(sorted((a for s in snaps for a in s.availability), key=lambda a: a.time)),
-        lifetimes=tuple(lt for s in snaps for lt in s.lifetimes),
+        availability=tuple(sorted((a for i, s in enumerate(snaps) for a in s.availability
+                                   if (a.offering, i) not in dropped), key=lambda a: a.time)),
+        lifetimes=tuple(lt for i, s in enumerate(snaps) for lt in s.lifetimes
+                        if (lt.offering, i) not in dropped),
         gpus=gpus,
         rejected=tuple(r for s in snaps for r in s.rejected),
-        notes=tuple(n for s in snaps for n in s.notes),
+        notes=tuple(notes),
+        spans=tuple(sp for ks in kept.values() for sp in ks),
     )
 
 
-def load_trace(path: str | Path | Sequence[str | Path]) -> Snapshot:
+def load_trace(path: str | Path | Sequence[str | Path], *, start: datetime | None = None
+               ) -> Snapshot:
     """Read one trace file, every trace file under a folder, or a list of those.
 
     Known data files that are not traces (Spot Advisor, zone lists, throughput tables) are
     skipped with a note inside a folder, and refused with a hint when named directly.
-    Returns the whole history as one Snapshot (records sorted by time; disorder and gaps
-    reported in ``notes``). Raises :class:`TraceFormatError` naming file, line and problem for
-    a missing, unreadable or malformed file or an unknown format.
+    ``start`` anchors user formats whose times are a number in a unit (``time_s``, ...;
+    ``--trace-start``). Returns the whole history as one Snapshot (records sorted by time;
+    disorder, gaps and overlaps reported in ``notes``). Raises :class:`TraceFormatError`
+    naming file, line and problem for a missing, unreadable or malformed file or an
+    unknown format.
     """
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:
@@ -84,7 +107,7 @@ def load_trace(path: str | Path | Sequence[str | Path]) -> Snapshot:
         for f in _trace_files(Path(p)):
             t0 = _time.perf_counter()
             try:
-                snaps.append(parse_file(f))
+                snaps.append(parse_file(f, start))
             except NotATrace as exc:
                 if not in_folder:
                     raise

@@ -24,7 +24,9 @@ a time is made by :class:`pricing.sources.trace.TraceSource`. Formats:
   linux_spot_usd_per_hour,windows_spot_usd_per_hour`` (spot.js feed): spot quotes, zone
   ``"*"``, feed region names mapped (``us-east`` -> us-east-1), timed at
   :data:`AWS_REGIONAL_SPOT_2021_TIME`; ``N/A*`` cells skipped.
-- ``user``: the documented CSV for users' own traces (see :data:`USER_COLUMNS`).
+- the user formats (the user CSV, event logs, count series): :mod:`pricing.sources.trace_user`.
+
+Cells and rows are read through :mod:`pricing.sources.trace_io` (finite, believable numbers).
 
 Rule: a malformed file raises :class:`~pricing.errors.TraceFormatError` naming file, line and
 problem; rows out of time order and gaps are reported in ``Snapshot.notes`` with file and
@@ -34,26 +36,25 @@ line, and records are always sorted by time, so nothing is silently wrong.
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import json
-import math
 import re
-from collections import defaultdict
+import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
 from pricing.catalog import canonical_gpu, gpu_for
 from pricing.errors import TraceFormatError
-from pricing.model import Availability, GpuSpec, Lifetime, Offering, PriceQuote, Snapshot
+from pricing.model import GpuSpec, Lifetime, Offering, PriceQuote, Snapshot, Span
+from pricing.sources.trace_io import (Offerings, availability_to_records, number, open_text,
+                                      order_note, parse_time, price, region_of_zone, rows,
+                                      time_cell)
+from pricing.sources.trace_user import (USER_COLUMNS, parse_count_series, parse_event_log,
+                                        parse_user, user_formats)
 
-#: Header of the user trace format. ``time``: ISO 8601 (UTC if no offset) or Unix seconds;
-#: ``market``: spot | on-demand; prices USD/h; ``available``: count held or 0/1. Empty
-#: cells mean "not known": a row without a price gives no quote, one without ``available``
-#: no availability sample.
-USER_COLUMNS = ("time", "cloud", "region", "zone", "instance_type", "market", "price_per_hour",
-                "on_demand_per_hour", "available")
+#: parse_time and USER_COLUMNS are re-exported: the commands and tests name them here.
+__all__ = ["parse_file", "parse_time", "NotATrace", "USER_COLUMNS", "CANT_BE_LATE_TYPES"]
+
 AWS_EVENT_COLUMNS = ("az_id", "instance_type", "product_description", "spot_price_usd_per_hour",
                      "timestamp")
 GCP_WEEKLY_COLUMNS = ("snapshot_time", "machine_type", "gpu_type", "gpu_count", "vcpus", "ram_gb",
@@ -78,8 +79,6 @@ GCP_LIFETIME_COLUMNS = ("gpu_type", "zone", "vm_name", "workload", "start_time",
 GCP_PREEMPTIBLE_CAP_HOURS = 24.0
 #: A gap between GCP weekly snapshots longer than this is reported in the notes.
 GCP_WEEKLY_MAX_GAP = timedelta(days=21)
-#: A gap in a user trace longer than this many times the offering's median step is reported.
-USER_GAP_FACTOR = 10.0
 
 #: AZ ID prefix -> region (AWS AZ IDs are global, e.g. use1-az4 is in us-east-1).
 AZ_ID_REGIONS = {
@@ -92,87 +91,18 @@ AZ_ID_REGIONS = {
     "afs1": "af-south-1", "mes1": "me-south-1", "mec1": "me-central-1",
 }
 #: Can't-Be-Late file-name tokens -> instance type.
+#: Longest tick of a Can't-Be-Late trace believed (the data's ticks are 30 s to 10 minutes).
+CANT_BE_LATE_MAX_GAP_S = 7 * 86400.0
 CANT_BE_LATE_TYPES = {"v100_1": "p3.2xlarge", "v100_8": "p3.16xlarge", "k80_1": "p2.xlarge",
                       "k80_8": "p2.8xlarge", "intel_64": "r5.16xlarge", "c3-88": "c3-highcpu-88"}
 
 
-class _Offerings:
-    """Interns offerings so 178k rows build a few hundred validated objects."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, ...], Offering] = {}
-
-    def get(self, *parts: str) -> Offering:
-        off = self._cache.get(parts)
-        if off is None:
-            off = self._cache[parts] = Offering(*parts)
-        return off
-
-
-def region_of_zone(cloud: str, zone: str) -> str:
-    """``us-east-1a`` -> ``us-east-1`` (AWS); ``us-central1-a`` -> ``us-central1`` (GCP)."""
-    if cloud == "gcp":
-        return zone.rsplit("-", 1)[0]
-    return zone[:-1] if zone and zone[-1].isalpha() else zone
-
-
-def parse_time(text: str) -> datetime:
-    """ISO 8601 (naive means UTC) or Unix seconds -> aware UTC datetime. Raises ValueError."""
-    text = text.strip()
-    if re.fullmatch(r"\d+(\.\d*)?", text):
-        return datetime.fromtimestamp(float(text), tz=timezone.utc)
-    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
-
-
-def _number(path: Path, line: int, column: str, text: str, *, required: bool) -> float | None:
-    text = text.strip()
-    if not text:
-        if required:
-            raise TraceFormatError(str(path), line, f"column {column!r} is empty")
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise TraceFormatError(str(path), line, f"column {column!r}: {text!r} is not a number") from None
-
-
-def _time(path: Path, line: int, column: str, text: str) -> datetime:
-    try:
-        return parse_time(text)
-    except (ValueError, OverflowError):
-        raise TraceFormatError(str(path), line, f"column {column!r}: {text!r} is not an ISO 8601 "
-                               "time or Unix seconds") from None
-
-
-def _order_note(path: Path, lines_out_of_order: list[int]) -> list[str]:
-    if not lines_out_of_order:
-        return []
-    return [f"{path}:{lines_out_of_order[0]}: {len(lines_out_of_order)} row(s) out of time order "
-            "(sorted by time on load)"]
-
-
-def _rows(path: Path, reader: Iterable[list[str]], width: int) -> Iterable[tuple[int, list[str]]]:
-    for line, row in enumerate(reader, start=2):
-        if not row or (len(row) == 1 and not row[0].strip()):
-            continue
-        if len(row) != width:
-            raise TraceFormatError(str(path), line, f"expected {width} columns, found {len(row)}")
-        yield line, row
-
-
 def parse_aws_events(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """AWS spot price change events; see the module docstring."""
-    offs, quotes, skipped, disorder = _Offerings(), [], 0, []
+    offs, quotes, skipped, disorder = Offerings(), [], 0, []
     last: datetime | None = None
     gpus: dict[str, GpuSpec] = {}
-    for line, (az_id, itype, product, price, ts) in _rows(path, reader, 5):
+    for line, (az_id, itype, product, price_text, ts) in rows(path, reader, 5):
         if product != "Linux/UNIX":
             skipped += 1
             continue
@@ -181,37 +111,37 @@ def parse_aws_events(path: Path, reader: Iterable[list[str]]) -> Snapshot:
         if region is None:
             raise TraceFormatError(str(path), line, f"az_id {az_id!r}: unknown AZ ID prefix "
                                    f"{prefix!r} (known: {', '.join(sorted(AZ_ID_REGIONS))})")
-        t = _time(path, line, "timestamp", ts)
+        t = time_cell(path, line, "timestamp", ts)
         if last is not None and t < last:
             disorder.append(line)
         last = t
-        value = _number(path, line, "spot_price_usd_per_hour", price, required=True)
+        value = price(path, line, "spot_price_usd_per_hour", price_text, required=True)
         quotes.append(PriceQuote(offs.get("aws", region, az_id, itype, "spot"), t, value, None,
                                  f"{path.name}:{line}"))
         if itype not in gpus and (spec := gpu_for(itype)) is not None:
             gpus[itype] = spec
     quotes.sort(key=lambda q: q.time)
     notes = [f"{path}: {len(quotes)} Linux/UNIX spot events; {skipped} rows of other operating "
-             "systems skipped; no on-demand price in this format"] + _order_note(path, disorder)
+             "systems skipped; no on-demand price in this format"] + order_note(path, disorder)
     return Snapshot(quotes=tuple(quotes), gpus=gpus, notes=tuple(notes))
 
 
 def parse_gcp_weekly(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """GCP weekly GPU VM prices; see the module docstring."""
-    offs, quotes, disorder = _Offerings(), [], []
+    offs, quotes, disorder = Offerings(), [], []
     times: dict[str, datetime] = {}
     gpus: dict[str, GpuSpec] = {}
     last: datetime | None = None
-    for line, row in _rows(path, reader, 9):
+    for line, row in rows(path, reader, 9):
         snap, mtype, gpu_type, gpu_count, _vcpu, _ram, region, od_text, spot_text = row
         t = times.get(snap)
         if t is None:
-            t = times[snap] = _time(path, line, "snapshot_time", snap)
+            t = times[snap] = time_cell(path, line, "snapshot_time", snap)
         if last is not None and t < last:
             disorder.append(line)
         last = t
-        od = _number(path, line, "ondemand_usd_per_hour", od_text, required=False)
-        spot = _number(path, line, "spot_usd_per_hour", spot_text, required=False)
+        od = price(path, line, "ondemand_usd_per_hour", od_text, required=False)
+        spot = price(path, line, "spot_usd_per_hour", spot_text, required=False)
         src = f"{path.name}:{line}"
         if spot is not None:
             quotes.append(PriceQuote(offs.get("gcp", region, "*", mtype, "spot"), t, spot, od, src))
@@ -227,7 +157,7 @@ def parse_gcp_weekly(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     snaps = sorted(times.values())
     notes = [f"{path}: {len(quotes)} quotes from {len(snaps)} weekly snapshots "
              f"{snaps[0]:%Y-%m-%d}..{snaps[-1]:%Y-%m-%d}" if snaps else f"{path}: no rows"]
-    notes += _order_note(path, disorder)
+    notes += order_note(path, disorder)
     for a, b in zip(snaps, snaps[1:]):
         if b - a > GCP_WEEKLY_MAX_GAP:
             notes.append(f"{path}: gap of {(b - a).days} days between snapshots {a:%Y-%m-%d} and "
@@ -237,14 +167,15 @@ def parse_gcp_weekly(path: Path, reader: Iterable[list[str]]) -> Snapshot:
 
 def parse_gcp_lifetimes(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """GCP preemptible lifetimes; instance type ``n1+<gpu>`` (an N1 VM with one GPU)."""
-    offs, lifetimes, gpus = _Offerings(), [], {}
-    for line, (gpu, zone, _vm, _wl, start, _end, hours_text) in _rows(path, reader, 7):
-        hours = _number(path, line, "lifetime_hours", hours_text, required=True)
-        if hours is None or hours < 0 or math.isnan(hours):
+    offs, lifetimes, gpus = Offerings(), [], {}
+    for line, (gpu, zone, _vm, _wl, start, _end, hours_text) in rows(path, reader, 7):
+        hours = number(path, line, "lifetime_hours", hours_text, required=True, high=24 * 365,
+                       fix="hours a VM lived")
+        if hours is None or hours < 0:
             raise TraceFormatError(str(path), line, f"lifetime_hours {hours_text!r} must be >= 0")
         itype = f"n1+{canonical_gpu(gpu).lower()}"
         off = offs.get("gcp", region_of_zone("gcp", zone), zone, itype, "spot")
-        lifetimes.append(Lifetime(off, _time(path, line, "start_time", start), hours * 3600.0,
+        lifetimes.append(Lifetime(off, time_cell(path, line, "start_time", start), hours * 3600.0,
                                   revoked=hours < GCP_PREEMPTIBLE_CAP_HOURS, source=f"{path.name}:{line}"))
         if (spec := gpu_for(itype)) is not None:
             gpus[itype] = spec
@@ -252,36 +183,6 @@ def parse_gcp_lifetimes(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     notes = (f"{path}: {len(lifetimes)} lifetimes, {censored} censored at the "
              f"{GCP_PREEMPTIBLE_CAP_HOURS:g} h preemptible cap; times taken as UTC",)
     return Snapshot(lifetimes=tuple(lifetimes), gpus=gpus, notes=notes)
-
-
-def availability_to_records(off: Offering, samples: list[tuple[datetime, int]], end: datetime,
-                            capacity: int | None, source: str
-                            ) -> tuple[list[Availability], list[Lifetime]]:
-    """Turn time-sorted availability counts into change records and lifetimes.
-
-    Availability records are emitted at the first sample and at every change (the value
-    holds until the next record). Each unit of count is one instance: a rise starts
-    lifetimes, a fall revokes the oldest ones (FIFO; the hazard MLE depends only on the total
-    exposure and the number of falls, not on which instance fell), and instances still up at
-    ``end`` are censored.
-    """
-    records: list[Availability] = []
-    lifetimes: list[Lifetime] = []
-    alive: list[datetime] = []
-    prev: int | None = None
-    for t, n in samples:
-        if n == prev:
-            continue
-        records.append(Availability(off, t, n, capacity, source))
-        if n > len(alive):
-            alive.extend([t] * (n - len(alive)))
-        while len(alive) > n:
-            s = alive.pop(0)
-            lifetimes.append(Lifetime(off, s, (t - s).total_seconds(), True, source))
-        prev = n
-    for s in alive:
-        lifetimes.append(Lifetime(off, s, (end - s).total_seconds(), False, source))
-    return records, lifetimes
 
 
 def parse_cant_be_late(path: Path) -> Snapshot:
@@ -307,8 +208,12 @@ def parse_cant_be_late(path: Path) -> Snapshot:
     except (KeyError, TypeError):
         raise TraceFormatError(str(path), None, 'expected {"metadata": {"gap_seconds": G}, '
                                '"data": [...]}') from None
-    if not gap > 0 or not isinstance(data, list):
-        raise TraceFormatError(str(path), None, "metadata.gap_seconds must be > 0 and data a list")
+    if not isinstance(data, list) or not (0 < gap <= CANT_BE_LATE_MAX_GAP_S):
+        raise TraceFormatError(str(path), None, f"metadata.gap_seconds={gap!r}: must be a number "
+                               f"of seconds in (0, {CANT_BE_LATE_MAX_GAP_S:g}], and data a list")
+    if len(data) < 2:
+        raise TraceFormatError(str(path), None, f"data holds {len(data)} tick(s): a trace needs at "
+                               "least two (its start and its end)")
     start = datetime(int(yyyy), int(mm), int(dd), tzinfo=timezone.utc)
     samples: list[tuple[datetime, int]] = []
     for i, v in enumerate(data):
@@ -323,62 +228,16 @@ def parse_cant_be_late(path: Path) -> Snapshot:
     note = (f"{path}: {len(data)} ticks of {gap:g} s from {start:%Y-%m-%d} (start of day UTC; the "
             f"folder gives only the date), {len(records)} changes, "
             f"{sum(lt.revoked for lt in lifetimes)} revocations")
-    return Snapshot(availability=tuple(records), lifetimes=tuple(lifetimes), gpus=gpus, notes=(note,))
-
-
-def parse_user(path: Path, reader: Iterable[list[str]]) -> Snapshot:
-    """The documented user CSV (:data:`USER_COLUMNS`)."""
-    offs, quotes, disorder, gpus = _Offerings(), [], [], {}
-    samples: dict[Offering, list[tuple[datetime, int, int]]] = defaultdict(list)
-    last: datetime | None = None
-    for line, row in _rows(path, reader, len(USER_COLUMNS)):
-        t_text, cloud, region, zone, itype, market, price_t, od_t, avail_t = (c.strip() for c in row)
-        t = _time(path, line, "time", t_text)
-        try:
-            off = offs.get(cloud, region, zone or "*", itype, market or "spot")
-        except ValueError as exc:
-            raise TraceFormatError(str(path), line, str(exc)) from None
-        if last is not None and t < last:
-            disorder.append(line)
-        last = t
-        price = _number(path, line, "price_per_hour", price_t, required=False)
-        od = _number(path, line, "on_demand_per_hour", od_t, required=False)
-        if price is not None:
-            quotes.append(PriceQuote(off, t, price, od, f"{path.name}:{line}"))
-        avail = _number(path, line, "available", avail_t, required=False)
-        if avail is not None:
-            if avail < 0 or avail != int(avail):
-                raise TraceFormatError(str(path), line, f"available={avail_t!r}: must be a count >= 0")
-            samples[off].append((t, int(avail), line))
-        if itype not in gpus and (spec := gpu_for(itype)) is not None:
-            gpus[itype] = spec
-    quotes.sort(key=lambda q: q.time)
-    notes = _order_note(path, disorder)
-    availability: list[Availability] = []
-    lifetimes: list[Lifetime] = []
-    for off, rows in samples.items():
-        rows.sort(key=lambda r: r[0])
-        steps = sorted((b[0] - a[0]).total_seconds() for a, b in zip(rows, rows[1:]))
-        median = steps[len(steps) // 2] if steps else 0.0
-        for a, b in zip(rows, rows[1:]):
-            if median > 0 and (b[0] - a[0]).total_seconds() > USER_GAP_FACTOR * median:
-                notes.append(f"{path}:{b[2]}: gap of {b[0] - a[0]} in availability of {off} "
-                             f"(median step {median:g} s); the earlier value is held across it")
-        end = rows[-1][0]  # the last value is known at its instant only: no exposure after it
-        recs, lts = availability_to_records(off, [(t, n) for t, n, _ in rows], end, None, path.name)
-        availability += recs
-        lifetimes += lts
-    availability.sort(key=lambda a: a.time)
-    return Snapshot(quotes=tuple(quotes), availability=tuple(availability),
-                    lifetimes=tuple(lifetimes), gpus=gpus, notes=tuple(notes))
+    return Snapshot(availability=tuple(records), lifetimes=tuple(lifetimes), gpus=gpus,
+                    notes=(note,), spans=(Span(off, start, end, path.name),))
 
 
 def parse_aws_ondemand_2017(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """AWS on-demand GPU prices of 2017 (no time column: see the module docstring)."""
-    offs, quotes, gpus = _Offerings(), [], {}
-    for line, row in _rows(path, reader, 7):
+    offs, quotes, gpus = Offerings(), [], {}
+    for line, row in rows(path, reader, 7):
         itype, region, price_t = row[0], row[4], row[5]
-        usd = _number(path, line, "linux_ondemand_usd_per_hour", price_t, required=True)
+        usd = price(path, line, "linux_ondemand_usd_per_hour", price_t, required=True)
         quotes.append(PriceQuote(offs.get("aws", region, "*", itype, "on-demand"),
                                  AWS_ONDEMAND_2017_TIME, usd, usd, f"{path.name}:{line}"))
         if (spec := gpu_for(itype)) is not None:
@@ -389,8 +248,8 @@ def parse_aws_ondemand_2017(path: Path, reader: Iterable[list[str]]) -> Snapshot
 
 def parse_aws_regional_spot(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """AWS region-level spot prices of 2021 (spot.js feed; no time column)."""
-    offs, quotes, gpus, skipped = _Offerings(), [], {}, 0
-    for line, (feed_region, _group, itype, linux, _win) in _rows(path, reader, 5):
+    offs, quotes, gpus, skipped = Offerings(), [], {}, 0
+    for line, (feed_region, _group, itype, linux, _win) in rows(path, reader, 5):
         region = SPOT_FEED_REGIONS.get(feed_region)
         if region is None:
             raise TraceFormatError(str(path), line, f"region {feed_region!r} unknown; known: "
@@ -398,7 +257,7 @@ def parse_aws_regional_spot(path: Path, reader: Iterable[list[str]]) -> Snapshot
         if linux.strip().upper().startswith("N/A"):
             skipped += 1
             continue
-        usd = _number(path, line, "linux_spot_usd_per_hour", linux, required=True)
+        usd = price(path, line, "linux_spot_usd_per_hour", linux, required=True)
         quotes.append(PriceQuote(offs.get("aws", region, "*", itype, "spot"),
                                  AWS_REGIONAL_SPOT_2021_TIME, usd, None, f"{path.name}:{line}"))
         if itype not in gpus and (spec := gpu_for(itype)) is not None:
@@ -414,7 +273,6 @@ _CSV_FORMATS: dict[tuple[str, ...], Callable[[Path, Iterable[list[str]]], Snapsh
     GCP_LIFETIME_COLUMNS: parse_gcp_lifetimes,
     AWS_ONDEMAND_2017_COLUMNS: parse_aws_ondemand_2017,
     AWS_REGIONAL_SPOT_COLUMNS: parse_aws_regional_spot,
-    USER_COLUMNS: parse_user,
 }
 #: Files that are not traces, with what to do instead (first header column -> hint).
 _NOT_TRACE_HINTS = {
@@ -429,22 +287,32 @@ class NotATrace(TraceFormatError):
     """A known data file that carries no prices, availability or lifetimes."""
 
 
-def parse_file(path: Path) -> Snapshot:
-    """Detect the format of one file and parse it. Raises TraceFormatError."""
+def parse_file(path: Path, start: datetime | None = None) -> Snapshot:
+    """Detect the format of one file and parse it. ``start`` anchors the times of user
+    formats given in a unit (``time_s``, ...). Raises TraceFormatError."""
     if path.suffix == ".json":
         return parse_cant_be_late(path)
+    user = user_formats()
     try:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             reader = csv.reader(f)
             header = tuple(h.strip() for h in next(reader, []))
             parser = _CSV_FORMATS.get(header)
+            if parser is not None:
+                return parser(path, reader)
+            if header in user:
+                kind, time_column = user[header]
+                if kind == "user":
+                    return parse_user(path, reader)
+                read = parse_event_log if kind == "events" else parse_count_series
+                return read(path, reader, time_column, start)
             hint = _NOT_TRACE_HINTS.get(header[0].split(";")[0]) if header else None
-            if parser is None and hint:
+            if hint:
                 raise NotATrace(str(path), 1, hint)
-            if parser is None:
-                known = "; ".join(",".join(cols) for cols in _CSV_FORMATS)
-                raise TraceFormatError(str(path), 1, f"unknown trace format (header "
-                                       f"{','.join(header)!r}); known headers: {known}")
-            return parser(path, reader)
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+            known = "; ".join(",".join(cols) for cols in list(_CSV_FORMATS) + [
+                USER_COLUMNS, ("TIME", "event", "instance_id"), ("TIME", "count")])
+            raise TraceFormatError(str(path), 1, f"unknown trace format (header "
+                                   f"{','.join(header)!r}); known headers: {known} (TIME: time, "
+                                   "time_ms, time_s or time_h)")
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as exc:
         raise TraceFormatError(str(path), None, f"cannot read: {exc}") from None

@@ -3,4 +3,4 @@
 Each module adds its parser with ``set_defaults(handler=run)`` where ``run(args) -> int``.
 """
 
-COMMANDS = ("prices", "plan", "simulate", "run", "status", "revoke")
+COMMANDS = ("prices", "plan", "simulate", "run", "status", "revoke", "completion")

@@ -13,10 +13,10 @@ constraint; nothing is launched by this command.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from typing import Any
 
+from provisioner.clio import add_json_flag, print_json
 from provisioner.errors import UserError
 
 
@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace", action="extend", nargs="+", default=[], metavar="PATH",
                    help="trace file(s) or folder(s) (default: source.trace/traces in the config, "
                    "else $SPOTRING_DATA)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_flag(p, help="print one JSON object")
     p.add_argument("--endpoint-url", help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = plan_json(plan)
         out["refused_quotes"] = len(refused) + len(snap.rejected)
-        print(json.dumps(out, indent=1))
+        print_json(out, indent=1)
     else:
         print(f"plan at {now:%Y-%m-%d %H:%M} UTC from {kind} ({len(ok)} quotes, "
               f"{len(refused) + len(snap.rejected)} refused)")

@@ -11,9 +11,7 @@ CredentialsError / TraceFormatError / UserError: one line on stderr, exit code 2
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -22,6 +20,7 @@ from pricing.catalog import canonical_gpu, gpu_for
 from pricing.errors import PricingError, SourceError, StoreError
 from pricing.model import PriceQuote, RiskEstimate, Snapshot
 from pricing.sources.trace_formats import parse_time
+from provisioner.clio import add_json_flag, print_json
 from provisioner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ TRACE_MAX_AGE_HOURS = 30 * 24.0
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "prices", help="spot prices, discounts and revocation hazards per offering",
+        "prices", help="spot prices, discounts and revocation risk per offering",
         description="List believable spot prices per offering with the on-demand price, the "
         "discount and a revocation hazard per hour. Refused quotes are summarised on stderr.")
     p.add_argument("--source", choices=("aws", "gcp", "trace"), default="trace",
@@ -43,7 +42,7 @@ def register(subparsers: Any) -> None:
                    "availability traces given here inform the hazard (default: $SPOTRING_DATA)")
     p.add_argument("--region", action="append", default=[], help="only this region (repeatable)")
     p.add_argument("--gpu", action="append", default=[], help="only this GPU model, e.g. H100 (repeatable)")
-    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    add_json_flag(p, help="print a JSON array instead of a table")
     p.add_argument("--at", metavar="TIME", help="trace time to view (ISO 8601); default: end of the trace")
     p.add_argument("--max-age", type=float, metavar="HOURS",
                    help=f"refuse quotes older than this (default {TRACE_MAX_AGE_HOURS:g} h for a "
@@ -194,8 +193,7 @@ def run(args: argparse.Namespace) -> int:
     risks = estimate([q.offering for q in ok], snap.lifetimes, advisor=advisor)
     rows = _rows(ok, risks, snap, now)
     if args.json:
-        print(json.dumps([{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                           for k, v in r.items()} for r in rows], indent=1))
+        print_json(rows, indent=1)
     else:
         _table(rows, f"{args.source} prices at {now:%Y-%m-%d %H:%M} UTC ({len(rows)} offerings)")
     _report_rejections(snap.rejected, [], refused)

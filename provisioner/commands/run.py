@@ -5,13 +5,18 @@ Design: argparse only. Flags are checked here; the run itself is
 "local"``) or :func:`provisioner.daemon.cloud.run_cloud`, both wired by
 :mod:`provisioner.daemon.wiring`.
 
-Rule: bad flags are a UserError (one line, exit 2) before anything starts.
+Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
+finite and within a bound that names the flag and the fix (:func:`check_flags`).
+
+Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or a limit reached, 2 bad
+input, 3 the job was lost, 4 the job failed, 130 Ctrl-C or SIGTERM (after draining).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 from typing import Any
 
@@ -20,6 +25,13 @@ from provisioner.errors import UserError
 
 log = logging.getLogger(__name__)
 
+#: Bounds of the flags (a typo such as ``--speed inf`` or ``--outages-per-hour 1e9`` is refused
+#: before anything starts, instead of a run that never ends or a market that fills memory).
+MAX_SPEED = 1_000_000.0  # as local.speed
+MAX_OUTAGES_PER_HOUR = 60.0  # an outage a minute per offering: a stress test, not a market
+MAX_LOCAL_WORKERS = 64  # each local worker is a torch process on this machine
+MAX_EPOCHS = 1_000_000
+MAX_DURATION_S = 365 * 86400.0  # a simulated year
 
 
 def register(sub: Any) -> None:
@@ -28,8 +40,8 @@ def register(sub: Any) -> None:
                        "trains examples/digits.py on worker processes while prices and "
                        "revocations come from a trace or the built-in generator.")
     p.add_argument("--config", help="TOML settings (default: the embedded local cloud)")
-    p.add_argument("--trace", action="append", metavar="PATH",
-                   help="price/availability trace file or folder (repeatable); default: the "
+    p.add_argument("--trace", action="extend", nargs="+", metavar="PATH",
+                   help="price/availability trace files or folders; default: the "
                    "built-in generator")
     p.add_argument("--speed", type=float, help="simulated seconds per real second "
                    "(default local.speed, 60)")
@@ -45,7 +57,8 @@ def register(sub: Any) -> None:
     p.add_argument("--outages-per-hour", type=float, metavar="R",
                    help="built-in generator: capacity outages per offering per simulated hour "
                    "(default 0.3; 0 = revocations only from `provision revoke`)")
-    p.add_argument("--max-size", type=int, help="most workers (local default 3)")
+    p.add_argument("--max-size", type=int, help="most workers (local default 3; overrides "
+                   "fleet.max_size)")
     p.add_argument("--no-dashboard", action="store_true", help="log lines instead of the "
                    "live dashboard")
     p.add_argument("--record-samples", action="store_true",
@@ -54,27 +67,59 @@ def register(sub: Any) -> None:
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds. Raises UserError otherwise."""
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds (at most a simulated year).
+    Raises UserError otherwise."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text or "")
     if not m or float(m.group(1)) <= 0:
         raise UserError(f"--duration {text!r}: expected a positive time such as 90s, 15m, 2h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if not seconds <= MAX_DURATION_S:
+        raise UserError(f"--duration {text!r}: at most 365d (a simulated year); give a "
+                        f"shorter time such as 6h")
+    return seconds
+
+
+def _bounded(flag: str, value: float | None, low: float, high: float, fix: str,
+             low_open: bool = False) -> None:
+    if value is None:
+        return
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        side = f"> {low:g}" if low_open else f">= {low:g}"
+        raise UserError(f"{flag} {value:g}: must be a finite number {side} and <= {high:g}; "
+                        f"{fix}")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag finite and within its bound (see the constants above). Raises
+    UserError naming the flag and the fix."""
+    _bounded("--speed", args.speed, 0, MAX_SPEED, "e.g. --speed 60 (one real minute is one "
+             "simulated hour)", low_open=True)
+    _bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
+             "e.g. 0.3 (the default) or 1 for a busy market")
+    _bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
+    _bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
+             else 10_000, "the most workers at once, e.g. --max-size 3"
+             + (" (each local worker is a process on this machine)" if args.config is None
+                else ""))
+    _bounded("--metrics-port", args.metrics_port, 0, 65535, "a free TCP port, or 0 for any")
 
 
 def run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", 0):
         # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
-    if args.speed is not None and not args.speed > 0:
-        raise UserError(f"--speed {args.speed}: must be > 0")
-    if args.until_epochs is not None and args.until_epochs < 1:
-        raise UserError(f"--until-epochs {args.until_epochs}: must be >= 1")
+    check_flags(args)
+    duration = parse_duration(args.duration) if args.duration else None
     if args.config is None:
         fleet: dict[str, Any] = {"max_size": args.max_size or 3, "markets": ["spot"]}
         settings = parse_settings({"fleet": fleet}, origin="<built-in local defaults>")
     else:
         settings = load_settings(args.config)
-    duration = parse_duration(args.duration) if args.duration else None
+        if args.max_size is not None:  # the flag overrides the config's fleet.max_size
+            fleet = {**settings.fleet.model_dump(), "max_size": args.max_size}
+            settings = parse_settings({**settings.model_dump(exclude={"fleet"}),
+                                       "fleet": fleet}, origin=f"{args.config} with --max-size")
     if settings.cloud.driver == "local":
         from provisioner.daemon.local import LocalRun
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from typing import Any, Iterator
 
+from provisioner.clio import add_json_flag, dumps, print_json
 from provisioner.errors import UserError
 
 
@@ -49,10 +49,62 @@ def _kv(text: str) -> tuple[str, float]:
     return itype, value
 
 
+#: Bounds of the numeric flags: (lowest, highest, what a value means). A value outside is
+#: refused with one line naming the flag and the range, before anything is read or written.
+LIMITS = {
+    "work": (1e-9, 1e18, "samples to train"),
+    "deadline": (1e-3, 24 * 366 * 10, "hours from the start"),
+    "hours": (1e-3, 24 * 366, "hours to replay (the simulator steps through them)"),
+    "tick": (1.0, 86400.0, "seconds between decisions"),
+    "checkpoint": (1.0, 7 * 86400.0, "seconds between checkpoints"),
+    "restart": (0.0, 86400.0, "seconds a restart from a checkpoint takes"),
+    "size": (1, 1000, "instances of the baselines"),
+}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse absurd numbers (inf, NaN, 1e9 hours, a zero tick) with the flag and the fix."""
+    import math
+
+    from pricing.sources.trace_io import MAX_PRICE_PER_HOUR
+
+    for name, (lo, hi, what) in LIMITS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+            raise UserError(f"--{name} {value}: must be {what}, between {lo:g} and {hi:g}")
+    for itype, usd in args.on_demand:
+        if not (math.isfinite(usd) and 0 < usd <= MAX_PRICE_PER_HOUR):
+            raise UserError(f"--on-demand {itype}={usd}: must be a price in USD per hour, at most "
+                            f"{MAX_PRICE_PER_HOUR:g}")
+
+
 #: The policy names (kept here so building the parser imports neither scipy nor matplotlib;
 #: tests check it equals provisioner.sim.report.ALL_POLICIES).
 ALL_POLICIES = ("spotring", "on-demand", "cheapest-first", "static-spot", "uniform-progress",
                 "hindsight")
+
+
+def _check_writable(directory: str) -> None:
+    """Refuse a report folder that cannot be written, before anything runs or is made."""
+    path = os.path.abspath(directory)
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"--report {directory}: {probe} is not a writable folder; pass a folder "
+                        "you can write")
+
+
+def _time_flag(flag: str, text: str | None, parse: Any) -> Any:
+    if not text:
+        return None
+    try:
+        return parse(text)
+    except (ValueError, OverflowError):
+        raise UserError(f"--{flag} {text!r}: not an ISO 8601 time (e.g. 2024-01-01T00:00:00Z)"
+                        ) from None
 
 
 def register(subparsers: Any) -> None:
@@ -68,7 +120,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", action="extend", nargs="+", choices=ALL_POLICIES, metavar="NAME",
                    help=f"policies to run (default: all that apply): {', '.join(ALL_POLICIES)}")
     p.add_argument("--report", metavar="DIR", help="write report.md, figures.json and PNGs here")
-    p.add_argument("--json", action="store_true", help="print one JSON object keyed by policy")
+    add_json_flag(p, help="print one JSON object keyed by policy")
     p.add_argument("--config", metavar="FILE", help="TOML settings for job and fleet figures")
     p.add_argument("--type", dest="itype", metavar="TYPE",
                    help="the job's instance type for the baselines (default: the spot type with "
@@ -79,6 +131,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--types", nargs="+", default=[], metavar="TYPE", help="only these types")
     p.add_argument("--regions", nargs="+", default=[], metavar="REGION", help="only these regions")
     p.add_argument("--start", metavar="TIME", help="start (ISO 8601; default: start of the traces)")
+    p.add_argument("--trace-start", metavar="TIME",
+                   help="the start of user traces whose times are a number in a unit (time_ms, "
+                   "time_s or time_h columns; ISO 8601; default: the Unix epoch)")
     p.add_argument("--hours", type=float, help="length of the period to replay")
     p.add_argument("--tick", type=float, default=600.0, metavar="S", help="decision period (600 s)")
     p.add_argument("--checkpoint", type=float, default=1800.0, metavar="S",
@@ -101,21 +156,14 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.sim.world import build_world
     from provisioner.plan.throughput import ThroughputModel
 
-    if not args.work > 0:
-        raise UserError(f"--work {args.work}: must be a positive number of samples")
-    if args.deadline is not None and not args.deadline > 0:
-        raise UserError(f"--deadline {args.deadline}: must be a positive number of hours")
-    if args.size < 1:
-        raise UserError(f"--size {args.size}: must be >= 1")
+    check_flags(args)
+    if args.report:
+        _check_writable(args.report)
     settings = load_settings(args.config)
     job, fleet = settings.job, settings.fleet
-    start = None
-    if args.start:
-        try:
-            start = parse_time(args.start)
-        except ValueError:
-            raise UserError(f"--start {args.start!r}: not an ISO 8601 time") from None
-    snap = load_trace(args.trace)
+    start, trace_start = (_time_flag(flag, getattr(args, flag.replace("-", "_")), parse_time)
+                          for flag in ("start", "trace-start"))
+    snap = load_trace(args.trace, start=trace_start)
     model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
     max_size = max(fleet.max_size, args.size)
     world = build_world(snap, model, max_size=max_size, on_demand=dict(args.on_demand),
@@ -126,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     if itype is None or itype not in world.speed:
         raise UserError(f"--type {itype!r}: not in the traces; types there: "
                         + ", ".join(sorted(spot_types)))
+    span_h = (world.end - world.start) / 3600
+    if args.deadline is not None and args.deadline > span_h:
+        raise UserError(f"--deadline {args.deadline:g}: beyond the {span_h:.1f} h the traces "
+                        f"cover from {args.start or 'their start'}; give at most {span_h:.1f}")
     d = settings.daemon
     params = Params.of(plan_settings(settings), itype=itype, size=args.size,
                        restart_s=args.restart, checkpoint_s=args.checkpoint, max_size=max_size,
@@ -143,8 +195,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"report written to {path}")
     if args.json:
-        print(json.dumps(figures(results), sort_keys=True))
+        print_json(figures(results), sort_keys=True)
     elif not args.report:
         for n, f in figures(results).items():
-            print(n, json.dumps(f))
+            print(n, dumps(f))
     return 0

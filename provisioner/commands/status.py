@@ -1,18 +1,19 @@
 """``provision status``: the fleet, the cost so far and the recent events, from the state file.
 
-Design: read-only over :class:`provisioner.daemon.state.State` (SQLite in WAL mode, so it reads
-while a daemon writes); no cloud call. "Now" is the newest time the daemon recorded (the
-daemon's clock may be simulated), so the cost is the spend up to that moment.
+Design: read-only over :class:`provisioner.daemon.state.State` (:meth:`State.read_only`: the
+file is opened ``mode=ro``, and it reads while a daemon writes); it never writes to the file
+it reads, and makes no cloud call. "Now" is the newest time the daemon recorded (the daemon's
+clock may be simulated), so the cost is the spend up to that moment. ``--json`` is plain JSON
+(no ``Infinity``: :func:`provisioner.clio.print_json`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from provisioner.errors import UserError
+from provisioner.clio import add_json_flag, print_json
 
 
 def register(sub: Any) -> None:
@@ -23,7 +24,7 @@ def register(sub: Any) -> None:
     p.add_argument("--state", help="state file (default: WORKDIR/state.sqlite)")
     p.add_argument("--workdir", default="spotring-run", help="the local run's work directory")
     p.add_argument("--events", type=int, default=12, help="recent events shown")
-    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    add_json_flag(p, help="JSON instead of tables")
     p.set_defaults(handler=run)
 
 
@@ -41,10 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.daemon.state import State
 
     path = _state_path(args)
-    if not path.is_file():
-        raise UserError(f"{path}: no state file (start `provision run` first, or pass "
-                        f"--state/--workdir/--config)")
-    state = State(path)
+    state = State.read_only(path)
     try:
         times = [t for t, _, _ in state.metric_series("spend")]
         events = state.events(limit=args.events)
@@ -57,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
             "hours": round((now - t0) / 3600.0, 4),
             "spend_usd": round(state.spend(now), 6),
             "finished": bool(state.get_meta("finished", False)),
+            "outcome": ((state.get_meta("run") or {}).get("ended") or {}).get("outcome"),
+            "ring": {k: v for k, v in (state.get_meta("ring") or {}).items()
+                     if k in ("outcome", "failure", "generation", "step", "epoch", "world",
+                              "samples_done", "steps_lost", "snapshot", "resumed_from",
+                              "adopted", "accuracy")},
             "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
                        "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
             "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
@@ -65,15 +68,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         state.close()
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print_json(doc, indent=2)
         return 0
     from rich.console import Console
     from rich.table import Table
 
     con = Console()
+    ring = doc["ring"]
     con.print(f"[b]{doc['job'].get('id', '?')}[/b] on {doc['job'].get('driver', '?')}: "
               f"{doc['hours']:.2f} h, spend ${doc['spend_usd']:.4f}"
-              + (" (finished)" if doc["finished"] else ""))
+              + (f" (ended: {doc['outcome'] or 'finished'})" if doc["finished"] else "")
+              + (f"; ring step {ring.get('step')}, epoch {ring.get('epoch')}, steps lost "
+                 f"{ring.get('steps_lost')}" if ring else ""))
     fleet = Table(title=f"fleet ({len(doc['fleet'])})")
     for col in ("id", "offering", "state", "hours"):
         fleet.add_column(col)

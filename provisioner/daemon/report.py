@@ -6,9 +6,18 @@ written after the run; nothing here talks to a cloud or the ring. The figures:
 - ``spend_usd``: Σ over instances of ∫ price dt (:meth:`State.spend`);
 - ``samples``: samples trained (the ring's ``samples_done``);
 - ``cost_per_1m_samples_usd``: spend / samples × 1e6;
-- ``steps_lost``: steps the ring discarded (a member lost without notice loses at most one);
+- ``outcome`` (done, lost, failed, interrupted, limit, workers-failing) and ``failure``
+  (why, when the job did not succeed), from the run's end as the daemon recorded it;
+- ``steps_lost``: every step computed and thrown away, across coordinator lives
+  (:func:`provisioner.daemon.outcome.totals`): at most one per member lost without notice,
+  what a restart cost, and for a lost job everything since its newest snapshot;
+  ``money_lost_usd`` the spend on those steps; ``resumed_from`` (the snapshot step a ring
+  resumed from), ``snapshot_step`` (the newest), ``daemon_restarts``;
 - ``accuracy``: the job's held-out accuracy at the end;
 - counts of launches, notices (drained), kills (no notice), joins and leaves.
+
+Every JSON figure is finite (:func:`provisioner.clio.dumps`: an infinite or NaN float becomes
+null, and ``allow_nan=False``): no ``Infinity`` in a file other tools parse.
 
 Plots (``provisioner.plots.lines`` for the series): ``price.png`` (price of every offering
 held), ``fleet.png`` (instances held), ``throughput.png`` (samples/s), ``cost.png``
@@ -19,13 +28,14 @@ Rule for callers: call :func:`write_report` once the daemon has stopped (the sta
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from provisioner import plots
+from provisioner.clio import dumps
+from provisioner.daemon.outcome import Ledger, totals
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
@@ -42,11 +52,17 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
         counts[e.kind] += 1
     started = state.get_meta("started_at", end_t)
     acc = ring.get("accuracy")
+    ended = (state.get_meta("run") or {}).get("ended") or {}
+    outcome = ended.get("outcome") or ring.get("outcome")
+    lost = totals(Ledger.from_meta(state.get_meta("ledger")), ring, spend)
     return {
+        "outcome": outcome,
+        "failure": ended.get("failure") or (ring.get("failure") if outcome in ("lost", "failed")
+                                            else None),
         "spend_usd": round(spend, 6),
         "samples": samples,
         "cost_per_1m_samples_usd": round(spend / samples * 1e6, 6) if samples else None,
-        "steps_lost": int(ring.get("steps_lost") or 0),
+        **lost,
         "accuracy": None if acc is None or (isinstance(acc, float) and math.isnan(acc))
         else float(acc),
         "epochs": ring.get("epoch"),
@@ -93,7 +109,7 @@ def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[
                                              spend_y + [fig["spend_usd"]])},
                 title="cumulative cost", ylabel="USD", step=False)
     _events_plot(out / "events.png", state, t0, end_t)
-    (out / "report.json").write_text(json.dumps(fig, indent=2))
+    (out / "report.json").write_text(dumps(fig, indent=2))
     md = [f"# {title}", "", "| figure | value |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in fig.items()]
     md += ["", "![price](price.png)", "![fleet](fleet.png)", "![throughput](throughput.png)",

@@ -115,6 +115,7 @@ class Daemon:
                                     "speed": self.speed})
         if self.state.get_meta("started_at") is None:
             self.state.set_meta("started_at", self._ts())
+        self.telemetry.begin()
         self.recover()
         self.poll_prices()
         self.plan_and_reconcile("start")
@@ -269,8 +270,14 @@ class Daemon:
                         deadline_s=obj.deadline_hours * 3600.0, hard=True)
 
     def _job_over(self) -> bool:
-        """True once the ring says the job finished: nothing to launch or replace."""
-        return self.coordinator is not None and bool(self.coordinator.stats().get("finished"))
+        """True once the ring says the job ended (done, lost or failed: its ``outcome`` is
+        no longer ``running``) or is completing (a member finished its last step): nothing to
+        launch or replace (a member that finished and exited is not a loss to make up)."""
+        if self.coordinator is None:
+            return False
+        stats = self.coordinator.stats()
+        return (bool(stats.get("finished")) or bool(stats.get("completing"))
+                or stats.get("outcome", "running") != "running")
 
     def record_metrics(self) -> None:
         """Fleet, cost, spend and samples/s: to the state, Prometheus and the throughput model."""

@@ -12,6 +12,11 @@ Cost accounting: the spend is Σ over instances of ∫ price(offering, t) dt ove
 life, with price a step function of the recorded price changes (:meth:`State.spend`). Times
 are simulated POSIX seconds (the daemon's clock).
 
+Readers that must not write (``provision status``) open it with :meth:`State.read_only`: the
+database file is opened ``mode=ro``; while a daemon has it open its WAL is shared, and a
+state no daemon holds (no ``-wal`` file) is read ``immutable``, so reading creates nothing
+beside it either.
+
 Rule for callers: write the intent (``begin_launch``/``begin_terminate``) *before* calling the
 cloud and close it after; never delete rows (``provision status`` and the report read them).
 One ``State`` object may be shared by threads (a lock serialises writes).
@@ -23,13 +28,14 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
+from urllib.parse import quote
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pricing.model import Offering
 from pricing.series import Step
-from provisioner.errors import ConfigError
+from provisioner.errors import ConfigError, UserError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -88,6 +94,7 @@ class EventKind(StrEnum):
     EXITED = "exited"
     REBALANCE = "rebalance"
     ADOPTED = "adopted"
+    CONTINUED = "continued"  # a daemon started again on a run's state: adopting its fleet
     GONE = "gone"
     RECOVERED_LAUNCH = "recovered-launch"
     PLAN_FAILED = "plan-failed"
@@ -149,6 +156,36 @@ class State:
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"{self.path}: cannot open the state database ({exc}); "
                               f"set daemon.state_path to a writable file") from None
+
+    @classmethod
+    def read_only(cls, path: str | Path) -> "State":
+        """Open an existing state file for reading only (see the module docstring).
+
+        Raises UserError when it is missing or not a daemon's state.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"{path}: no state file (start `provision run` first, or pass "
+                            f"--state/--workdir/--config)")
+        live = path.with_name(path.name + "-wal").exists()
+        uri = f"file:{quote(str(path.resolve()))}?mode=ro" + ("" if live else "&immutable=1")
+        self = cls.__new__(cls)
+        self.path = path
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=30)
+            tables = {r[0] for r in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.Error as exc:
+            raise UserError(f"{path}: not a readable state file ({exc})") from None
+        if not {"meta", "instances", "events"} <= tables:
+            self._db.close()
+            raise UserError(f"{path}: not a spotring state file (no daemon tables; a daemon "
+                            f"starting on it writes them in a moment); pass the "
+                            f"file `provision run` writes (WORKDIR/state.sqlite or "
+                            f"daemon.state_path)")
+        return self
 
     def close(self) -> None:
         with self._lock:

@@ -3,7 +3,11 @@
 Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
 writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
 samples/s into the :class:`~provisioner.plan.throughput.ThroughputModel` the next plan
-reads (the closed loop), and copies the ring's membership events into the time line.
+reads (the closed loop), and copies the ring's membership events into the time line. It
+also keeps the ring's :class:`~provisioner.daemon.outcome.Ledger` (the figures carried across
+coordinator lives: a daemon restart starts a new coordinator) and the ring's last stats in
+the state's meta (``ledger``, ``ring``), so a restarted daemon and ``provision status`` read
+where the ring was.
 
 Rule: the throughput model is replaced, never mutated (it is immutable); read it through
 :attr:`Telemetry.throughput`.
@@ -16,6 +20,7 @@ from collections import defaultdict
 from typing import Mapping
 
 from pricing.model import Offering
+from provisioner.daemon.outcome import Ledger, advance, restarted
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import State, ring_kind
 from provisioner.daemon.status import Status
@@ -32,6 +37,16 @@ class Telemetry:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._ring_seen = 0
+        self.ledger = Ledger()
+
+    def begin(self) -> None:
+        """At the daemon's start: a ledger found in the state means a new coordinator for a
+        run that had one (see :func:`provisioner.daemon.outcome.restarted`)."""
+        if self.coordinator is None:
+            return
+        found = self.state.get_meta("ledger")
+        self.ledger = restarted(Ledger.from_meta(found)) if found else Ledger()
+        self.state.set_meta("ledger", self.ledger.as_meta())
 
     def record(self, st: Status) -> None:
         """Fleet, cost, spend, samples/s and progress: to the state and Prometheus."""
@@ -44,15 +59,28 @@ class Telemetry:
                                                    for k, v in st.prices.items()) if o in held]
         if st.samples_per_s is not None:
             rows.append(("samples_per_s", "", st.samples_per_s))
-        for key in ("samples_done", "epoch", "accuracy", "steps_lost"):
+        for key in ("samples_done", "epoch", "step", "accuracy", "steps_lost"):
             v = st.progress.get(key)
             if isinstance(v, (int, float)):
                 rows.append((key, "", float(v)))
         self.state.record_metrics(t, rows)
+        if self.coordinator is not None and st.progress:
+            self.keep_ledger(st.progress)
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
         self.observe(st.workers)
         self.copy_ring_events(t)
+
+    def keep_ledger(self, stats: Mapping[str, object]) -> None:
+        """Advance the ledger with the ring's stats; both kept in the state's meta."""
+        from provisioner.clio import finite
+
+        with self._lock:
+            led = advance(self.ledger, stats)
+            if led != self.ledger:
+                self.ledger = led
+                self.state.set_meta("ledger", led.as_meta())
+        self.state.set_meta("ring", finite({k: v for k, v in stats.items() if k != "rejected"}))
 
     def observe(self, workers: Mapping[str, float]) -> None:
         """Measured samples/s per worker, averaged per instance type, into the model."""

@@ -4,8 +4,9 @@ Design: Karpenter's ``NewControllers``: :func:`build_daemon` takes the edges (se
 cloud driver, a price feed, the state, a clock, the ring's coordinator, a metrics sink) and
 wires the market view, the planner, the write-ahead actuator, the telemetry and the
 scheduler. :func:`make_coordinator` is the one place the trainer's coordinator is
-constructed, and :func:`cloud_parts` the one place a cloud daemon's driver and source are
-made from settings (the local run's are in :mod:`provisioner.daemon.local`).
+constructed (with its durable snapshots: :func:`snapshot_url` says where), and
+:func:`cloud_parts` the one place a cloud daemon's driver and source are made from settings
+(the local run's are in :mod:`provisioner.daemon.local`).
 
 Rule: the daemon's parts never build each other; a change of a constructor (the trainer's
 coordinator's, a driver's) is made here.
@@ -16,9 +17,9 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from provisioner.config import Settings
+from provisioner.config import Settings, SnapshotSettings
 from provisioner.daemon.actuator import WriteAheadActuator
 from provisioner.daemon.market import Market
 from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
@@ -59,18 +60,71 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)
 
 
-def make_coordinator(host: str, port: int, token: bytes, **options: float) -> RingCoordinator:
-    """The trainer's coordinator, started (the only place it is constructed). Raises
-    UserError naming ``daemon.coordinator_port`` when it cannot listen."""
+def snapshot_url(settings: Settings, default_dir: Path) -> str | None:
+    """Where the ring's snapshots go: ``snapshot.url`` with ``/<job.id>`` appended, else
+    ``default_dir`` on the daemon host (a ``file://`` URL); None when snapshots are off
+    (``every_s`` and ``every_steps`` both 0)."""
+    snap = settings.snapshot
+    if not snap.enabled:
+        return None
+    if snap.url is None:
+        return Path(default_dir).resolve().as_uri()
+    base = snap.url.rstrip("/")
+    if "://" not in base:
+        base = Path(base).resolve().as_uri()
+    return f"{base}/{settings.job.id}"
+
+
+def make_coordinator(host: str, port: int, token: bytes, *,
+                     snapshot: SnapshotSettings | None = None, snapshot_url: str | None = None,
+                     **options: float) -> RingCoordinator:
+    """The trainer's coordinator, started (the only place it is constructed), storing the
+    ring's snapshots at ``snapshot_url`` every ``snapshot.every_s`` / ``every_steps``.
+    Raises UserError naming ``daemon.coordinator_port`` when it cannot listen."""
     from trainer.coordinator import Coordinator
 
-    coord = Coordinator(host, port, token, **options)
+    kw: dict[str, Any] = dict(options)
+    if snapshot is not None and snapshot_url is not None:
+        kw["snapshot"] = _trainer_snapshot(snapshot, snapshot_url)
+        _check_store(kw["snapshot"])
+    coord = Coordinator(host, port, token, **kw)
     try:
         coord.start()
     except (RuntimeError, OSError) as exc:
         raise UserError(f"daemon.coordinator_port {port}: cannot listen on {host} "
                         f"({str(exc).splitlines()[0][:120]}); pick a free port or 0") from None
     return coord
+
+
+#: ``every_s`` handed to the trainer for "by steps only" (``[snapshot] every_s = 0``): its
+#: settings need a positive period; this one never comes (about three years).
+BY_STEPS_ONLY_S = 1e8
+
+
+def _check_store(ring_snap: Any) -> None:
+    """List the snapshot store once, so a missing bucket, credentials or SDK is one line
+    naming ``snapshot.url`` before anything starts (the coordinator opens it again)."""
+    from trainer.snapshot import SnapshotError, open_store
+
+    url = ring_snap.url
+    try:
+        open_store(ring_snap).names()
+    except SnapshotError as exc:
+        raise UserError(f"snapshot.url {url}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the SDK's own errors, translated at this edge
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise UserError(f"snapshot.url {url}: cannot list it ({type(exc).__name__}: {first}); "
+                        f"check the bucket, this host's credentials, or [snapshot] "
+                        f"endpoint_url / api_endpoint") from None
+
+
+def _trainer_snapshot(snap: SnapshotSettings, url: str) -> Any:
+    """``trainer.snapshot.SnapshotSettings`` of the daemon's ``[snapshot]`` section."""
+    from trainer.snapshot import SnapshotSettings as RingSnapshots
+
+    return RingSnapshots(url=url, every_s=snap.every_s if snap.every_s > 0 else BY_STEPS_ONLY_S,
+                         every_steps=snap.every_steps, keep=snap.keep,
+                         endpoint_url=snap.endpoint_url, api_endpoint=snap.api_endpoint)
 
 
 def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriver, PriceFeed]:

@@ -24,6 +24,11 @@ same verbs and the same crash-safety as a real cloud, so the daemon cannot tell 
   process) calls ``request_revoke``, which leaves a request file in ``state_dir/notices``
   that the daemon's driver carries out on its own (simulated) clock.
 
+A worker outlives the daemon that started it (its own session, no controlling terminal, its
+log a file): a daemon killed and restarted on the same ``state_dir`` lists and adopts it.
+:func:`running` reads the same records with no side effect at all (nothing created, reaped
+or signalled), for checks made before a run may change anything.
+
 Rule for callers: pass an injected ``clock`` (the daemon's simulated time); all windows are
 in that clock's seconds. One driver object per process; several may share a ``state_dir``.
 """
@@ -111,6 +116,22 @@ def _proc_start(pid: int) -> str | None:
     if fields[0] in (b"Z", b"X"):
         return None
     return fields[19].decode()
+
+
+def running(state_dir: str | Path, job_id: str) -> list[dict]:
+    """The records (id, pid, offering, ...) of ``job_id``'s live workers under ``state_dir``;
+    reads only (see the module docstring)."""
+    out = []
+    for p in sorted((Path(state_dir) / "instances").glob("*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        pid = rec.get("pid")
+        if (rec.get("job") == job_id and pid and not rec.get("terminated")
+                and _proc_start(pid) == rec.get("start")):
+            out.append(rec)
+    return out
 
 
 class LocalDriver:

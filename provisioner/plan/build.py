@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Collection, Mapping, Sequence
 from pricing.model import Offering, PriceQuote, RiskEstimate, utc
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Problem, gpu_spec
-from provisioner.plan.pacing import pace
+from provisioner.plan.pacing import od_capacity, pace
 from provisioner.plan.pipeline import (FleetView, MarketView, candidates, plan_settings,
                                        problem_of)
 from provisioner.plan.throughput import ThroughputModel
@@ -104,8 +104,8 @@ def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],
     if left > 0 and hours <= 0:
         raise InfeasibleError(f"objective.deadline_hours = {obj.deadline_hours}: the deadline "
                               f"has passed with {left:.0f} samples left")
-    od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                  default=0.0) * s.bounds.max_size
+    b = s.bounds
+    od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
     target, floor, _ = pace(left, hours, obj.deadline_hours or 0.0, od_rate, hard=True,
-                            safety_hours=s.safety_hours)
+                            safety_hours=s.safety_hours, overhead_h=s.ramp_h)
     return problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)

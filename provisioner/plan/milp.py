@@ -145,6 +145,7 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     for i, c in enumerate(cands):
         cap = c.max_count
         ub[i] = max_size if no_avail or cap is None or cap > max_size else max(cap, 0)
+        lb[i] = min(c.min_count, ub[i])  # kept instances (Candidate.min_count)
     horizon = p.churn_horizon_hours
     cur_cost, cur_rate = current or current_fleet(cands)
     prices = [c.price_per_hour for c in cands]  # each property computed once

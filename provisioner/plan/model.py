@@ -45,6 +45,7 @@ class Candidate:
     gpus: int = 1
     max_count: int | None = None
     current: int = 0
+    min_count: int = 0  # keep at least this many (launched lately, or spot kept beside a floor)
 
     def __post_init__(self) -> None:
         # computed once: the solver reads it a few times per candidate per pass (not a

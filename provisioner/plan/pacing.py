@@ -47,6 +47,15 @@ class OutageLog:
         elif self.since is None and last_failure is not None and last_failure > self.back:
             self.since = last_failure
 
+    def running_s(self, t: float) -> float:
+        """How long the outage going on at ``t`` has lasted (0 when none is)."""
+        return t - self.since if self.since is not None else 0.0
+
+    def typical_s(self) -> float:
+        """The length-biased mean of the outages that ended (0 before any did)."""
+        total = sum(self.lengths)
+        return sum(d * d for d in self.lengths) / total if total > 0 else 0.0
+
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
         outages seen (the one still running counted at its length so far): the expected
@@ -119,33 +128,73 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
     return None if best is None else (best[1], best[2])
 
 
+def fleet_rate(cands: Iterable[Candidate], model_mb: float, global_batch: int,
+               links: tuple[float, float, float]) -> float:
+    """Useful samples/s of the fleet held (each candidate's ``current``) as one ring over
+    its slowest link (``links``: intra-zone, inter-zone, inter-region Gb/s)."""
+    held = [c for c in cands if c.current > 0]
+    if not held:
+        return 0.0
+    raw = sum(c.current * c.useful for c in held)
+    n = sum(c.current for c in held)
+    gbps = (links[2] if len({c.offering.region for c in held}) > 1 else
+            links[1] if len({c.zone_key for c in held}) > 1 else links[0])
+    return raw * ring_efficiency(n, raw, model_mb, global_batch, gbps)
+
+
+def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, global_batch: int,
+                gbps: float) -> float:
+    """Samples/s of the fastest on-demand ring the candidates allow: ``max_size`` (or the
+    offering's cap) instances of one on-demand offering, at the ring's efficiency. (Counting
+    ``max_size`` x one instance's speed ignored the ring: a job that waited for spot until
+    that slack was gone finished late on 16 on-demand instances, dearer than on-demand.)"""
+    best = 0.0
+    for c in cands:
+        if c.offering.market != "on-demand" or c.useful <= 0:
+            continue
+        n = max_size if c.max_count is None else min(max_size, c.max_count)
+        if n > 0:
+            raw = n * c.useful
+            best = max(best, raw * ring_efficiency(n, raw, model_mb, global_batch, gbps))
+    return best
+
+
 def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
-                   safety_hours: float) -> float:
+                   safety_hours: float, overhead_h: float = 0.0) -> float:
     """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
 
-    slack = hours left - hours the largest on-demand fleet (``od_rate``) would need; the
-    floor is ``rate * (1 - slack / safety_hours)`` clipped to [0, rate] (all on-demand when
-    the slack is gone; none while it exceeds ``safety_hours``).
+    slack = hours left - ``overhead_h`` (a launch's boot) - hours the fastest on-demand ring
+    (``od_rate``) would need; the floor is ``rate * (1 - slack / safety_hours)`` clipped to
+    [0, rate] (all on-demand when the slack is gone; none while it exceeds
+    ``safety_hours``). The planner buys it only while spot cannot be had.
     """
     if work_left <= 0:
         return 0.0
     if od_rate <= 0:
         return 0.0
-    slack = hours_left - work_left / (od_rate * 3600.0)
+    slack = hours_left - overhead_h - work_left / (od_rate * 3600.0)
     if safety_hours <= 0:
         return rate if slack <= 0 else 0.0
     return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
 
 
 def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float, *,
-         hard: bool, safety_hours: float) -> tuple[float, float, float]:
+         hard: bool, safety_hours: float, overhead_h: float = 0.0
+         ) -> tuple[float, float, float]:
     """(target samples/s, on-demand floor samples/s, safety margin hours) of a paced job.
 
-    A user's deadline is hard: Uniform Progress' on-demand safety margin is kept as time
-    (``safety_hours``, at most a quarter of the deadline for short jobs): the pace aims at
-    the deadline less the margin, so a run on pace never eats into it (pacing to the
-    deadline itself made the margin buy on-demand in the last hours of every run), and the
-    floor phases on-demand in as the slack falls. The job's own pace is soft: no margin."""
+    The slack is the time left less ``overhead_h`` (boot, re-form and the rounds the churn
+    limits take to launch the fleet) less what the fastest on-demand ring (``od_rate``,
+    :func:`od_capacity`) needs for the work left. A user's deadline is hard: Uniform
+    Progress' on-demand safety margin is kept as time (``safety_hours``, at most a quarter
+    of the deadline for short jobs): the pace aims at the deadline less the margin, so a
+    run on pace never eats into it (pacing to the deadline itself made the margin buy
+    on-demand in the last hours of every run), and the floor phases on-demand in as the
+    slack falls through the margin. The job's own pace is soft: no margin; the floor is the
+    whole pace once the slack is gone, which, with the slack counted against a real ring
+    and the launch rounds, still finishes by the job's own deadline, the plain on-demand
+    time (counting ``max_size`` x one instance's speed, and no boot, had finished late)."""
     safety = min(safety_hours, 0.25 * deadline_h) if hard else 0.0
     target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
-    return target, deadline_floor(target, work_left, hours_left, od_rate, safety), safety
+    floor = deadline_floor(target, work_left, hours_left, od_rate, safety, overhead_h)
+    return target, floor, safety

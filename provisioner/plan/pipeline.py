@@ -32,6 +32,7 @@ from one thread (the OutageLog is its state). Raises InfeasibleError only in sta
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
@@ -39,8 +40,9 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, good_offerings, pace,
-                                     per_sample_fleet)
+from provisioner.plan.hysteresis import LaunchLog
+from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, fleet_rate,
+                                     good_offerings, od_capacity, pace, per_sample_fleet)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,6 +66,16 @@ class PlanSettings:
     ahead_tolerance: float = 1.10
     bank_hours: float | None = None
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
+    max_launches: int = 4  # the churn limit per round and the round's period: how long a
+    plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
+
+    @property
+    def ramp_h(self) -> float:
+        """Hours from deciding on a fleet of ``max_size`` to its ring running: the launch
+        rounds the churn limits take, one boot and one re-form."""
+        b = self.bounds
+        rounds = max(0, -(-b.max_size // max(1, self.max_launches)) - 1)
+        return (rounds * self.plan_s + b.boot_s + b.reform_s) / 3600
 
 
 def plan_settings(settings: "Settings") -> PlanSettings:
@@ -87,7 +99,8 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         gpus=frozenset(g.lower() for g in settings.source.gpus), step_s=fleet.step_s,
         default_hazard=opt.default_spot_hazard_per_hour, time_limit_s=opt.time_limit_s,
         ahead_tolerance=pace.ahead_tolerance, bank_hours=pace.bank_hours,
-        work_per_dollar_steps=tuple(pace.work_per_dollar_steps))
+        work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
+        max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s)
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,8 @@ class Decision:
     target: Mapping[Offering, int]
     plan: Plan | None = None
     notes: tuple[str, ...] = field(default=())
+    wake_at: float | None = None  # decide again by then even if nothing happens: the
+    # on-demand floor starts (a caller that decides on a long period must not miss it)
 
     def explain(self) -> str:
         if self.plan is None:
@@ -193,12 +208,24 @@ def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
                    notes=tuple(notes))
 
 
+def keep(prob: Problem, pins: Mapping[Offering, int], max_regions: int) -> Problem:
+    """``prob`` with at least ``pins[o]`` instances of each pinned offering
+    (``Candidate.min_count``); a one-region ring is then sought in the pinned region only
+    (a ring there cannot drop them for another region)."""
+    cands = [replace(c, min_count=pins.get(c.offering, 0)) for c in prob.candidates]
+    regions = {o.region for o in pins}
+    if max_regions == 1 and len(regions) == 1:
+        cands = [c for c in cands if c.offering.region in regions]
+    return replace(prob, candidates=tuple(cands))
+
+
 class Planner:
     """Turns the views of one moment into a target fleet (see the module docstring)."""
 
     def __init__(self, settings: PlanSettings) -> None:
         self.s = settings
         self.outages = OutageLog()
+        self.launches = LaunchLog()
 
     def decide(self, market: MarketView, fleet: FleetView, progress: Progress,
                now: float) -> Decision:
@@ -211,34 +238,72 @@ class Planner:
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
                now: float) -> Decision:
-        s = self.s
+        s, b = self.s, self.s.bounds
         assert pr.work is not None and pr.deadline_s is not None
+        horizon_s = b.churn_horizon_hours * 3600
+        self.launches.observe(now, fleet.held)
+        young = {o: n for o, n in self.launches.young(now, fleet.held, horizon_s).items()
+                 if o.market == "spot"}
+        zones = Counter()
+        for o, n in fleet.held.items():
+            zones[(o.region, o.zone)] += n
+        if len(zones) > 1:  # a ring spread over zones (replacements of revoked instances in
+            # other zones) may gather into its main zone: keep only the main zone's young
+            main = max(zones.values())
+            young = {o: n for o, n in young.items() if zones[(o.region, o.zone)] == main}
         cands, notes = candidates(market, fleet, s)
         deadline_s = pr.deadline_s
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
-        od_rate = max((c.useful for c in cands if c.offering.market == "on-demand"),
-                      default=0.0) * s.bounds.max_size
+        od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
-                                     safety_hours=s.safety_hours)
-        if not pr.hard and floor > 0.0 and any(
-                c.offering.market == "spot" and c.max_count is None for c in cands):
-            # The job's own pace can no longer be kept even by on-demand at max_size (the
-            # soft floor is all or nothing at slack 0), but some spot offering has not
-            # failed lately: spot runs the same instances as fast for a third of the price,
-            # so on-demand would buy no time, only cost. On-demand covers spot's gaps only.
+                                     safety_hours=s.safety_hours, overhead_h=s.ramp_h)
+        wake = None
+        if floor <= 0.0 and od_rate > 0 and left > 0:  # when the slack reaches the floor's
+            # window if nothing is done meanwhile: the ramp must start then, not a tick later
+            wake = pr.start + deadline_s - 3600 * (s.ramp_h + safety) - left / od_rate + 1.0
+            wake = wake if wake > now else None
+        cheap = good_offerings(cands, s.ahead_tolerance)
+        fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
+        self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
+                             max(fails) if fails else None)
+        if floor > 0.0 and any(c.offering.market == "spot" and (
+                c.max_count is None or c.max_count > c.current) for c in cands):
+            # Spot can be had (some offering has room: not failed lately, not capped at what
+            # it holds, whether by the daemon's capacity cache or a known cap): it runs the same
+            # instances as fast for a third of the price, so no on-demand floor, and no
+            # swap of held spot for on-demand (which a floor made the cheapest fleet once
+            # the work left fit one instance: 7 of 7 single-offering deadline runs swapped
+            # their last spot instance 2 h before the deadline with plenty of spot). The
+            # floor is Uniform Progress' net for when spot cannot be had.
             floor = 0.0
+        if floor > 0.0 and not pr.hard and (
+                self.outages.running_s(now) <= self.outages.typical_s()):
+            # The job's own deadline is soft: on-demand covers an outage longer than those
+            # seen so far (spot that never came, first of all: then it finishes no later
+            # than plain on-demand), not one like those spot came back from (on the 16-node
+            # trace 16 on-demand bought at every late outage cost 1.6x the bound).
+            floor = 0.0
+        pins = dict(young)
+        if floor > 0.0:  # on-demand beside the spot held, never instead of it
+            pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
+        held_rate = fleet_rate(cands, b.model_mb, b.global_batch,
+                               (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
+        one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
+        if (floor <= 0.0 and one_zone and
+                0.0 < held_rate < target <= held_rate * s.ahead_tolerance):
+            # The ring held, in one zone, keeps the pace within the tolerance: grow it where
+            # it is, or not at all, rather than move it for a few percent (on the 4-node
+            # preemption traces, zones capped at 4 a region apart, the ring moved every
+            # hour for the 5th instance the pace asked for and no region had: 102 launches).
+            # A ring spread over zones may still gather into one (the MILP prices the link).
+            pins.update({o: n for o, n in fleet.held.items() if n > 0})
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
             line_s = deadline_s - safety * 3600
-            cheap = good_offerings(cands, s.ahead_tolerance)
-            horizon_s = s.bounds.churn_horizon_hours * 3600
             good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
                                    line_s, horizon_s)
-            fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
-            self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
-                                 max(fails) if fails else None)
             bank_s = (self.outages.bank_s(now) if s.bank_hours is None
                       else s.bank_hours * 3600)
             if bank_s > 0 and line_s > 0 and any(
@@ -251,16 +316,22 @@ class Planner:
                 if bank > target:
                     target, good = bank, cheap
             if good is not None:
-                cands = [c for c in cands if c.offering in good]
+                cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
-        plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=good is not None)
+        plan = None
+        if pins:
+            plan = self._reachable(keep(prob, pins, b.max_regions), target, floor,
+                                   hard=pr.hard, ahead=good is not None)
+        if plan is None:  # nothing kept, or keeping them makes every fleet infeasible
+            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=good is not None)
         if plan is None:
-            if good is not None:  # ahead, nothing reachable from the good offerings: keep
-                return Decision({o: n for o, n in fleet.held.items() if o in good and n > 0})
-            return Decision({})
+            kept = {o: n for o, n in fleet.held.items() if n > 0 and (
+                o in pins or (good is not None and o in good))}
+            return Decision(kept, wake_at=wake)  # ahead, nothing good reachable: keep
         if floor <= 0.0:
-            plan = self._per_dollar(prob, plan, target)
-        return Decision(dict(plan.counts), plan)
+            plan = self._per_dollar(prob if not pins else keep(prob, pins, b.max_regions),
+                                    plan, target)
+        return Decision(dict(plan.counts), plan, wake_at=wake)
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
                    ahead: bool) -> Plan | None:

@@ -34,7 +34,8 @@ from pricing.model import Offering
 from provisioner.plan.model import ring_efficiency
 from provisioner.plan.reconcile import (ChurnLimits, Held, Launch, Removal, RoundInput,
                                         apply_round)
-from provisioner.sim.policies import POLICIES, Params, View, online_hazards
+from provisioner.sim.policies import POLICIES, Params, View
+from provisioner.sim.revocations import hits, learned_hazards, lifetime_s
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,23 @@ log = logging.getLogger(__name__)
 CAPACITY_REPLANS = 2
 
 
+@dataclass(frozen=True)
+class Life:
+    """One instance of a run: its offering, when it was launched, ready and ended (hours
+    from the start), whether it was revoked, and what it cost."""
+
+    offering: Offering
+    launched_h: float
+    ready_h: float
+    ended_h: float
+    revoked: bool
+    cost: float
+
+
 @dataclass
 class Result:
-    """One policy's run. ``series`` holds (hours, fleet size, samples/s, cumulative USD)."""
+    """One policy's run. ``series`` holds (hours, fleet size, samples/s, cumulative USD);
+    ``lives`` every instance it held (the fleet by offering and market, boots, revocations)."""
 
     policy: str
     cost: float
@@ -58,6 +73,8 @@ class Result:
     launches: int = 0
     status: str = "ok"
     series: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
+    lives: list[Life] = field(default_factory=list)
+    fleet_by: dict[Offering, tuple[list, list]] | None = None  # set by runs without lives
 
     @property
     def cost_per_m(self) -> float:
@@ -69,18 +86,48 @@ class Result:
             return None
         return self.completion_h is not None and self.completion_h <= self.deadline_h + 1e-9
 
+    @property
+    def finished(self) -> bool:
+        return bool(self.completion_h is not None and self.done >= self.work * (1 - 1e-9))
+
+    def by_offering(self) -> dict[Offering, tuple[list[float], list[int]]]:
+        """Instances held over time (hours), per offering: step functions from ``lives``
+        (or ``fleet_by``: the bound's mean count per segment)."""
+        if self.fleet_by is not None:
+            return self.fleet_by
+        changes: dict[Offering, dict[float, int]] = {}
+        for life in self.lives:
+            ch = changes.setdefault(life.offering, {})
+            ch[life.launched_h] = ch.get(life.launched_h, 0) + 1
+            ch[life.ended_h] = ch.get(life.ended_h, 0) - 1
+        out = {}
+        for o, ch in changes.items():
+            xs, ys, n = [], [], 0
+            for x in sorted(ch):
+                n += ch[x]
+                xs.append(x)
+                ys.append(n)
+            out[o] = (xs, ys)
+        return out
+
     def figures(self) -> dict:
-        """Plain Python numbers (JSON-able), rounded for reading."""
+        """Plain Python numbers (JSON-able: no NaN or infinity), rounded for reading; an
+        unfinished run says so (``finished``, ``work_done_fraction``, ``status``)."""
         met = self.deadline_met
-        return {"total_cost_usd": round(float(self.cost), 4),
+
+        def num(x: float, nd: int) -> float | None:
+            return round(float(x), nd) if math.isfinite(x) else None
+
+        return {"total_cost_usd": num(self.cost, 4),
                 "completion_hours": (None if self.completion_h is None
-                                     else round(float(self.completion_h), 4)),
-                "cost_per_1m_samples_usd": (round(float(self.cost_per_m), 6) if self.done > 0
-                                            else None),
+                                     else num(self.completion_h, 4)),
+                "cost_per_1m_samples_usd": num(self.cost_per_m, 6) if self.done > 0 else None,
                 "deadline_met": None if met is None else bool(met),
                 "revocations": int(self.revocations),
-                "work_lost_samples": round(float(self.work_lost), 1),
-                "work_done_samples": round(float(self.done), 1),
+                "work_lost_samples": num(self.work_lost, 1),
+                "work_done_samples": num(self.done, 1),
+                "work_done_fraction": num(self.done / self.work, 4) if self.work > 0 else None,
+                "finished": self.finished,
                 "launches": int(self.launches), "status": self.status}
 
 
@@ -110,9 +157,14 @@ def p_link(insts: Sequence[_Inst], p: Params) -> float:
 
 
 def simulate_policy(world: World, name: str, params: Params, *, work: float,
-                    deadline_h: float | None = None, tick_s: float = 600.0, seed: int = 0,
-                    default_hazard: float = 0.1) -> Result:
-    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends."""
+                    deadline_h: float | None = None, tick_s: float = 600.0,
+                    seed: int = 0) -> Result:
+    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends.
+
+    Revocations are the world's (:mod:`provisioner.sim.revocations`): removals of the
+    availability series hit held instances at random (seeded), the count caps what is held,
+    and instances of offerings without a series die at lifetimes drawn from the world's
+    hazards. Spotring plans with the hazards learned from the lifetimes seen so far."""
     policy = POLICIES[name](params)
     hot = policy.mode == "hot"
     rng = random.Random(seed)
@@ -130,7 +182,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     next_tick, wake = t + tick_s, None
     need, revoked_flag = True, False
     fail_wake: float | None = None  # a launch failed: decide again (as after a revocation)
-    hazards: dict[Offering, float] = dict(world.hazard)
+    hazards: dict[Offering, float] = {}
     hz_at = -math.inf
     xs, fleet, rates, costs = [], [], [], []
     spot = [o for o in world.price if o.market == "spot"]
@@ -138,10 +190,16 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     def cost_now(at: float) -> float:
         return closed + sum(world.cost(i.o, i.launched, at) for i in insts)
 
-    def terminate(i: _Inst, at: float) -> None:
+    lives: list[Life] = []
+
+    def terminate(i: _Inst, at: float, revoked: bool = False) -> None:
         nonlocal closed
-        closed += world.cost(i.o, i.launched, at)
+        usd = world.cost(i.o, i.launched, at)
+        closed += usd
         insts.remove(i)
+        h0 = world.start
+        lives.append(Life(i.o, (i.launched - h0) / 3600, (min(i.ready, at) - h0) / 3600,
+                          (at - h0) / 3600, revoked, usd))
 
     def held() -> dict[Offering, int]:
         h: dict[Offering, int] = {}
@@ -165,9 +223,8 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             room = max(0, world.available(o, t) - held().get(o, 0))
             k = min(n, room)
             for _ in range(k):
-                h = hazards.get(o, 0.0) if world.avail.get(o) is None else 0.0
-                dies = t + rng.expovariate(h) * 3600.0 if (h > 0 and o.market == "spot"
-                                                            and o in world.hazard) else math.inf
+                dies = t + lifetime_s(rng, world.hazard.get(o, 0.0)) if (
+                    o.market == "spot" and world.avail.get(o) is None) else math.inf
                 insts.append(_Inst(o, t, t + params.boot_s, dies, f"i-{next(serial)}"))
             launches += k
             self.changed = self.changed or k > 0
@@ -187,8 +244,8 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
 
     def decide(revoked: bool) -> None:
         nonlocal wake, stall_until, hz_at, hazards
-        if hot and world.lifetimes and t - hz_at >= 3600.0:
-            hazards = online_hazards(world.lifetimes, spot, t, default_hazard)
+        if hot and t - hz_at >= 3600.0:  # what the daemon would estimate from the same records
+            hazards = learned_hazards(world.lifetimes, spot, t)
             hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
         alternatives = sorted(prices, key=lambda o: (prices[o], o)) if hot else ()
@@ -249,6 +306,11 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
                 nb = s.next_below(t, n)
                 if nb is not None:
                     cands.append(nb)
+            rc = world.reclaims.get(o)
+            if rc is not None and o.market == "spot":
+                nr = rc.next_after(t)
+                if nr is not None:
+                    cands.append(nr)
         t_next = min(cands)
         if r > 0 and t + (work - done) / r <= t_next:
             t = t + (work - done) / r
@@ -262,19 +324,25 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
         prev, t = t, t_next
         if t >= world.end:
             break
-        # revocations
+        # revocations: lifetimes ended, removals of the groups held, capacity caps
         gone: list[_Inst] = [i for i in insts if i.dies <= t]
         for o, n in held().items():
+            rc = world.reclaims.get(o)
+            removal = rc.at(t) if rc is not None and o.market == "spot" else None
+            mine = sorted((i for i in insts if i.o == o and i not in gone),
+                          key=lambda i: (i.launched, i.id))
+            if removal is not None:
+                hit = rng.sample(mine, hits(rng, removal[0], removal[1], len(mine)))
+                gone += hit
+                mine = [i for i in mine if i not in hit]
             s = world.avail.get(o)
-            if s is not None and s.at(t) < n:
-                mine = sorted((i for i in insts if i.o == o and i not in gone),
-                              key=lambda i: i.launched)
-                gone += mine[:n - int(s.at(t))]
+            if s is not None and s.at(t) < len(mine):
+                gone += mine[:len(mine) - int(s.at(t))]
         if gone:
             was_running = r > 0
             for i in gone:
                 failed[i.o] = t
-                terminate(i, t)
+                terminate(i, t, revoked=True)
             revocations += len(gone)
             if hot:
                 if was_running:
@@ -305,6 +373,7 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
     for i in list(insts):
         terminate(i, t)
     completion = (t - world.start) / 3600 if done >= work else None
-    status = "ok" if completion is not None else "not finished by the end of the trace"
+    status = ("ok" if completion is not None else
+              f"not finished by the end of the trace ({done / work:.1%} of the work done)")
     return Result(name, closed, done, work, completion, deadline_h, revocations, lost, launches,
-                  status, (xs, fleet, rates, costs))
+                  status, (xs, fleet, rates, costs), lives)

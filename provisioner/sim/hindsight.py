@@ -1,9 +1,10 @@
 """The offline lower bound of the simulator: least cost to do the work, knowing the trace.
 
 Design: one linear program over the whole trace, cut where any price or availability
-changes, with the simulator's own speeds, prices and ring model (integer ring sizes); it
-pays no boot, restart or revocation loss. See :func:`hindsight` for why it bounds every
-policy the simulator can run.
+changes, with the simulator's own speeds, prices and ring model (integer ring sizes) and
+spotring's constraints (``max_size``, ``max_zone_share``); it pays the boots of the fewest
+launches its fleet needs, and no restart or revocation loss. See :func:`hindsight` for why
+it bounds every policy the simulator can run.
 
 Rule: a bound not solved to optimality is not reported as a cost (its status says so).
 """
@@ -23,7 +24,7 @@ from provisioner.sim.world import World
 
 
 def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
-              time_limit_s: float = 60.0) -> Result:
+              time_limit_s: float = 60.0, boots: bool = True) -> Result:
     """The offline lower bound: least cost to do ``work`` within ``horizon_h`` knowing the trace.
 
     A program over the whole trace, solved to optimality (status ``optimal``). Time is cut
@@ -39,18 +40,25 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
       ``f_T(n) = n s_T ring_efficiency(n, n s_T, ..., 10 Gb/s)`` is the simulator's own ring
       model for ``n`` instances of ``T`` (same speeds, same function, the fastest link).
       ``sum credited >= work``.
+    - spotring's zone share (``max_zone_share < 1``): ``sum_{spot o in zone z} y[o,s] <=
+      share sum_o y[o,s] + allowance L`` (the planner's row, integrated over the segment).
+    - with ``boots``, ``u[o,s] >= y[o,s]/L_s - y[o,s-1]/L_{s-1}`` (and ``u >= 0``): instances
+      started, each paying its boot at the offering's lowest price of the two segments.
 
     Why this bounds every policy the simulator can run: any schedule has, within a segment,
     integer counts ``n_T(t)`` held; setting ``d[T,j] = |{t: n_T(t) >= j}|`` and ``y`` to
     its instance-hours is feasible, costs the same, and credits ``sum_T f_T(n_T(t))``, which is
     at least the ring's real rate ``S / (1 + S t(N) / B)`` (each type's share of it is at most
     what that type's instances would deliver in a ring of their own on the fastest link, since
-    ``S >= n_T s_T`` and ``t(N) >= t(n_T)``). Boots, restarts and revocation loss are free.
-    Integer instance counts enter exactly through the integer ring sizes ``j``; instance-hours
-    themselves need no integrality in continuous time (a fractional share of a segment is an
-    integer count held for part of it), so the program is a linear one and HiGHS proves its
-    optimum. ``time_limit_s`` bounds the solve; if it is hit the dual bound is not reported
-    as a cost (status says so).
+    ``S >= n_T s_T`` and ``t(N) >= t(n_T)``). The count's average over a segment rises from
+    one segment to the next by no more than the instances started over the two (averaging
+    never adds variation), so the ``u`` are at most the schedule's launches, each of which
+    pays a boot in the simulator. Restarts and revocation loss are free. Integer instance
+    counts enter exactly through the integer ring sizes ``j``; instance-hours themselves need
+    no integrality in continuous time (a fractional share of a segment is an integer count
+    held for part of it), so the program is a linear one and HiGHS proves its optimum.
+    ``time_limit_s`` bounds the solve; if it is hit the dual bound is not reported as a
+    cost (status says so).
     """
     offs = [o for o in world.offerings if o.instance_type in world.speed]
     end = min(world.end, world.start + horizon_h * 3600.0)
@@ -70,10 +78,11 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
                      for n in range(1, jmax + 1)]
         gains[itype] = np.diff(f) * 3600.0  # samples per hour of the j-th instance
     n_o, n_t, n_s = len(offs), len(types), len(segs)
-    per_seg = n_o + n_t * jmax
+    n_u = n_o if boots and params.boot_s > 0 else 0
+    per_seg = n_o + n_t * jmax + n_u
     nv = per_seg * n_s
     c = np.zeros(nv)
-    ub = np.zeros(nv)
+    ub = np.full(nv, np.inf)
     wk = np.zeros(nv)
     rows: list[int] = []
     cols: list[int] = []
@@ -81,7 +90,24 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     lo_b: list[float] = []
     hi_b: list[float] = []
     t_index = {t: i for i, t in enumerate(types)}
+    zones: dict[tuple[str, str, str], list[int]] = {}
+    for a, o in enumerate(offs):
+        if o.market == "spot":
+            zones.setdefault((o.cloud, o.region, o.zone), []).append(a)
+    share = params.max_zone_share if params.max_zone_share < 1.0 and len(zones) > 1 else None
+    boot_h = params.boot_s / 3600.0
     r = 0
+
+    def row(entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        nonlocal r
+        for j, v in entries:
+            rows.append(r)
+            cols.append(j)
+            vals.append(v)
+        lo_b.append(lo)
+        hi_b.append(hi)
+        r += 1
+
     for k, (t0, t1) in enumerate(segs):
         hours = (t1 - t0) / 3600.0
         base = k * per_seg
@@ -91,28 +117,29 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
             st = world.avail.get(o)
             cap = params.max_size if st is None else min(params.max_size, st.at(t0))
             ub[j] = max(cap, 0) * hours
-            rows.append(r)  # fleet size cap
-            cols.append(j)
-            vals.append(1.0)
-        lo_b.append(-np.inf)
-        hi_b.append(params.max_size * hours)
-        r += 1
+        row([(base + a, 1.0) for a in range(n_o)], -np.inf, params.max_size * hours)
         for ti, itype in enumerate(types):
             dj = base + n_o + ti * jmax
             ub[dj:dj + jmax] = hours
             wk[dj:dj + jmax] = gains[itype]
-            for a, o in enumerate(offs):  # credited ring-hours <= instance-hours of the type
-                if t_index[o.instance_type] == ti:
-                    rows.append(r)
-                    cols.append(base + a)
-                    vals.append(-1.0)
-            for m in range(jmax):
-                rows.append(r)
-                cols.append(dj + m)
-                vals.append(1.0)
-            lo_b.append(-np.inf)
-            hi_b.append(0.0)
-            r += 1
+            row([(base + a, -1.0) for a, o in enumerate(offs) if t_index[o.instance_type] == ti]
+                + [(dj + m, 1.0) for m in range(jmax)], -np.inf, 0.0)
+        if share is not None:
+            for members in zones.values():
+                inside = set(members)
+                row([(base + a, (1.0 if a in inside else 0.0) - share) for a in range(n_o)],
+                    -np.inf, 1.0 * hours)  # zone_allowance 1, as the planner's Problem
+        if n_u:
+            ub0 = base + n_o + n_t * jmax
+            prev = (k - 1) * per_seg if k else None
+            prev_h = (segs[k - 1][1] - segs[k - 1][0]) / 3600.0 if k else 1.0
+            for a, o in enumerate(offs):
+                p_lo = c[base + a] if prev is None else min(c[base + a], c[prev + a])
+                c[ub0 + a] = p_lo * boot_h
+                entries = [(ub0 + a, 1.0), (base + a, -1.0 / hours)]
+                if prev is not None:
+                    entries.append((prev + a, 1.0 / prev_h))
+                row(entries, 0.0, np.inf)  # u >= y_s / L_s - y_{s-1} / L_{s-1}
     a_mat = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     cons = [LinearConstraint(a_mat, lo_b, hi_b), LinearConstraint(wk.reshape(1, -1), work, np.inf)]
     res = milp(c, constraints=cons, integrality=np.zeros(nv), bounds=Bounds(0, ub),
@@ -130,8 +157,15 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     fin = min(int(np.searchsorted(cum_w, work * (1 - 1e-9))), n_s - 1)
     a0, b0 = segs[fin]
     before = cum_w[fin - 1] if fin > 0 else 0.0
-    share = (work - before) / w_seg[fin] if w_seg[fin] > 0 else 1.0
-    completion = (a0 + min(max(share, 0.0), 1.0) * (b0 - a0) - world.start) / 3600
-    xs = [(a - world.start) / 3600 for a, _ in segs]
-    return Result("hindsight", float(c_seg.sum()), work, work, completion, None, 0, 0.0, 0,
-                  "optimal", (xs, fleet, rate, list(np.cumsum(c_seg))))
+    share_done = (work - before) / w_seg[fin] if w_seg[fin] > 0 else 1.0
+    completion = (a0 + min(max(share_done, 0.0), 1.0) * (b0 - a0) - world.start) / 3600
+    xs = [(a - world.start) / 3600 for a, _ in segs] + [(end - world.start) / 3600]
+    fleet.append(0.0)  # the series end where the bound's horizon does
+    rate.append(0.0)
+    launched = int(round(float(x[:, n_o + n_t * jmax:].sum()))) if n_u else 0
+    lengths = np.array([(b - a) / 3600.0 for a, b in segs])
+    by = {o: (xs, [float(v) for v in x[:, a] / lengths] + [0.0])
+          for a, o in enumerate(offs) if x[:, a].sum() > 1e-9}
+    return Result("hindsight", float(c_seg.sum()), work, work, completion, None, 0, 0.0,
+                  launched, "optimal", (xs, fleet, rate, [0.0] + list(np.cumsum(c_seg))),
+                  fleet_by=by)

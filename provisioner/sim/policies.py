@@ -39,7 +39,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from pricing.model import Lifetime, Offering
+from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Problem, ring_efficiency
 from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
@@ -261,32 +261,8 @@ class Spotring:
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
         progress = Progress(start=v.start, work=v.work, done=v.done, deadline_s=deadline_s,
                             hard=hard)
-        return Decision(dict(self.planner.decide(market, fleet, progress, v.t).target))
-
-
-def online_hazards(lifetimes: tuple[Lifetime, ...], offerings, t: float,
-                   default: float) -> dict[Offering, float]:
-    """Hazards learned from the lifetimes observable by time ``t``: the exponential MLE
-    (revocations / exposure hours, as :mod:`pricing.risk`), running lifetimes censored at
-    ``t``; an offering with no revocation seen yet gets ``default``. Computed inline rather
-    than through ``pricing.risk.estimate`` because the simulator calls it every hour of trace
-    and the confidence intervals it also computes are not needed here."""
-    events: dict[Offering, int] = {}
-    hours: dict[Offering, float] = {}
-    for lt in lifetimes:
-        s = lt.start.timestamp()
-        if s >= t:
-            continue
-        o = lt.offering
-        end = s + lt.seconds
-        hours[o] = hours.get(o, 0.0) + (min(end, t) - s) / 3600.0
-        if end <= t and lt.revoked:
-            events[o] = events.get(o, 0) + 1
-    out = {}
-    for o in offerings:
-        d, h = events.get(o, 0), hours.get(o, 0.0)
-        out[o] = d / h if d > 0 and h > 0 else default
-    return out
+        d = self.planner.decide(market, fleet, progress, v.t)
+        return Decision(dict(d.target), d.wake_at)
 
 
 POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,

@@ -3,23 +3,32 @@
 Design: :func:`run_all` is the only place that knows the order (the online policies first,
 then :func:`~provisioner.sim.hindsight.hindsight` over the horizon the others set);
 :func:`write_report` turns results into files and never simulates. Plots go through the
-generic :mod:`provisioner.plots`.
+generic :mod:`provisioner.plots`: price, availability (the traces' caps), the fleet by
+offering and market, throughput and cost, each over the whole span of every run.
+
+Honest reports: a run that did not finish is flagged in both (``finished``,
+``work_done_fraction``, "NOT FINISHED"); spotring's cost ratio is given only between runs that
+did the same work, else as a per-sample ratio marked "unequal work"; when spotring did not
+finish, the bound is computed for the work it did; the JSON holds no NaN or infinity.
 
 Rule: the JSON (``figures``) and the markdown table show the same numbers.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from pricing.model import Offering
+from provisioner import plots
 from provisioner.errors import UserError
-from provisioner.plots import lines
-from provisioner.sim.policies import POLICIES, Params
 from provisioner.sim.engine import Result, simulate_policy
 from provisioner.sim.hindsight import hindsight
+from provisioner.sim.policies import POLICIES, Params
 from provisioner.sim.world import World, iso
 
 log = logging.getLogger(__name__)
@@ -30,9 +39,10 @@ ALL_POLICIES = tuple(POLICIES) + ("hindsight",)
 def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
             deadline_h: float | None, tick_s: float = 600.0, seed: int = 0) -> dict[str, Result]:
     """Simulate each named policy; hindsight last, over the deadline (or the completion time
-    of spotring, else of on-demand, else the whole trace). Raises UserError on a bad name,
-    on uniform-progress without a deadline, and when on-demand or uniform-progress would run
-    with no on-demand price for the baselines' type."""
+    of spotring, else of on-demand, else the whole trace). When spotring did not finish, the
+    bound is for the work spotring did over the whole trace, so the two compare equal work.
+    Raises UserError on a bad name, on uniform-progress without a deadline, and when
+    on-demand or uniform-progress would run with no on-demand price for the baselines' type."""
     for n in names:
         if n not in ALL_POLICIES:
             raise UserError(f"--policy {n!r}: unknown; choose from {', '.join(ALL_POLICIES)}")
@@ -56,95 +66,180 @@ def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
             out[n] = simulate_policy(world, n, params, work=work, deadline_h=deadline_h,
                                      tick_s=tick_s, seed=seed)
     if "hindsight" in names:
-        horizon = deadline_h
+        trace_h = (world.end - world.start) / 3600
+        horizon, bound_work, why = deadline_h, work, ""
+        ours = out.get("spotring")
+        if ours is not None and not ours.finished and ours.done > 0:
+            horizon, bound_work = trace_h, ours.done
+            why = f"; the bound is for spotring's work ({ours.done / work:.1%} of the job)"
         for ref in ("spotring", "on-demand"):
-            if horizon is None and ref in out and out[ref].completion_h is not None:
+            if horizon is None and ref in out and out[ref].finished:
                 horizon = out[ref].completion_h
         if horizon is None:
-            horizon = (world.end - world.start) / 3600
-        r = hindsight(world, params, work=work, horizon_h=horizon)
+            horizon = trace_h
+        r = hindsight(world, params, work=bound_work, horizon_h=min(horizon, trace_h))
         r.deadline_h = deadline_h
+        if why:
+            r.work = bound_work
+            r.status += why
         out["hindsight"] = r
     return out
 
 
 def figures(results: Mapping[str, Result]) -> dict[str, dict]:
-    """Per policy figures, plus ratios of spotring's cost per sample to every other policy."""
+    """Per policy figures, plus ratios of spotring's cost per sample to every other policy:
+    ``spotring_cost_per_sample_ratio`` only between runs that did the same work; between
+    runs that did not (one did not finish), ``spotring_cost_per_sample_ratio_unequal_work``
+    instead, marked so in the markdown. No NaN or infinity anywhere (JSON-safe)."""
     out = {n: r.figures() for n, r in results.items()}
     ours = results.get("spotring")
-    if ours is not None and ours.done > 0:
+    if ours is not None and ours.done > 0 and math.isfinite(ours.cost):
         for n, r in results.items():
-            if n != "spotring" and r.done > 0:
-                out[n]["spotring_cost_per_sample_ratio"] = round(float(ours.cost_per_m / r.cost_per_m), 4)
+            if n == "spotring" or r.done <= 0 or not math.isfinite(r.cost) or r.cost <= 0:
+                continue
+            ratio = round(float(ours.cost_per_m / r.cost_per_m), 4)
+            same = abs(ours.done - r.done) <= 1e-6 * max(ours.done, r.done)
+            out[n]["spotring_cost_per_sample_ratio" + ("" if same else "_unequal_work")] = ratio
     return out
+
+
+def _fmt_ratio(f: dict) -> str:
+    if f.get("spotring_cost_per_sample_ratio") is not None:
+        return f"{f['spotring_cost_per_sample_ratio']:.3f}x"
+    if f.get("spotring_cost_per_sample_ratio_unequal_work") is not None:
+        return f"{f['spotring_cost_per_sample_ratio_unequal_work']:.3f}x (unequal work)"
+    return "-"
 
 
 def write_report(directory: str | Path, world: World, results: Mapping[str, Result], *,
                  params: Params, work: float, deadline_h: float | None,
                  traces: Sequence[str]) -> Path:
-    """Write ``report.md`` and four PNGs into ``directory``; return the markdown's path."""
+    """Write ``report.md``, ``figures.json`` and the PNGs into ``directory``; return the
+    markdown's path."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     figs = figures(results)
-    end_h = max([r.series[0][-1] for r in results.values() if r.series[0]] + [1.0])
-    # crop at twice the slowest of spotring, on-demand and hindsight (static-spot can take weeks)
-    refs = [r.completion_h for n, r in results.items()
-            if n in ("spotring", "on-demand", "hindsight") and r.completion_h]
-    xmax = min(end_h, 2.0 * max(refs)) if refs else None
-    price_series = {}
-    for o in sorted(world.price, key=lambda o: (o.market, o.key))[:12]:
-        s = world.price[o]
-        xs = [(t - world.start) / 3600 for t in s.t if t <= world.start + end_h * 3600]
-        ys = [float(v) for t, v in zip(s.t, s.v) if t <= world.start + end_h * 3600]
-        if not xs or xs[0] > 0:
-            xs, ys = [0.0] + xs, [s.at(world.start)] + ys
-        xs.append(end_h)
-        ys.append(s.at(world.start + end_h * 3600))
-        price_series[f"{o.zone} {o.instance_type} {o.market}"] = (xs, ys)
-    pngs = {
-        "price.png": lines(d / "price.png", price_series, title="price over time",
-                           ylabel="USD / hour", xmax=xmax),
-        "fleet.png": lines(d / "fleet.png", {n: (r.series[0], r.series[1])
-                                             for n, r in results.items()},
-                           title="fleet size", ylabel="instances", xmax=xmax),
-        "throughput.png": lines(d / "throughput.png", {n: (r.series[0], r.series[2])
-                                                       for n, r in results.items()},
-                                title="training throughput", ylabel="samples / s", xmax=xmax),
-        "cost.png": lines(d / "cost.png", {n: (r.series[0], r.series[3])
-                                           for n, r in results.items()},
-                          title="cumulative cost", ylabel="USD", step=False, xmax=xmax),
-    }
+    pngs = _plots(d, world, results)
     md = ["# spotring simulation report", "",
           f"Traces: {', '.join(traces)}  ",
           f"Period: {iso(world.start)} .. {iso(world.end)} UTC; work {work:.4g} samples; "
           f"deadline {'none' if deadline_h is None else f'{deadline_h:g} h'}; job instance type "
-          f"{params.itype} x {params.size} (baselines), spotring up to {params.max_size}.", "",
-          "| policy | total cost (USD) | completion (h) | cost per 1M samples (USD) | "
-          "deadline met | revocations | work lost (samples) | spotring cost ratio |",
-          "|---|---:|---:|---:|---|---:|---:|---:|"]
+          f"{params.itype} x {params.size} (baselines), spotring up to {params.max_size}.", ""]
+    unfinished = [n for n, r in results.items() if not r.finished and n != "hindsight"]
+    for n in unfinished:
+        md.append(f"**{n} did not finish**: {results[n].done / work:.1%} of the work by the end "
+                  "of the trace; its cost is for that work only, and its ratio is marked "
+                  "*unequal work*.  ")
+    if unfinished:
+        md.append("")
+    md += ["| policy | total cost (USD) | completion (h) | cost per 1M samples (USD) | "
+           "deadline met | revocations | launches | work lost (samples) | spotring cost ratio |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for n, f in figs.items():
-        comp = "not finished" if f["completion_hours"] is None else f"{f['completion_hours']:.2f}"
+        comp = (f"{f['completion_hours']:.2f}" if f["finished"] else
+                f"NOT FINISHED ({(f['work_done_fraction'] or 0):.1%} done)")
+        cost = "-" if f["total_cost_usd"] is None else f"{f['total_cost_usd']:.2f}"
         cpm = "-" if f["cost_per_1m_samples_usd"] is None else f"{f['cost_per_1m_samples_usd']:.4f}"
         met = {None: "-", True: "yes", False: "NO"}[f["deadline_met"]]
-        ratio = f.get("spotring_cost_per_sample_ratio")
-        md.append(f"| {n} | {f['total_cost_usd']:.2f} | {comp} | {cpm} | {met} | "
-                  f"{f['revocations']} | {f['work_lost_samples']:.0f} | "
-                  f"{'-' if ratio is None else f'{ratio:.3f}x'} |")
-    md += ["", "Hindsight is an offline bound (knows the whole trace, pays no boot, restart or "
-           "revocation loss); its status: " + (results["hindsight"].status
-                                               if "hindsight" in results else "not run") + ".",
+        md.append(f"| {n} | {cost} | {comp} | {cpm} | {met} | {f['revocations']} | "
+                  f"{f['launches']} | {f['work_lost_samples'] or 0:.0f} | {_fmt_ratio(f)} |")
+    md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
+           "the same work; a run that did not finish is compared per sample of unequal work and "
+           "marked so. Hindsight is an offline bound: it knows the whole trace, keeps max_size "
+           "and max_zone_share, pays the boots of the fewest launches its fleet needs (its "
+           "launches column) but no restart or revocation loss; its status: "
+           + (results["hindsight"].status if "hindsight" in results else "not run") + ".",
            "", "## Model", "",
            f"- boot {params.boot_s:g} s, restart from checkpoint {params.restart_s:g} s, "
            f"checkpoint every {params.checkpoint_s:g} s, back-off {params.backoff_s:g} s, "
            f"spotring: ring re-form {params.reform_s:g} s, step {params.step_s:g} s lost per "
            f"revocation, zone avoided {params.avoid_s:g} s after it failed.",
-           f"- ring: {params.model_mb:g} MB gradient, global batch {params.global_batch}.",
+           f"- ring: {params.model_mb:g} MB gradient, global batch {params.global_batch}; zone "
+           f"share {params.max_zone_share:g}.",
            "", "## Plots", ""]
     md += [f"![{name}]({name})" for name in pngs]
     md += ["", "## How the traces were combined, and what was wrong in them", ""]
     md += [f"- {n}" for n in world.notes] or ["- nothing to report"]
     path = d / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    (d / "figures.json").write_text(json.dumps(figs, indent=2, sort_keys=True) + "\n",
-                                    encoding="utf-8")
+    (d / "figures.json").write_text(json.dumps(figs, indent=2, sort_keys=True, allow_nan=False)
+                                    + "\n", encoding="utf-8")
     return path
+
+
+def _label(o: Offering) -> str:
+    return f"{o.zone if o.zone != '*' else o.region} {o.instance_type} {o.market}"
+
+
+def _plots(d: Path, world: World, results: Mapping[str, Result]) -> list[str]:
+    """The PNGs, each over the whole span of the runs (the slowest policy's end included),
+    with a zoom on the spans of spotring, on-demand and the bound where a baseline ran long."""
+    end_h = max([r.series[0][-1] for r in results.values() if r.series[0]] + [1.0])
+    refs = [r.series[0][-1] for n, r in results.items()
+            if n in ("spotring", "on-demand", "hindsight") and r.series[0]]
+    zoom = 1.1 * max(refs) if refs else None
+    out = []
+    groups: dict[tuple, list[Offering]] = {}
+    for o in sorted(world.price, key=lambda o: (o.market, o.key)):
+        s = world.price[o]
+        xs = [(t - world.start) / 3600 for t in s.t if world.start < t <= world.start + end_h * 3600]
+        ys = [float(s.at(world.start + x * 3600)) for x in xs]
+        key = (tuple([0.0] + xs + [end_h]),
+               tuple([s.at(world.start)] + ys + [s.at(world.start + end_h * 3600)]))
+        groups.setdefault(key, []).append(o)
+    price_series = {}
+    for (xs, ys), offs in list(groups.items())[:16]:  # one line per distinct price series
+        kinds = {(o.instance_type, o.market) for o in offs}
+        name = (_label(offs[0]) if len(offs) == 1 else
+                f"{offs[0].instance_type} {offs[0].market} in {len(offs)} zones/regions"
+                if len(kinds) == 1 else f"{len(offs)} offerings")
+        price_series[name] = (list(xs), list(ys))
+    plots.lines(d / "price.png", price_series, title="price of each offering (log scale)",
+                ylabel="USD / hour", xmax=end_h, max_legend=16, logy=True)
+    out.append("price.png")
+    avail = {}
+    for o in sorted(o for o, st in world.avail.items() if st is not None):
+        st = world.avail[o]
+        xs = [(t - world.start) / 3600 for t in st.t]
+        ys = [float(v) for v in st.v]
+        spans = [((a - world.start) / 3600, (b - world.start) / 3600)
+                 for a, b in world.observed.get(o, ())]
+        avail[_label(o)] = _observed_only(xs, ys, spans) if spans else (xs, ys)
+    if avail:
+        plots.heatmap(d / "availability.png", avail, xmax=(world.end - world.start) / 3600,
+                      title="spot instances available over the period simulated (the capacity "
+                      "caps; grey: not observed)", label="instances")
+        out.append("availability.png")
+    panels = {}
+    for n, r in results.items():
+        by = r.by_offering()
+        end = max([r.series[0][-1] if r.series[0] else 0.0] +
+                  [xs[-1] for xs, _ in by.values() if xs])
+        panels[f"{n}: {r.launches} launches" + ("" if r.finished else " (did not finish)")] = (
+            end, {_label(o): by[o] for o in sorted(by, key=lambda o: (o.market, o.key))})
+    plots.stacked_panels(d / "fleet.png", panels, title="fleet by offering and market, each run "
+                         "over its own span\n(hatched: on-demand; hindsight: its mean count "
+                         "per trace segment)", ylabel="instances")
+    out.append("fleet.png")
+    plots.lines(d / "throughput.png", {n: (r.series[0], r.series[2]) for n, r in results.items()},
+                title="training throughput", ylabel="samples / s", xmax=end_h, zoom=zoom,
+                dashed=("hindsight",))
+    out.append("throughput.png")
+    plots.lines(d / "cost.png", {n: (r.series[0], r.series[3]) for n, r in results.items()},
+                title="cumulative cost, each run to its end", ylabel="USD", step=False,
+                xmax=end_h, zoom=zoom, dashed=("hindsight",))
+    out.append("cost.png")
+    return out
+
+
+def _observed_only(xs: list[float], ys: list[float], spans: list[tuple[float, float]]
+                   ) -> tuple[list[float], list[float]]:
+    """The step function (xs, ys) where a span observed it, NaN elsewhere (a gap in the
+    plot, not a zero)."""
+    cuts = sorted(set(xs) | {x for span in spans for x in span})
+    out = []
+    for x in cuts:
+        inside = any(a <= x < b for a, b in spans)
+        i = bisect.bisect_right(xs, x) - 1
+        out.append(ys[max(i, 0)] if inside else math.nan)
+    return [min(cuts[0], 0.0) - 1e-9] + cuts, [math.nan] + out

@@ -14,9 +14,14 @@ instances an offering can hold at a time. Traces are parsed only by
 - on-demand prices come from the quotes (``on_demand_per_hour``), else from ``on_demand``
   overrides (instance type -> USD/h, e.g. a published list price), else the type has no
   on-demand offering (a note says so).
-- when no availability trace is given, spot offerings are revoked at random with the
-  hazard estimated from the trace's lifetimes (:func:`pricing.risk.estimate`), drawn with
-  an injected seed; the report says so.
+- revocations come from the same records as the hazards a policy learns
+  (:mod:`provisioner.sim.revocations`): an availability series' falls are removals that hit
+  held instances with the probability the group's size implies (:attr:`World.reclaims`),
+  beside the capacity cap; with no availability trace, instances live an exponential
+  lifetime at the hazard :func:`pricing.risk.hazard_rates` estimates from the traces'
+  lifetimes (:attr:`World.hazard`), drawn with an injected seed; the report says so.
+- every availability series is known over its observed span only: past its end an
+  offering has no capacity (its last value is never held), and spans that differ are noted.
 
 Bad input is never silently used: non-positive or NaN prices and spot prices above
 on-demand are dropped and listed in ``World.notes`` with the record's source (file:line).
@@ -35,9 +40,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pricing.model import Offering, PriceQuote, Snapshot
+from pricing.risk import hazard_rates
+from pricing.sources.trace_io import MAX_PRICE_PER_HOUR
 from pricing.series import Step
 from provisioner.errors import UserError
 from provisioner.plan.throughput import ThroughputModel
+from provisioner.sim.revocations import Reclaims, reclaims_of
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,8 @@ class World:
     hazard: dict[Offering, float] = field(default_factory=dict)  # drawn revocations/h
     lifetimes: tuple = ()
     notes: list[str] = field(default_factory=list)
+    reclaims: dict[Offering, Reclaims] = field(default_factory=dict)  # removals of the series
+    observed: dict[Offering, list[tuple[float, float]]] = field(default_factory=dict)  # spans
 
     @property
     def offerings(self) -> list[Offering]:
@@ -80,8 +90,12 @@ class World:
 
 def _plausible(q: PriceQuote, notes: list[str]) -> bool:
     p = q.price_per_hour
-    if not (isinstance(p, float) or isinstance(p, int)) or math.isnan(p) or p <= 0:
+    if not (isinstance(p, float) or isinstance(p, int)) or not math.isfinite(p) or p <= 0:
         notes.append(f"{q.source or q.offering.key}: price {p!r} is not a positive number: dropped")
+        return False
+    if p > MAX_PRICE_PER_HOUR:
+        notes.append(f"{q.source or q.offering.key}: price {p!r} above ${MAX_PRICE_PER_HOUR:g}/h "
+                     "is not believable: dropped")
         return False
     od = q.on_demand_per_hour
     if q.offering.market == "spot" and od and p > od * 1.0001:
@@ -175,8 +189,9 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
         regions_of = {(o.cloud, o.region) for o in price if o.instance_type == itype}
         for cloud, region in sorted(regions_of):
             od = Offering(cloud, region, "*", itype, "on-demand")
-            if not any(p.with_market("on-demand") == od or (p.market == "on-demand" and
-                       p.region == region and p.instance_type == itype) for p in price):
+            if not any(p.market == "on-demand" and p.cloud == cloud and p.region == region
+                       and p.instance_type == itype for p in price):  # (a spot offering of
+                # zone "*" is od's spot twin: it does not price it)
                 price[od] = Step([t_lo], [float(usd)])
         notes.append(f"on-demand price of {itype} given as ${usd}/h (--on-demand)")
     for itype in sorted(od_types):
@@ -185,40 +200,95 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
     if not price:
         raise UserError("the traces hold no usable spot price for any instance type with a "
                         "throughput prior")
+    spans = _spans(snapshot, {o: pts for o, pts in avail.items() if o in price})
     avail_steps: dict[Offering, Step | None] = {}
+    reclaims: dict[Offering, Reclaims] = {}
+    revoked_ends: dict[Offering, list[float]] = defaultdict(list)
+    for lt in snapshot.lifetimes:
+        if lt.revoked and lt.offering in avail:
+            revoked_ends[lt.offering].append(ts(lt.start) + lt.seconds)
     for o in price:
         pts = avail.get(o)
         if not pts:
             avail_steps[o] = None
             continue
-        cap = caps.get(o)
-        scale = max_size if cap == 1 else 1
-        avail_steps[o] = Step([t for t, _ in pts], [n * scale for _, n in pts])
+        scale = max_size if caps.get(o) == 1 else 1
+        steps = _within(pts, spans[o])
+        avail_steps[o] = Step([t for t, _ in steps], [n * scale for _, n in steps])
+        inside = [e for e in revoked_ends.get(o, ()) if any(a <= e <= b for a, b in spans[o])]
+        reclaims[o] = reclaims_of(inside, pts, scale)
     spot_starts = [s.t[0] for o, s in price.items() if o.market == "spot"]
     lo = max([min(spot_starts)] + [v.t[0] for v in avail_steps.values() if v is not None])
-    hi_candidates = [v.t[-1] for v in avail_steps.values() if v is not None]
-    if hi_candidates:  # availability records are changes: the trace ends where its
-        # lifetimes end (the loader censors the last ones at the end of the trace)
-        hi_candidates += [ts(lt.start) + lt.seconds for lt in snapshot.lifetimes
-                          if lt.offering in avail_steps and avail_steps[lt.offering] is not None]
-    hi = max(hi_candidates) if hi_candidates else max(s.t[-1] for s in price.values())
+    ends = {o: spans[o][-1][1] for o in avail_steps if avail_steps[o] is not None}
+    hi = max(ends.values()) if ends else max(s.t[-1] for s in price.values())
     if start is not None:
         lo = ts(start)
     if hours is not None:
         hi = lo + hours * 3600.0
-    elif not hi_candidates:
+    elif not ends:
         hi = max(hi, lo + 30 * 86400.0)  # price-only traces: prices hold after the last one
+        notes.append(f"price-only traces: the period is 30 days from {iso(lo)} (the last prices "
+                     "held); pass --hours to set it")
     if hi <= lo:
-        raise UserError(f"empty simulation period ({iso(lo)} .. {iso(hi)}): check --start/--hours")
+        raise UserError(f"empty simulation period ({iso(lo)} .. {iso(hi)} UTC): the traces "
+                        f"overlap nowhere there; pass --start and --hours inside the traces")
+    for o, end in sorted(ends.items()):
+        if end < hi - 1.0 and end > lo:
+            notes.append(f"the availability of {o.key} ends at {iso(end)} UTC, "
+                         f"{(hi - end) / 3600:.1f} h before the period's end: no capacity after "
+                         "it (a trace's last value is never held)")
     hazard: dict[Offering, float] = {}
     if not avail:
-        from pricing.risk import estimate
         spot = [o for o in price if o.market == "spot"]
-        hazard = {o: r.hazard_per_hour for o, r in estimate(spot, snapshot.lifetimes).items()}
+        hazard = hazard_rates(spot, snapshot.lifetimes)
         basis = "lifetimes in the traces" if snapshot.lifetimes else "the default hazard"
         notes.append(f"no availability trace: spot revocations drawn at random (seed {seed}) "
                      f"with hazards from {basis}")
-    return World(lo, hi, price, avail_steps, speed, hazard, tuple(snapshot.lifetimes), notes)
+    else:
+        removals = sum(len(r.times) for r in reclaims.values())
+        notes.append(f"revocations: {removals} removals in the availability traces, each hitting "
+                     "a held instance with the probability its group's size implies, and the "
+                     "count as a capacity cap")
+    return World(lo, hi, price, avail_steps, speed, hazard, tuple(snapshot.lifetimes), notes,
+                 reclaims, dict(spans))
+
+
+def _spans(snapshot: Snapshot, avail: Mapping[Offering, list[tuple[float, int]]]
+           ) -> dict[Offering, list[tuple[float, float]]]:
+    """Where each availability series was observed: the loader's spans, else (records built
+    by hand) from its first record to its last record or censored lifetime. Raises
+    UserError for a series with a single time."""
+    out: dict[Offering, list[tuple[float, float]]] = defaultdict(list)
+    for sp in snapshot.spans:
+        if sp.offering in avail:
+            if sp.end <= sp.start:
+                raise UserError(f"{sp.source}: the availability of {sp.offering.key} has a single "
+                                f"time ({iso(ts(sp.start))} UTC): a trace needs at least two, its "
+                                "start and its end (add a row at the end of the period observed)")
+            out[sp.offering].append((ts(sp.start), ts(sp.end)))
+    for o, pts in avail.items():
+        if o in out:
+            out[o].sort()
+            continue
+        ends = [ts(lt.start) + lt.seconds for lt in snapshot.lifetimes if lt.offering == o]
+        end = max([pts[-1][0]] + ends)
+        if end <= pts[0][0]:
+            raise UserError(f"the availability of {o.key} has a single time ({iso(end)} UTC): a "
+                            "trace needs at least two, its start and its end")
+        out[o] = [(pts[0][0], end)]
+    return out
+
+
+def _within(pts: list[tuple[float, int]], spans: list[tuple[float, float]]
+            ) -> list[tuple[float, int]]:
+    """The records of a series with a 0 at the end of each span not followed by another
+    (no capacity where nothing was observed)."""
+    out: list[tuple[float, int]] = []
+    for k, (a, b) in enumerate(spans):
+        out += [(t, n) for t, n in pts if a <= t < b]
+        if k + 1 == len(spans) or spans[k + 1][0] > b:
+            out.append((b, 0))
+    return _dedupe(out) if out else [(pts[0][0], 0)]
 
 
 def _dedupe(pts: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -168,7 +168,7 @@ variable "ring_token_version" {
 variable "spotring_package" {
   description = "pip requirement that installs spotring on the daemon host and the workers (a version pin, a wheel URL or a git URL)."
   type        = string
-  default     = "spotring"
+  default     = "spotring[aws]" # the AWS SDK is an extra: the daemon and s3:// snapshots need it
 
   validation {
     condition     = length(var.spotring_package) > 0 && !can(regex("['\\n\\\\$`]", var.spotring_package))

@@ -17,7 +17,7 @@ worker_volume_gb     = 100
 daemon_instance_type = "t3.small"
 max_workers          = 8
 price_regions        = ["us-east-1", "us-west-2"]
-spotring_package     = "spotring==0.1.0"
+spotring_package     = "spotring[aws]==0.1.0"
 
 tags = {
   team = "ml"

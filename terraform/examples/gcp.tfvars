@@ -20,4 +20,4 @@ worker_gpu = {
 
 daemon_machine_type = "e2-small"
 max_workers         = 8
-spotring_package    = "spotring==0.1.0"
+spotring_package    = "spotring[gcp]==0.1.0"

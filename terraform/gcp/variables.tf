@@ -199,7 +199,7 @@ variable "ring_token_version" {
 variable "spotring_package" {
   description = "pip requirement that installs spotring on the VMs."
   type        = string
-  default     = "spotring"
+  default     = "spotring[gcp]" # the Google SDKs are an extra: the daemon and gs:// snapshots need them
 
   validation {
     condition     = length(var.spotring_package) > 0 && !can(regex("['\\n\\\\$`]", var.spotring_package))

@@ -70,25 +70,32 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
     assert world.instances("e2e-notice") == []
 
 
-def test_restart_adopts_the_fleet_and_terminates_strays(world, tmp_path):
+def test_restart_adopts_the_fleet_and_an_unknown_instance_of_the_job(world, tmp_path):
+    """A restart on the same state adopts its fleet; an instance tagged with the job that no
+    intent of this state launched (another state file, a lost one) is adopted too, never
+    terminated without proof; the plan then drains the surplus through the ring."""
     settings = world.settings("e2e-restart", queue=False)
     d = build_daemon(settings, tmp_path / "state.sqlite")
     d.recover(); d.poll_prices(); d.plan_and_reconcile("start")
     fleet = {r.id for r in d.state.live_instances()}
     assert len(fleet) == 3
     d.state.close()
-    # A stray: tagged with the job, launched by nobody the state knows.
     from pricing.model import Offering
     from provisioner.drivers.aws import AwsDriver
     from provisioner.drivers.base import LaunchRequest
 
-    stray = AwsDriver(settings.aws).launch(LaunchRequest(
+    unknown = AwsDriver(settings.aws).launch(LaunchRequest(
         Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge"), 1, "e2e-restart",
         "unknown-token")).instances[0].id
     d2 = build_daemon(settings, tmp_path / "state.sqlite")
     d2.recover()
-    assert {r.id for r in d2.state.live_instances()} == fleet
-    assert {i["InstanceId"] for i in world.instances("e2e-restart")} == fleet  # stray gone
-    assert stray not in fleet
+    assert {r.id for r in d2.state.live_instances()} == fleet | {unknown}
+    assert {i["InstanceId"] for i in world.instances("e2e-restart")} == fleet | {unknown}
+    # a fresh state file (the daemon started from another directory) kills nothing either
+    d3 = build_daemon(settings, tmp_path / "fresh.sqlite")
+    d3.recover()
+    assert {r.id for r in d3.state.live_instances()} == fleet | {unknown}
+    assert {i["InstanceId"] for i in world.instances("e2e-restart")} == fleet | {unknown}
+    d3.state.close()
     d2.stop("terminate")
     assert world.instances("e2e-restart") == []

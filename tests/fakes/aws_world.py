@@ -20,6 +20,7 @@ daemon its own job id so tests sharing a world do not see each other's instances
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -31,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 REGION = "us-east-1"
 TEMPLATE = "spotring-worker"
@@ -239,6 +240,38 @@ class TrialResult:
     alive_after: int
 
 
+def kill_at_point(target: Callable[..., None], args: tuple, point: str, k: int,
+                  rng: random.Random, max_delay_s: float, reached: Any) -> None:
+    """Fork ``target(*args, reached)`` (a daemon that sets ``reached`` at its kill point and
+    pauses there, see :class:`PausingDriver`), wait for the point (or, for ``random``, a
+    random delay after it starts), and SIGKILL it."""
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=target, args=(*args, reached), daemon=True)
+    child.start()
+    if not reached.wait(60):
+        child.kill()
+        raise RuntimeError(f"the daemon never reached {point} #{k}")
+    if point == "random":
+        time.sleep(rng.uniform(0.0, max_delay_s))
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+
+
+@contextlib.contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """A bare moto server (S3 and the rest) on an ephemeral port; yields its URL."""
+    from moto.server import ThreadedMotoServer
+
+    _credentials()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
 def crash_trial(world: AwsWorld, workdir: Path, n: int, rng: random.Random,
                 replan: bool = True) -> TrialResult:
     """One SIGKILL trial (see the module docstring); leaves no instance of its job alive.
@@ -250,18 +283,8 @@ def crash_trial(world: AwsWorld, workdir: Path, n: int, rng: random.Random,
     state_path = str(workdir / f"{job}.sqlite")
     point = KILL_POINTS[n % len(KILL_POINTS)]
     k = rng.choice((1, 2)) if point.startswith("launch") else 1
-    ctx = multiprocessing.get_context("fork")
-    reached = ctx.Event()
-    child = ctx.Process(target=_child, args=(settings, state_path, point, k, reached),
-                        daemon=True)
-    child.start()
-    if not reached.wait(60):
-        child.kill()
-        raise RuntimeError(f"trial {n}: the daemon never reached {point} #{k}")
-    if point == "random":
-        time.sleep(rng.uniform(0.0, 1.5))
-    os.kill(child.pid, signal.SIGKILL)
-    child.join(10)
+    reached = multiprocessing.get_context("fork").Event()
+    kill_at_point(_child, (settings, state_path, point, k), point, k, rng, 1.5, reached)
 
     from provisioner.daemon.state import State
 

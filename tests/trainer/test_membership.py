@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainer import membership as mb
-from trainer.membership import Joiner, Plan, next_plan
+from trainer import plans as pl
+from trainer.membership import Plan
+from trainer.plans import Joiner, next_plan
 
 
 def test_first_generation_waits_for_the_initial_world() -> None:
@@ -70,30 +72,30 @@ def test_messages_round_trip_and_reject_wrong_types() -> None:
 
 def test_the_same_set_is_re_formed_up_to_the_limit_then_the_member_that_never_forms_goes() -> None:
     plan = Plan(7, (1, 2, 3), ("a", "b", "c"))
-    h = mb.Reforms()
-    for n in range(1, mb.MAX_SAME_REFORMS + 1):  # 3 never starts forming; no step commits
-        h, drop = mb.reform_or_drop(h, plan, started=[1, 2], formed=[], step=40)
+    h = pl.Reforms()
+    for n in range(1, pl.MAX_SAME_REFORMS + 1):  # 3 never starts forming; no step commits
+        h, drop = pl.reform_or_drop(h, plan, started=[1, 2], formed=[], step=40)
         assert drop == () and h.count == n
-    h, drop = mb.reform_or_drop(h, plan, started=[1, 2], formed=[], step=40)
-    assert drop == (3,) and h == mb.Reforms()
+    h, drop = pl.reform_or_drop(h, plan, started=[1, 2], formed=[], step=40)
+    assert drop == (3,) and h == pl.Reforms()
 
 
 def test_a_committed_step_or_another_set_restarts_the_count() -> None:
     plan = Plan(7, (1, 2, 3), ("a", "b", "c"))
-    h, _ = mb.reform_or_drop(mb.Reforms(), plan, [1, 2], [], step=40, limit=1)
-    h2, drop = mb.reform_or_drop(h, plan, [1, 2], [], step=41, limit=1)  # progress made
+    h, _ = pl.reform_or_drop(pl.Reforms(), plan, [1, 2], [], step=40, limit=1)
+    h2, drop = pl.reform_or_drop(h, plan, [1, 2], [], step=41, limit=1)  # progress made
     assert drop == () and h2.count == 1
-    h3, drop = mb.reform_or_drop(h, Plan(8, (1, 2), ("a", "b")), [1], [], step=40, limit=1)
+    h3, drop = pl.reform_or_drop(h, Plan(8, (1, 2), ("a", "b")), [1], [], step=40, limit=1)
     assert drop == () and h3.count == 1
 
 
 def test_started_but_not_formed_while_others_formed_is_dropped_and_nobody_if_all_alike() -> None:
     plan = Plan(4, (1, 2), ("a", "b"))
-    h = mb.Reforms(members=(1, 2), count=5, step=9)
-    assert mb.reform_or_drop(h, plan, [1, 2], [1], step=9)[1] == (2,)
+    h = pl.Reforms(members=(1, 2), count=5, step=9)
+    assert pl.reform_or_drop(h, plan, [1, 2], [1], step=9)[1] == (2,)
     # nothing singles anyone out: everybody started and formed, or nobody started
-    assert mb.reform_or_drop(h, plan, [1, 2], [1, 2], step=9)[1] == ()
-    assert mb.reform_or_drop(h, plan, [], [], step=9)[1] == ()
-    assert mb.reform_or_drop(h, plan, [1, 2], [], step=9)[1] == ()
+    assert pl.reform_or_drop(h, plan, [1, 2], [1, 2], step=9)[1] == ()
+    assert pl.reform_or_drop(h, plan, [], [], step=9)[1] == ()
+    assert pl.reform_or_drop(h, plan, [1, 2], [], step=9)[1] == ()
     with pytest.raises(ValueError, match="limit"):
-        mb.reform_or_drop(h, plan, [1, 2], [], step=9, limit=0)
+        pl.reform_or_drop(h, plan, [1, 2], [], step=9, limit=0)

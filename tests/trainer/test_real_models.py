@@ -28,8 +28,10 @@ EPOCHS = 20
 def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("regression")
     out = tmp / "model.pt"
+    pace = tmp / "pace"  # the job goes slowly until both joiners are in
+    pace.write_text("")
     ring = Ring(tmp, job=JOB, env={"REG_EPOCHS": str(EPOCHS), "REG_OUT": str(tmp / "r2"),
-                                   "REG_SLEEP_MS": "8"},
+                                   "REG_PACE_FILE": str(pace)},
                 initial_world=3, heartbeat_timeout_s=3.0, rollcall_s=0.5)
     try:
         ring.worker("a", "--output", str(out))
@@ -39,7 +41,8 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         ring.worker("j1", "--output", str(out))  # joins hot
         ring.wait_for("step 90", lambda: ring.coord.stats()["step"] >= 90, 150)
         ring.worker("j2", "--output", str(out))  # a second join
-        ring.wait_for("the second joiner in the ring", lambda: ring.active("j2"), 120)
+        ring.wait_for("the second joiner in the ring", lambda: ring.active("j2"), 240)
+        pace.unlink()
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 240)
         for p in ring.procs.values():
             p.wait(30)

@@ -57,7 +57,7 @@ def _before(ring: Ring) -> dict[str, Any]:
 
 def _still_training(ring: Ring, before: dict[str, Any], steps: int = 5) -> None:
     ring.wait_for("the ring to keep training",
-                  lambda: ring.coord.stats()["step"] >= before["step"] + steps, 60)
+                  lambda: ring.coord.stats()["step"] >= before["step"] + steps, 120)
     stats = ring.coord.stats()
     assert not stats["finished"] and stats["outcome"] == "running"
     assert ring.coord.plan() == before["plan"]  # no generation was forged or forced

@@ -131,7 +131,7 @@ def test_user_csv_with_gaps_disorder_and_empty_cells(tmp_path):
     ("yesterday,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1,,1\n", "mine.csv:2: column 'time'"),
     ("2024-01-01T00:00:00Z,azure,us-east-1,us-east-1a,p3.2xlarge,spot,1,,1\n", "mine.csv:2: Offering.cloud"),
     ("2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1\n", "mine.csv:2: expected 9 columns"),
-    ("2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1,,-1\n", "mine.csv:2: available"),
+    ("2024-01-01T00:00:00Z,aws,us-east-1,us-east-1a,p3.2xlarge,spot,1,,-1\n", "mine.csv:2: column 'available'"),
 ])
 def test_malformed_user_csv_names_file_and_line(tmp_path, body, problem):
     p = write(tmp_path, "mine.csv", HEADER + "\n" + body)

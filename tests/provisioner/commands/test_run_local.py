@@ -136,7 +136,7 @@ def test_ctrl_c_drains_stops_and_reports(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out  # Ctrl-C: drained, reported, then 128 + SIGINT
     assert "stopped: interrupted" in out and (wd / "report" / "report.md").exists()
     st = State(wd / "state.sqlite")
     assert st.live_instances() == [] and st.events()[-1].kind == "stopped"

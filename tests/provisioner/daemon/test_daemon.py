@@ -143,30 +143,66 @@ def test_hard_kill_from_trace_is_replaced(world):
     assert len(live) == 3 and all(r.offering.zone != zone for r in live)
 
 
-def test_restart_finishes_open_intent_adopts_and_terminates_strays(world, tmp_path):
+def test_restart_finishes_open_intent_and_adopts_unknown_instances(world, tmp_path):
     d, clock, drv, st = world()
     d.poll_prices()
     off = Offering("local", "local-1", "local-1b", "p3.2xlarge")
     # the daemon wrote its intent, the cloud call happened, then SIGKILL before finish_launch
     st.begin_launch("tok-crash", off, 2, clock.t.timestamp())
     first = drv.launch(LaunchRequest(off, 2, d.job_id, "tok-crash"))
-    # a stray: tagged with the job, launched by no intent the state knows
+    # tagged with the job, launched by no intent this state knows (a lost state file, another
+    # directory): adopted, never killed without proof
     other = Offering("local", "local-1", "local-1b", "p2.xlarge")
-    stray = drv.launch(LaunchRequest(other, 1, d.job_id, "tok-unknown")).instances[0].id
+    unknown = drv.launch(LaunchRequest(other, 1, d.job_id, "tok-unknown")).instances[0].id
     st.close()
     d2, *_ = world(state_path=tmp_path / "state.sqlite", clock=clock)
     d2.recover()
     live = {r.id for r in d2.state.live_instances()}
-    assert live == {i.id for i in first.instances}
-    assert stray not in {i.id for i in drv.list(d.job_id)}
-    assert len(drv.list(d.job_id)) == 2  # no duplicate from repeating the launch
+    assert live == {i.id for i in first.instances} | {unknown}
+    assert {i.id for i in drv.list(d.job_id)} == live  # nothing killed
+    assert len(drv.list(d.job_id)) == 3  # no duplicate from repeating the launch
     assert d2.state.open_intents() == []
+    adopted = {e.instance_id: e.detail for e in d2.state.events(kinds=["adopted"])}
+    assert "unknown to this state" in adopted[unknown]
     # an instance that died while the daemon was down is closed at the next start
-    drv.terminate([sorted(live)[0]])
+    drv.terminate([sorted(first.instances, key=lambda i: i.id)[0].id])
     d3, *_ = world(state_path=tmp_path / "state.sqlite", clock=clock)
     d3.recover()
-    assert {r.id for r in d3.state.live_instances()} == {sorted(live)[1]}
+    assert {r.id for r in d3.state.live_instances()} == live - {
+        sorted(first.instances, key=lambda i: i.id)[0].id}
     assert d3.state.events(kinds=["gone"])
+
+
+def test_fresh_state_never_terminates_the_jobs_instances(world, tmp_path):
+    """A daemon on a fresh state file (started from another directory, the file lost) finds
+    a running fleet of its job: it adopts all of it and plans with it, killing nothing."""
+    d, clock, drv, st = world()
+    d.recover(); d.poll_prices(); d.plan_and_reconcile()
+    fleet = {r.id for r in st.live_instances()}
+    assert len(fleet) == 3
+    st.close()
+    d2, *_ = world(state_path=tmp_path / "fresh.sqlite", clock=clock)
+    d2.recover(); d2.poll_prices(); d2.plan_and_reconcile()
+    assert {r.id for r in d2.state.live_instances()} == fleet
+    assert {i.id for i in drv.list(d.job_id)} == fleet
+    assert not d2.state.events(kinds=["terminated", "drain"])
+
+
+def test_an_instance_this_state_terminated_is_terminated_again(world, tmp_path):
+    """Proof: this state recorded a completed termination of the instance, yet the cloud
+    still lists it (a termination that did not stick): the restart ends it."""
+    d, clock, drv, st = world()
+    d.recover(); d.poll_prices(); d.plan_and_reconcile()
+    victim = sorted(r.id for r in st.live_instances())[0]
+    real = drv.terminate
+    drv.terminate = lambda ids: None  # the cloud call "succeeds" but nothing happens
+    d.actuator.terminate_ids([victim], "test")
+    drv.terminate = real
+    assert victim in {i.id for i in drv.list(d.job_id)}
+    st.close()
+    d2, *_ = world(state_path=tmp_path / "state.sqlite", clock=clock)
+    d2.recover()
+    assert victim not in {i.id for i in drv.list(d.job_id)}
 
 
 def test_measured_slow_type_changes_the_next_plan(world):

@@ -93,3 +93,41 @@ def test_unwritable_path_is_a_config_error(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError, match="state_path"):
         State(tmp_path / "f" / "s.sqlite")
+
+
+def _files(folder):
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_read_only_never_writes_to_the_file_it_reads(tmp_path):
+    from provisioner.errors import UserError
+
+    path = tmp_path / "s.sqlite"
+    s = State(path)
+    s.adopt("i-1", A, 0)
+    s.set_meta("job", {"id": "x"})
+    s.close()  # no daemon: no -wal file, read immutable, nothing created beside it
+    before = _files(tmp_path)
+    r = State.read_only(path)
+    assert [i.id for i in r.live_instances()] == ["i-1"] and r.get_meta("job") == {"id": "x"}
+    with pytest.raises(Exception):
+        r.set_meta("job", {"id": "y"})
+    r.close()
+    assert _files(tmp_path) == before
+    # while a daemon writes, the reader sees its rows through the shared WAL
+    w = State(path)
+    w.adopt("i-2", A, 1)
+    main_file = _files(tmp_path)["s.sqlite"]
+    r = State.read_only(path)
+    assert [i.id for i in r.live_instances()] == ["i-1", "i-2"]
+    r.close()
+    assert _files(tmp_path)["s.sqlite"] == main_file
+    w.close()
+    with pytest.raises(UserError, match="no state file"):
+        State.read_only(tmp_path / "none.sqlite")
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(UserError, match="not a"):
+        State.read_only(tmp_path / "report.json")
+    assert (tmp_path / "report.json").read_text() == "{}"

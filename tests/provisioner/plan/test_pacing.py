@@ -22,3 +22,23 @@ def test_outage_log_measures_outages_from_failure_to_holding_again():
     # length-biased mean: (3,600^2 + 1,200^2) / (3,600 + 1,200) = 3,000 s
     assert log.lengths == [3600.0, 1200.0]
     assert log.bank_s(6000.0) == pytest.approx(3000.0)
+
+
+def test_outage_log_tells_a_running_outage_from_the_typical_one():
+    log = OutageLog()
+    log.observe(0.0, held=False, last_failure=0.0)  # spot never came: one outage running
+    assert log.typical_s() == 0.0 and log.running_s(7_200.0) == 7_200.0
+    log.observe(7_200.0, held=True, last_failure=0.0)
+    assert log.running_s(7_300.0) == 0.0 and log.typical_s() == pytest.approx(7_200.0)
+
+
+def test_on_demand_capacity_is_the_real_ring_of_max_size():
+    # 16 x 400/s with a 50 MB gradient and a batch of 1,024 on 10 Gb/s: t_comm = 0.075 s,
+    # efficiency 1 / (1 + 6,400 x 0.075 / 1,024) = 0.681, not 16 x 400 = 6,400/s.
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate
+    from provisioner.plan.pacing import od_capacity
+    od = Offering("aws", "us-east-1", "*", "p3.2xlarge", "on-demand")
+    spot = od.with_market("spot")
+    cands = [Candidate(od, 3.06, 400.0), Candidate(spot, 0.9, 400.0)]
+    assert od_capacity(cands, 16, 50.0, 1024, 10.0) == pytest.approx(6400 / (1 + 6400 * 0.075 / 1024))

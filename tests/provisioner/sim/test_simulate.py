@@ -72,19 +72,18 @@ def test_cheapest_first_restarts_from_checkpoint_in_the_next_zone_after_backoff(
 
 def test_spotring_loses_at_most_one_step_on_a_revocation():
     # Same trace: spotring paces the work to finish by its own deadline, work / the nominal
-    # 100/s = 7,200 s. It holds a (two instances for the first 10 minutes: one instance's
-    # hazard-discounted rate is a hair below the pace, then one), loses one 1-s step of
-    # 100/s at 0.75 h, re-plans at once away from a (avoided) and finishes in b by 7,200 s,
-    # before cheapest-first's 8,160 s; its only loss is that one step. (No banking ahead of
-    # the line, bank_hours 0: that is tested on its own below.)
+    # 100/s = 7,200 s. It holds 2 in a from the start (one instance's hazard-discounted rate
+    # is a hair below the pace; launched within the churn horizon, both are kept), so
+    # 540,000 are done when both are revoked at 0.75 h; it loses one 1-s step of the 200/s
+    # ring, nothing else. Ahead of its line (270,000) it waits for a (b costs 1.5x per
+    # sample) until the line catches up (539,800 at 5,398 s, the 5,400 s tick), then runs 2
+    # in b: 180,200 at 200/s = 901 s, done at 6,301 s. (No banking ahead of the line,
+    # bank_hours 0: that is tested on its own below.)
     world = two_zone_world((0.75, 9.0))
     r = simulate_policy(world, "spotring", params(bank_hours=0.0), work=720_000)
-    assert r.revocations == 1 and r.work_lost == pytest.approx(100)
-    assert r.completion_h <= 7200 / 3600 + 1e-9
-    # cost = every sample paid at its zone's price per sample (no boot): a ran 2 x 600 s +
-    # 1 x 2,100 s = 330,000 samples ($1 per 360,000, the lost step included), b the other
-    # 720,000 - 329,900 = 390,100 ($1.5 per 360,000)
-    assert r.cost == pytest.approx((330_000 * 1.0 + 390_100 * 1.5) / 360_000, rel=1e-9)
+    assert r.revocations == 2 and r.work_lost == pytest.approx(200)
+    assert r.completion_h == pytest.approx(6301 / 3600)
+    assert r.cost == pytest.approx(2 * 0.75 * 1.0 + 2 * 901 / 3600 * 1.5, rel=1e-9)
 
 
 def test_static_spot_waits_in_its_zone():
@@ -221,21 +220,40 @@ def test_spotring_takes_the_fleet_cheapest_per_sample_not_per_hour():
 
 def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_margin():
     # One zone at $1/h (on-demand $4/h), gone from 0.25 h to 1.5 h; 720,000 samples at the
-    # job's pace of 100/s set its own deadline, 2 h. Done by 0.25 h: 2 x 600 s + 1 x 300 s at
-    # 100/s less the step lost = 149,900. At 1.5 h, 570,100 left in 0.5 h needs 317/s: 4
-    # spot instances; at 1.667 h (389,900 done) 275/s: 3, done at 1.667 h + 1,100 s = 1.972 h.
-    # Spot alone still makes the pace, so no on-demand: every sample paid at spot's $1 per
-    # 360,000 (the lost step too): $2.0003. With the same 2 h as the user's (hard)
+    # job's pace of 100/s set its own deadline, 2 h. Two spot instances run to 0.25 h
+    # (179,800 done: one 200/s step lost). The slack (time left less what the fastest
+    # on-demand ring, 4 x 100/s, needs) never runs out before spot is back at 1.5 h (0.125 h
+    # left), so it waits. At 1.5 h, 540,200 left in 0.5 h: 4 spot instances, kept (launched
+    # within the churn horizon) to the end: done at 5,400 + 1,350.5 s. Every sample paid at
+    # spot's $1 per 360,000 (the lost step too). With the same 2 h as the user's (hard)
     # deadline, the safety margin (a quarter of it, 0.5 h) buys on-demand during the outage.
     quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
     av = (Availability(A, at(0), 100), Availability(A, at(0.25), 0), Availability(A, at(1.5), 100),
           Availability(A, at(10), 100))
     world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
     soft = simulate_policy(world, "spotring", params(), work=720_000)
-    assert soft.completion_h == pytest.approx(5400 / 3600 + 600 / 3600 + 330_100 / 300 / 3600)
-    assert soft.cost == pytest.approx(720_100 / 360_000, rel=1e-9)
+    assert soft.completion_h == pytest.approx((5400 + 1350.5) / 3600)
+    assert soft.cost == pytest.approx(720_200 / 360_000, rel=1e-9)
     hard = simulate_policy(world, "spotring", params(), work=720_000, deadline_h=2.0)
     assert hard.deadline_met and hard.cost > soft.cost + 0.5
+
+
+def test_spotring_when_spot_never_comes_ramps_on_demand_in_and_is_no_later_than_on_demand():
+    # No spot capacity at all (zone a at 0 throughout); 4 instances of 100/s on a ring (12.5
+    # MB gradient, batch 256: 4 deliver 357/s, 8 deliver 597/s), max_size 8, boot 180 s.
+    # Plain on-demand runs 4 from the start. spotring waits while its slack lasts (counted
+    # against the 8-instance ring, its boot and its launch rounds), then launches on-demand
+    # 4 at a time through the churn limits and finishes no later than plain on-demand.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 0), Availability(A, at(20), 0))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=8)
+    p = params(size=4, max_size=8, boot_s=180, model_mb=12.5, global_batch=256)
+    od = simulate_policy(world, "on-demand", p, work=3.6e6)
+    ours = simulate_policy(world, "spotring", p, work=3.6e6)
+    assert ours.completion_h is not None and ours.completion_h <= od.completion_h
+    fleet = [n for x, n in zip(ours.series[0], ours.series[1]) if n]
+    assert fleet[0] <= 4 and max(fleet) <= 8  # a ramp, 4 a round, not 8 at once
+    assert all(x > 0.5 for x, n in zip(ours.series[0], ours.series[1]) if n)  # it waited
 
 
 def test_spotring_on_pace_for_a_hard_deadline_buys_no_on_demand():

@@ -8,7 +8,8 @@ is what made the batch planner give a member one sample before the minimum local
 Knobs: ``REG_EPOCHS`` (default 6), ``REG_BATCH`` (global batch, default 32), ``TARGET_DIM``
 (default 1), ``REG_FAIL_AT`` (raise in forward at that step: a job error), ``REG_OUT``
 (``on_finish`` writes the final R² there), ``REG_SLEEP_MS`` (each training forward sleeps
-this long: paces a test's story whatever the machine's speed).
+this long), ``REG_PACE_FILE`` (while that file exists, each training forward sleeps 0.1 s
+more: a test holds the job back until its story is told, whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Net(nn.Module):
                                   nn.ReLU(), nn.Linear(64, out))
         self.fail_at = int(os.environ.get("REG_FAIL_AT", "-1"))
         self.sleep_s = float(os.environ.get("REG_SLEEP_MS", "0")) / 1000
+        self.pace = os.environ.get("REG_PACE_FILE", "")
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +66,8 @@ class Net(nn.Module):
                 raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (the user's bug)")
             if self.sleep_s:
                 time.sleep(self.sleep_s)
+            if self.pace and os.path.exists(self.pace):
+                time.sleep(0.1)
         return self.body(x)
 
 

@@ -1,0 +1,161 @@
+"""The local run's work directory: what lives where, and whether a start continues the run
+found there.
+
+Design: a work directory holds ONE run and is never wiped. :class:`Workdir` names its
+paths. :func:`decide_start` (pure) reads the run found there (the ``run`` meta of its state)
+against this start's :class:`RunIdentity`:
+
+- no state: a **fresh** run;
+- a run whose job finished (``ended.outcome == "done"``): the **next** run; the finished
+  run's files (state, worker logs, samples, its snapshots, the default report) are moved,
+  not deleted, to ``runs/<its id>/`` first (:func:`archive`);
+- anything else (a daemon killed or crashed, Ctrl-C, ``--duration`` reached, a lost job):
+  **continue** it: the same state, token, coordinator address and snapshots, the fleet
+  adopted, the simulated clock going on where it is. A start whose identity differs (another
+  job file, market or epoch count) is refused with the flag to change, since its workers
+  and its report would mix two runs.
+
+``cloud/`` (the local driver's instance records) is the machine's "cloud account": it is
+never moved, so instances of any earlier run stay visible to recovery. Snapshots are kept
+per run (``snapshots/<run id>``, or ``<snapshot.url>/<job.id>/<run id>``): a run never
+resumes from another run's snapshots, a finished one's least of all.
+
+Rule: read the state only with :meth:`provisioner.daemon.state.State.read_only` before the
+run's lock is held and the start decided; :func:`archive` is the only move.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Mapping
+
+from provisioner.errors import UserError
+
+
+@dataclass(frozen=True)
+class Workdir:
+    """The paths of a local run's work directory."""
+
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.sqlite"
+
+    @property
+    def token(self) -> Path:
+        return self.root / "token"
+
+    @property
+    def cloud(self) -> Path:
+        return self.root / "cloud"
+
+    @property
+    def workers(self) -> Path:
+        return self.root / "workers"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What makes two starts the same run (each field names the flag that sets it)."""
+
+    job: str  # job.id
+    job_file: str  # job.job_file
+    until_epochs: int | None  # --until-epochs
+    market: str  # --trace paths, or the generator's --seed and --outages-per-hour
+
+    def as_meta(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FLAGS = {"job": "job.id", "job_file": "job.job_file", "until_epochs": "--until-epochs",
+         "market": "--trace/--seed/--outages-per-hour"}
+
+
+class StartKind(StrEnum):
+    FRESH = "fresh"
+    CONTINUE = "continue"
+    NEXT = "next"  # the run found there finished: archived, then a fresh one
+
+
+@dataclass(frozen=True)
+class Start:
+    kind: StartKind
+    previous_id: str | None = None  # the run continued or archived
+
+    def run_id(self) -> str:
+        """The id of the run this start runs: the continued one's, else a new one."""
+        if self.kind is StartKind.CONTINUE and self.previous_id:
+            return self.previous_id
+        return new_run_id()
+
+
+def new_run_id() -> str:
+    """``20261124T093235Z-fd46a1``: sortable by start, unique enough for one machine."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
+                 identity: RunIdentity, where: str) -> Start:
+    """Fresh, continue or next (see the module docstring). Raises UserError naming the flag
+    when the run found there is another run."""
+    if not has_state:
+        return Start(StartKind.FRESH)
+    meta = dict(run_meta or {})
+    ended = meta.get("ended") or {}
+    if ended.get("outcome") == "done":
+        return Start(StartKind.NEXT, meta.get("id"))
+    theirs = meta.get("identity") or {}
+    for name, flag in FLAGS.items():
+        if name in theirs and theirs[name] != getattr(identity, name):
+            raise UserError(f"{where} holds an unfinished run started with {flag} "
+                            f"{theirs[name]!r} (this start: {getattr(identity, name)!r}); "
+                            f"start with the same {flag} to continue it, or pick another "
+                            f"--workdir")
+    return Start(StartKind.CONTINUE, meta.get("id"))
+
+
+def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
+    """Move the finished run's files to ``runs/<run_id>/`` (a rename: nothing is deleted).
+    ``report`` is moved only when it is inside the work directory. Returns the folder."""
+    name = run_id or f"run-{int(os.path.getmtime(wd.state))}"
+    dest = wd.runs / name
+    k = 1
+    while dest.exists():
+        k += 1
+        dest = wd.runs / f"{name}.{k}"
+    dest.mkdir(parents=True)
+    moving = [(p, p.name) for p in (wd.workers, wd.samples, *wd.root.glob("state.sqlite*"))]
+    if run_id:
+        moving.append((wd.snapshots / run_id, "snapshots"))
+    if report is not None and report.resolve().parent == wd.root.resolve():
+        moving.append((report, report.name))
+    for p, to in moving:
+        if p.exists():
+            os.replace(p, dest / to)
+    return dest

@@ -1,0 +1,153 @@
+"""``provision run`` on the local cloud as a child process, and what its work directory says,
+for the end-to-end tests (tests/e2e/test_local_run.py) and the benchmarks
+(benchmarks/daemon_crash.py, benchmarks/ring_loss.py).
+
+Design: :class:`RunProcess` starts the real command line (``python -m provisioner.cli run
+--workdir W ...``) with its output in a log file beside the work directory, and reads the
+run only the way another terminal would: the state through
+:meth:`provisioner.daemon.state.State.read_only` (the ring's last stats are its ``ring``
+meta, written with every metrics record), the live workers through
+:func:`provisioner.drivers.local.running`, the workers' per-step metrics from
+``W/workers/*.jsonl``.
+
+Rule for callers: call :meth:`RunProcess.close` (or use it as a context manager): it kills
+the daemon if it still runs and every worker of the job left in the work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from provisioner.daemon.state import State
+from provisioner.drivers.local import running
+from provisioner.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "spotring-demo"
+
+
+class RunProcess:
+    """One ``provision run`` child on the local cloud (see the module docstring)."""
+
+    def __init__(self, workdir: Path, *flags: str, config: Path | None = None,
+                 log_name: str = "run.log", env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.flags = list(flags)
+        self.config = config
+        self.log_path = self.workdir.parent / log_name
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "provisioner.cli", "run", "--workdir", str(self.workdir),
+                "--no-dashboard", *self.flags]
+        return argv + (["--config", str(self.config)] if self.config is not None else [])
+
+    def start(self, log_name: str | None = None) -> "RunProcess":
+        """Start (again: a restart on the same work directory, its output in ``log_name``)."""
+        if log_name is not None:
+            self.log_path = self.workdir.parent / log_name
+        self.workdir.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+        out.close()
+        return self
+
+    def __enter__(self) -> "RunProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the process ---------------------------------------------------------------------------
+    def poll(self) -> int | None:
+        assert self.proc is not None
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def send(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def exited(self) -> str | None:
+        """The log when the daemon exited (an ``abort`` for :func:`tests.fakes.wait.wait_for`)."""
+        return self.log() if self.proc is not None and self.proc.poll() is not None else None
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.kill_workers()
+
+    # -- the work directory ------------------------------------------------------------------------
+    def _read(self, fn: Any, default: Any) -> Any:
+        """``fn(state)`` on the state read-only; ``default`` while the daemon is creating it."""
+        path = self.workdir / "state.sqlite"
+        try:
+            st = State.read_only(path)
+        except UserError:  # not there yet, or its tables not written yet
+            return default
+        try:
+            return fn(st)
+        except sqlite3.Error:
+            return default
+        finally:
+            st.close()
+
+    def meta(self, key: str) -> Any:
+        return self._read(lambda st: st.get_meta(key), None)
+
+    def events(self, kind: str) -> list:
+        return self._read(lambda st: st.events(kinds=[kind]), [])
+
+    def ring(self) -> dict[str, Any]:
+        """The ring's stats as the daemon last recorded them."""
+        return self.meta("ring") or {}
+
+    def training(self, world: int, step: int) -> bool:
+        r = self.ring()
+        return int(r.get("world") or 0) >= world and int(r.get("step") or 0) >= step
+
+    def report(self) -> dict[str, Any]:
+        return json.loads((self.workdir / "report" / "report.json").read_text())
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The live workers' records (id, pid, ...)."""
+        return running(self.workdir / "cloud", JOB)
+
+    def kill_workers(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Signal every live worker of the job (its process group); returns their pids."""
+        pids = [r["pid"] for r in self.workers()]
+        for pid in pids:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def step_times(self) -> dict[int, float]:
+        """Committed step -> the earliest wall time a member logged it."""
+        out: dict[int, float] = {}
+        for f in (self.workdir / "workers").glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line of a killed worker
+                s, t = int(rec["step"]), float(rec["t"])
+                out[s] = min(out.get(s, t), t)
+        return out
