@@ -35,7 +35,10 @@ loses nothing committed: every zone holds a whole replica of the weights and opt
 state, the shards only carry updates. An update computed but applied nowhere is computed
 again on the same samples (the samples of an update are fixed by its version), so every
 sample is still seen once per epoch; every member holding the state lost at once resumes
-from the durable snapshot as the ring does.
+from the durable snapshot as the ring does. The samples of an update are recorded by each
+member of the zone that computed it, its own share, when it applies it, or at the next
+forming when a peer applied it; the shares of zone members gone by then (killed, dropped
+while hung) are recorded by the first of the zone still there.
 
 Rule for callers: as :class:`trainer.member.Member`. ``HybridSettings(staleness=0)`` runs
 the ring itself.
@@ -75,11 +78,14 @@ HEADER = 6  # action, ticket, apply, remote, final, newest; then the zone's batc
 @dataclass
 class _Own:
     """An update this zone computed, kept until its turn: the vector and this member's
-    samples (recorded when it is applied)."""
+    samples (recorded when it is applied), and every zone member's (``shares`` in zone rank
+    order, ``zkeys`` theirs: for members that are gone when a peer applied it)."""
 
     update: torch.Tensor
     epoch: int
     ids: list[int]
+    shares: list[list[int]] = field(default_factory=list)
+    zkeys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -139,9 +145,20 @@ class HybridMember(Member):
             return super()._prepare_steps(plan, rank)
         w, job, cfg = self.w, self.w.job, self.w.cfg
         assert job is not None
+        here = set(plan.keys())
         for v in sorted(self.own):  # updates this zone computed that a peer applied count
+            o = self.own[v]
             if v < w.step:
-                self._record(_Pending(v, self.own[v].epoch, self.own[v].ids))
+                self._record(_Pending(v, o.epoch, o.ids))
+                # the shares of zone members gone since (killed, dropped while hung) are
+                # recorded by the first of the zone still here: they count, and no one else
+                # will record them (a hung member rejoins as a new member, knowing nothing)
+                stay = [k for k in o.zkeys if k in here]
+                if stay and stay[0] == plan.keys()[rank]:
+                    gone = [i for k, ids in zip(o.zkeys, o.shares, strict=True)
+                            if k not in here for i in ids]
+                    if gone:
+                        self._record(_Pending(v, o.epoch, gone))
         lost = sum(1 for v in self.own if v >= w.step)  # applied nowhere: computed again
         self.own.clear()
         zl = zone_layout(plan.zones, len(plan.members))
@@ -371,7 +388,8 @@ class HybridMember(Member):
                                   f"not {total}")
         order = w.order() if cur.epoch == w.cursor.epoch else epoch_order(w.cfg.seed,
                                                                           cur.epoch, n)
-        ids = split(order, cur, sizes)[g.zrank]
+        shares = split(order, cur, sizes)
+        ids = shares[g.zrank]
         b = int(ids.numel())
         w.maybe_fault()
         batch = w.batch(ids) if b > 0 else None
@@ -379,7 +397,8 @@ class HybridMember(Member):
                                 latest=self.hb.latest, eval_s=w.eval_s,
                                 staleness=v - w.step, zone=g.zone,
                                 should_abort=self._aborted, after_compute=w.slow)
-        self.own[v] = _Own(res.update, cur.epoch, ids.tolist())
+        self.own[v] = _Own(res.update, cur.epoch, ids.tolist(),
+                           [t.tolist() for t in shares], list(g.zkeys))
         g.timing[v] = (b, res.compute_s, res.wait_s)
         if g.exchange is not None:
             g.exchange.push(v, res.update)
