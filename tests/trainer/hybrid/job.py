@@ -2,14 +2,16 @@
 
 Knobs (environment): ``HYBRID_STALENESS`` (default 1), ``HYBRID_SHARDS`` (0: one per zone),
 ``HYBRID_MODE`` (``hybrid``, default, or ``ring``), ``HYBRID_BN`` (1: a BatchNorm model, so
-buffers travel in the updates), plus the digits job's own (``DIGITS_EPOCHS``,
-``DIGITS_BATCH``, ...).
+buffers travel in the updates), ``HYBRID_PACE_FILE`` (while that file exists, each training
+loss sleeps 0.1 s: a story's faults all land before the job ends), plus the digits job's
+own (``DIGITS_EPOCHS``, ``DIGITS_BATCH``, ...).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +45,16 @@ def make_job(seed: int) -> Job:
         torch.manual_seed(seed)
         job.model = BNNet()
         job.optimizer = torch.optim.Adam(job.model.parameters(), lr=3e-3)
+    pace = os.environ.get("HYBRID_PACE_FILE", "")
+    if pace:
+        loss_fn = job.loss_fn
+
+        def paced(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            if os.path.exists(pace):
+                time.sleep(0.1)
+            return loss_fn(out, target)
+
+        job.loss_fn = paced
     job.mode = os.environ.get("HYBRID_MODE", "hybrid")
     job.hybrid = HybridSettings(staleness=int(os.environ.get("HYBRID_STALENESS", "1")),
                                 shards=int(os.environ.get("HYBRID_SHARDS", "0")))
