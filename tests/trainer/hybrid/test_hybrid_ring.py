@@ -9,6 +9,9 @@ Two scenarios, each a module fixture shared by the tests below (the suite stays 
   arrives hot in zone b; a worker of zone b hangs (SIGSTOP: found by its heartbeat,
   dropped, woken, refused, joins again as a new member). The job goes slowly (a pace
   file) until the hung worker is back, so every fault lands before it ends.
+
+And two runs of their own: staleness 0 (the synchronous ring), and both zones killed at
+once (their replacements resume from the durable snapshot).
 """
 
 from __future__ import annotations
@@ -202,3 +205,42 @@ def test_each_sample_exactly_once_per_epoch_through_the_faults(elastic: dict[str
 
 def test_no_update_staler_than_the_bound_through_the_faults(elastic: dict[str, Any]) -> None:
     assert max(r["staleness"] for r in elastic["metrics"]) <= 1
+
+
+def test_every_member_killed_at_once_resumes_from_the_durable_snapshot(tmp_path: Path
+                                                                       ) -> None:
+    from trainer import snapshot as snap
+
+    pace = tmp_path / "pace"  # slowly until both replacements are in
+    pace.write_text("")
+    ring = Ring(tmp_path, job=JOB, env={"DIGITS_EPOCHS": "4", "HYBRID_PACE_FILE": str(pace)},
+                snapshot=snap.SnapshotSettings(str(tmp_path / "snapshots"), every_s=3600.0,
+                                               every_steps=10),
+                initial_world=2, heartbeat_timeout_s=2.0, rollcall_s=0.5)
+    try:
+        start_in_order(ring, [("a0", "a", ()), ("b0", "b", ())])
+        ring.wait_for("a snapshot", lambda: (ring.coord.stats()["snapshot"] or {}).get(
+            "step", 0) >= 10, 120)
+        for name in ("a0", "b0"):  # both zones reclaimed: no replica left
+            os.kill(ring.procs[name].pid, signal.SIGKILL)
+        last = max(m["step"] for m in ring.metrics())
+        ring.wait_for("the loss noticed", lambda: any(
+            "waiting for members" in e["detail"] for e in ring.events("lost")), 60)
+        ring.worker("a1", "--zone", "a")  # the replacements, one per zone
+        ring.worker("b1", "--zone", "b")
+        ring.wait_for("both replacements in a formed generation", lambda: any(
+            set(e["name"].split(",")) >= {"a1", "b1"} for e in ring.events("formed")), 120)
+        pace.unlink()
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 240)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "done" and stats["epoch"] == 4
+        resumed = ring.events("resumed")
+        assert len(resumed) == 1
+        s = resumed[0]["data"]["step"]
+        assert s % 10 == 0 and 10 <= s <= last
+        assert all(f["identical"] for f in ring.formed())
+        sums = finish_checksums(ring.coord.events())
+        assert sorted(sums) == ["a1", "b1"] and len(set(sums.values())) == 1
+        assert ring.procs["a1"].wait(30) == 0 and ring.procs["b1"].wait(30) == 0
+    finally:
+        ring.close()
