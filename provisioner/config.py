@@ -18,8 +18,8 @@ Rule for callers: read settings only through :func:`load_settings`; never constr
 ``Settings`` from unvalidated dicts elsewhere.
 
 Ownership of sections (keep each edit inside its own class): ``job``/``objective``/``fleet``/
-``source``/``optimizer`` belong to the optimiser; ``cloud``/``aws``/``gcp``/``local``/``daemon``
-to the drivers and the daemon.
+``source``/``optimizer`` belong to the optimiser; ``cloud``/``aws``/``gcp``/``local``/``daemon``/
+``metrics`` to the drivers and the daemon.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ class JobSettings(_Section):
 
     id: str = Field("spotring-demo", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                     description="job id; tags every instance (lowercase letters, digits, '-')")
-    job_file: str = Field("examples/digits.py", description="the trainer job (module or path)")
+    job_file: str = Field("spotring_examples.digits", description="the trainer job: a module "
+                          "or a .py path defining make_job(seed) (`provision run --job` "
+                          "overrides); default: the packaged examples/digits.py")
     model_mb: float = Field(50.0, gt=0, le=1_000_000,
                             description="gradient size all-reduced each step, in MB")
     global_batch: int = Field(1024, ge=1, le=10_000_000,
@@ -252,12 +254,23 @@ class DaemonSettings(_Section):
     max_removals_per_round: int = Field(2, ge=1, le=1000, description="churn limit")
     on_exit: Literal["keep", "terminate"] = Field("keep", description="what happens to the fleet "
                                                   "when the daemon stops (--on-exit overrides)")
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port")
     coordinator_host: str = Field("127.0.0.1", description="address workers dial")
     coordinator_port: int = Field(0, ge=0, le=65535, description="0: any free port")
     token_path: str | None = Field(None, description="ring token file; when set, a cloud daemon "
                                    "runs the trainer's coordinator inside (the local run makes "
                                    "its own)")
+
+
+class MetricsSettings(_Section):
+    """The Prometheus endpoint of ``provision run`` (``--metrics-port`` and ``--metrics-host``
+    override). Loopback by default: the metrics name instances, prices and spend, so a daemon
+    is scraped from another host only when its operator says so (``host = "0.0.0.0"``, or the
+    address of the interface Prometheus reaches, behind the network rules they keep)."""
+
+    host: str = Field("127.0.0.1", min_length=1, max_length=255,
+                      description="address /metrics listens on (0.0.0.0: every interface)")
+    port: int | None = Field(None, ge=0, le=65535, description="port of /metrics (unset: no "
+                             "endpoint; 0: any free port, printed at start)")
 
 
 class SnapshotSettings(_Section):
@@ -312,6 +325,7 @@ class Settings(_Section):
     gcp: GcpSettings = GcpSettings()
     local: LocalSettings = LocalSettings()
     daemon: DaemonSettings = DaemonSettings()
+    metrics: MetricsSettings = MetricsSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
 
 

@@ -142,8 +142,7 @@ def heatmap(path: str | Path, rows: Mapping[str, tuple[Sequence[float], Sequence
     grid = [xmax * (i + 0.5) / width for i in range(width)]
     data = [[_at(xs, ys, x) for x in grid] for xs, ys in rows.values()] or [[0.0]]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(names))), dpi=100)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("0.8")  # NaN: not observed
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.8")  # NaN: not observed
     im = ax.imshow(np.ma.masked_invalid(np.array(data, dtype=float)), aspect="auto",
                    interpolation="nearest", cmap=cmap, extent=(0, xmax, len(names) - 0.5, -0.5))
     ax.set_yticks(range(len(names)))

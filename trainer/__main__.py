@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 
 def _token(path: str) -> bytes:
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="spotring elastic training ring")
     p.add_argument("--log-level", default=os.environ.get("SPOTRING_LOG", "INFO"))
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("coordinator", help="serve the membership of one job (Ctrl-C stops)")
+    c = sub.add_parser("coordinator", help="serve the membership of one job; exits when the "
+                       "job is over (done 0, lost 3, failed 4); Ctrl-C stops it")
     c.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; give the "
                    "private address workers dial, or 0.0.0.0 for every interface)")
@@ -68,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat before a member is dropped (default 5)")
     c.add_argument("--initial-world", type=int, default=1,
                    help="workers to wait for before the first generation (default 1)")
+    c.add_argument("--linger", type=float, default=LINGER_S, metavar="S",
+                   help="once the job is over (done, lost or failed), keep serving this many "
+                   f"seconds so every worker reads the end, then exit (default {LINGER_S:g}; "
+                   "exit code 0 done, 3 lost, 4 failed)")
     w = sub.add_parser("worker", help="train in the ring (SIGTERM: leave at the next step)")
     w.add_argument("--coordinator", type=_address, required=True, metavar="HOST:PORT")
     w.add_argument("--token-file", required=True)
@@ -138,12 +144,38 @@ def _coordinator(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(1.0):
-            pass
+        outcome = serve_until_over(coord.outcome, stop, linger_s=args.linger)
     except KeyboardInterrupt:
-        pass
+        outcome = None
     coord.stop()
-    return 0
+    if outcome is None:
+        return 0
+    st = coord.stats()
+    print(f"the job is over ({outcome.value}) at step {st.get('step')}, epoch "
+          f"{st.get('epoch')}: coordinator exiting", flush=True)
+    return OUTCOME_EXIT.get(outcome.value, 0)
+
+
+#: Seconds a standalone coordinator keeps serving once the job is over: the members read
+#: the end from it at their next step boundary (milliseconds away); a worker slowed down by
+#: a loaded machine gets seconds more.
+LINGER_S = 5.0
+#: The standalone coordinator's exit code per outcome (the daemon's codes: lost 3, failed 4).
+OUTCOME_EXIT = {"done": 0, "lost": 3, "failed": 4}
+
+
+def serve_until_over(outcome: Any, stop: threading.Event, *, linger_s: float = LINGER_S,
+                     poll_s: float = 0.5) -> Any:
+    """Wait until ``stop`` is set (returns None) or ``outcome()`` is no longer running;
+    then serve ``linger_s`` more (``stop`` cuts it short) and return that outcome."""
+    from trainer.membership import Outcome
+
+    while not stop.wait(poll_s):
+        o = outcome()
+        if o is not Outcome.RUNNING:
+            stop.wait(linger_s)
+            return o
+    return None
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -462,10 +462,17 @@ class Member:
             if not w.metrics and w.job.evaluate is not None:
                 w.evaluate()
             w.finish_model()
-        done = mb.Done(w.checksum(), w.step, dict(w.metrics))
+        self._report_done(mb.Done(w.checksum(), w.step, dict(w.metrics)),
+                          publish=self.rank == 0)
+
+    def _report_done(self, done: mb.Done, *, publish: bool) -> None:
+        """Tell the coordinator this member finished, through a coordinator that is
+        restarting; ``publish``: this member's progress report carries the final metrics
+        (a former rank 0's is older)."""
+        w = self.w
         while True:  # the end must reach the coordinator, even one that is restarting
             try:
-                if self.rank == 0 and self.hb.stats is not None:  # a former rank 0's is older
+                if publish and self.hb.stats is not None:
                     last = mb.Progress.parse(self.hb.stats)
                     self.hb.publish_stats(
                         dataclasses.replace(last, metrics=dict(w.metrics)).to_json())

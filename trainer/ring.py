@@ -115,6 +115,7 @@ def form_group(
     *,
     backend: str = "gloo",
     hostname: str | None = None,
+    sub: str = "",
 ) -> Group:
     """Build generation ``generation``'s process groups (blocks until all ranks connect).
 
@@ -124,11 +125,13 @@ def form_group(
     ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``)
     for the control collectives and the state transfer. ``hostname``: the address gloo
     listens on and advertises to its peers (default: gloo's, the address of this host's
-    name). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does not
+    name). ``sub``: a sub-group of the generation (e.g. ``"s1/"``: its rendezvous runs under
+    ``g<n>/s1/``, deleted with the generation's keys; ``rank`` and ``world`` are then the
+    sub-group's). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does not
     connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
     """
     conn = store.clone() if isinstance(store, ControlStore) else store
-    prefix = PrefixStore(f"g{generation}/", conn)
+    prefix = PrefixStore(f"g{generation}/{sub}", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
 
     def gloo(where: Store) -> Any:
@@ -208,9 +211,21 @@ def send(pg: Any, tensors: list[tuple[torch.Tensor, int, int]],
     of the collectives cannot serve here. Raises :class:`RingBroken` when a peer dies, the
     group's timeout passes, or ``should_abort()`` turns true while waiting.
     """
-    works = [(pg.send([t], dst, tag), dst) for t, dst, tag in tensors]
-    for work, dst in works:
-        _run_abortable(work.wait, should_abort, f"send to rank {dst}")
+    wait_posted([(pg.send([t], dst, tag), dst) for t, dst, tag in tensors], should_abort)
+
+
+def wait_posted(works: list[tuple[Any, int]], should_abort: Callable[[], bool]) -> None:
+    """Wait for point-to-point works posted earlier, ``(work, peer)`` each, as :func:`send`
+    waits (keep their tensors alive until this returns); a work already completed costs no
+    helper thread. Raises :class:`RingBroken` as :func:`send`."""
+    for work, peer in works:
+        if work.is_completed():
+            try:
+                work.wait()  # returns at once (or raises the failure)
+            except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
+                raise RingBroken(f"send to or recv from rank {peer}: {e}") from e
+        else:
+            _run_abortable(work.wait, should_abort, f"send to or recv from rank {peer}")
 
 
 def recv(pg: Any, tensor: torch.Tensor, src: int, tag: int,

@@ -17,6 +17,12 @@ through the same :class:`pricing.sources.trace.TraceSource` as a real trace. The
 - availability: each offering holds up to ``capacity`` instances; outages start as a Poisson
   process of ``outages_per_hour`` per offering, take away ``1..capacity`` instances and last
   an exponential time of mean ``outage_mean_s``.
+- job-time outages (``job_outages``): revocations placed in the JOB'S OWN TIME, as fractions
+  of its epochs, not at simulated hours: the Poisson outages above fall wherever the clock
+  puts them, so a fast machine that finishes the job in half a simulated hour may see none.
+  By default a notice at 20% of the job, a kill without notice at 45% and a notice at 70%.
+  They need a run whose length is known (``--until-epochs``); :func:`next_job_outage` says
+  which one is due, and :mod:`provisioner.daemon.outages` carries them out on the fleet.
 
 :func:`fill_prices` gives the same price process to offerings of a real trace that carry
 availability but no prices (the Can't-Be-Late traces), and says so in the snapshot's notes.
@@ -57,6 +63,38 @@ def _default_offerings() -> tuple[OfferingSpec, ...]:
 
 
 @dataclass(frozen=True)
+class JobOutage:
+    """One revocation placed in the job's own time: at ``at`` (a fraction of the job's
+    epochs, 0 < at < 1), with a notice (``notice``) or a kill without one."""
+
+    at: float
+    notice: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.at < 1.0:
+            raise ValueError(f"JobOutage.at={self.at}: a fraction of the job, 0 < at < 1")
+
+
+#: The built-in market's job-time outages: two notices and a kill, spread over the job so
+#: each replacement can boot and join before the next one.
+JOB_OUTAGES = (JobOutage(0.2), JobOutage(0.45, notice=False), JobOutage(0.7))
+
+
+def next_job_outage(schedule: Sequence[JobOutage], progress: float,
+                    fired: int) -> JobOutage | None:
+    """The outage due at ``progress`` (the job's done fraction, 0..1) once ``fired`` of the
+    ``schedule`` (taken in order of ``at``) were carried out; None while none is due.
+
+    One at a time: an outage deferred (no instance could take it) stays due, and the next
+    one waits behind it, so none is skipped and their order holds.
+    """
+    pending = sorted(schedule, key=lambda o: o.at)[fired:]
+    if pending and progress >= pending[0].at:
+        return pending[0]
+    return None
+
+
+@dataclass(frozen=True)
 class GeneratorParams:
     """Parameters of the generated market (see the module docstring)."""
 
@@ -71,6 +109,7 @@ class GeneratorParams:
     capacity: int = 2
     outages_per_hour: float = 0.3
     outage_mean_s: float = 1200.0
+    job_outages: tuple[JobOutage, ...] = JOB_OUTAGES
 
     def __post_init__(self) -> None:
         if self.horizon_s <= 0 or self.price_tick_s <= 0 or self.capacity < 1:

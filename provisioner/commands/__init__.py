@@ -3,4 +3,5 @@
 Each module adds its parser with ``set_defaults(handler=run)`` where ``run(args) -> int``.
 """
 
-COMMANDS = ("prices", "plan", "simulate", "run", "status", "revoke", "completion")
+COMMANDS = ("prices", "plan", "simulate", "run", "status", "list", "logs", "down", "revoke",
+            "completion")

@@ -6,7 +6,11 @@ Design: argparse only. Flags are checked here; the run itself is
 :mod:`provisioner.daemon.wiring`.
 
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
-finite and within a bound that names the flag and the fix (:func:`check_flags`).
+finite and within a bound that names the flag and the fix (:func:`check_flags`); the job
+(``--job``, else ``job.job_file``) is checked without importing it
+(:func:`provisioner.daemon.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
+address is decided once (:func:`metrics_endpoint`). ``--detach`` re-runs the same command
+line in its own session (:mod:`provisioner.daemon.detach`).
 
 Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or a limit reached, 2 bad
 input, 3 the job was lost, 4 the job failed, 130 Ctrl-C or SIGTERM (after draining).
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import re
 from typing import Any
 
@@ -37,8 +42,16 @@ MAX_DURATION_S = 365 * 86400.0  # a simulated year
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the provisioning daemon (default: the local main job)",
                        description="Run the daemon. With no --config: the embedded local cloud "
-                       "trains examples/digits.py on worker processes while prices and "
-                       "revocations come from a trace or the built-in generator.")
+                       "trains the job (--job; default the packaged examples/digits.py) on "
+                       "worker processes while prices and revocations come from a trace or "
+                       "the built-in generator. --detach runs it in the background (see "
+                       "`provision list`, `provision logs`, `provision down`).")
+    p.add_argument("--job", metavar="FILE|MODULE", help="the job to train: a .py file or a "
+                   "module defining make_job(seed) (default job.job_file, the packaged "
+                   "spotring_examples.digits); a cloud run's workers import it by module name")
+    p.add_argument("--detach", "-d", action="store_true", help="start in the background (own "
+                   "session, output to WORKDIR/daemon.log, or STATE_PATH.log for a cloud "
+                   "run); prints the pid and how to follow it")
     p.add_argument("--config", help="TOML settings (default: the embedded local cloud)")
     p.add_argument("--trace", action="extend", nargs="+", metavar="PATH",
                    help="price/availability trace files or folders; default: the "
@@ -52,7 +65,10 @@ def register(sub: Any) -> None:
                    "local.state_dir, ./spotring-run)")
     p.add_argument("--on-exit", choices=("keep", "terminate"),
                    help="what happens to the fleet at exit (local default: terminate)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port "
+                   "(default [metrics] port; 0: any free port)")
+    p.add_argument("--metrics-host", metavar="ADDR", help="address the metrics listen on "
+                   "(default [metrics] host, 127.0.0.1; 0.0.0.0 for a remote Prometheus)")
     p.add_argument("--seed", type=int, default=7, help="seed of the built-in generator")
     p.add_argument("--outages-per-hour", type=float, metavar="R",
                    help="built-in generator: capacity outages per offering per simulated hour "
@@ -106,6 +122,8 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provisioner.daemon.jobspec import check_job
+
     if not getattr(args, "verbose", 0):
         # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
@@ -120,6 +138,17 @@ def run(args: argparse.Namespace) -> int:
             fleet = {**settings.fleet.model_dump(), "max_size": args.max_size}
             settings = parse_settings({**settings.model_dump(exclude={"fleet"}),
                                        "fleet": fleet}, origin=f"{args.config} with --max-size")
+    cloud = settings.cloud.driver != "local"
+    job = (check_job(args.job, "--job", cloud=cloud) if args.job is not None
+           else check_job(settings.job.job_file, "job.job_file", cloud=cloud))
+    settings = settings.model_copy(update={"job": settings.job.model_copy(
+        update={"job_file": job})})
+    args.metrics_endpoint = metrics_endpoint(args, settings)
+    if args.detach and not os.environ.get(DETACHED_ENV):
+        from provisioner.daemon.detach import detach
+        from provisioner.daemon.target import from_settings
+
+        return detach(list(args.argv), from_settings(settings, args.config, args.workdir))
     if settings.cloud.driver == "local":
         from provisioner.daemon.local import LocalRun
 
@@ -127,3 +156,22 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.daemon.cloud import run_cloud
 
     return run_cloud(settings, args, duration)
+
+
+#: Set in the environment of the daemon ``--detach`` starts (its log file's path): that
+#: process is the detached daemon, so it runs in the foreground of its own session.
+DETACHED_ENV = "SPOTRING_DETACHED_LOG"
+
+
+def metrics_endpoint(args: argparse.Namespace, settings: Any) -> tuple[str, int] | None:
+    """Where /metrics listens: the flags over ``[metrics]``; None when no port is set."""
+    port = args.metrics_port if args.metrics_port is not None else settings.metrics.port
+    if port is None:
+        if args.metrics_host is not None:
+            raise UserError(f"--metrics-host {args.metrics_host}: no metrics port; add "
+                            f"--metrics-port PORT (or [metrics] port)")
+        return None
+    host = args.metrics_host if args.metrics_host is not None else settings.metrics.host
+    if not host.strip():
+        raise UserError("--metrics-host: empty; use 127.0.0.1 (this host only) or 0.0.0.0")
+    return host.strip(), port

@@ -40,31 +40,12 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from provisioner.daemon.state import State
+    from provisioner.daemon.status import summary
 
     path = _state_path(args)
     state = State.read_only(path)
     try:
-        times = [t for t, _, _ in state.metric_series("spend")]
-        events = state.events(limit=args.events)
-        now = max(times + [e.t for e in events] + [state.get_meta("started_at", 0.0)])
-        t0 = float(state.get_meta("started_at", now))
-        live = state.live_instances()
-        doc = {
-            "state": str(path),
-            "job": state.get_meta("job", {}),
-            "hours": round((now - t0) / 3600.0, 4),
-            "spend_usd": round(state.spend(now), 6),
-            "finished": bool(state.get_meta("finished", False)),
-            "outcome": ((state.get_meta("run") or {}).get("ended") or {}).get("outcome"),
-            "ring": {k: v for k, v in (state.get_meta("ring") or {}).items()
-                     if k in ("outcome", "failure", "generation", "step", "epoch", "world",
-                              "samples_done", "steps_lost", "snapshot", "resumed_from",
-                              "adopted", "accuracy")},
-            "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
-                       "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
-            "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
-                        "instance": e.instance_id, "detail": e.detail} for e in events],
-        }
+        doc = summary(state, events=args.events)
     finally:
         state.close()
     if args.json:

@@ -19,6 +19,7 @@ Rule: every input is checked before anything starts (exit 2 with one line).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provisioner.config import Settings
+from provisioner.daemon import registry
 from provisioner.daemon.lock import Created, RunLock
 from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
@@ -74,9 +76,11 @@ def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | No
     v: Verdict | None = None
     try:
         try:
-            port = args.metrics_port if args.metrics_port is not None else d.metrics_port
-            if port is not None:
-                metrics.serve(port)
+            endpoint = getattr(args, "metrics_endpoint", None)
+            if endpoint is not None:
+                host, mport = endpoint
+                print(f"metrics: http://{host}:{metrics.serve(mport, host)}/metrics",
+                      flush=True)
             if token is not None:  # the stable member of the ring: workers dial this address
                 host, cport = _address(settings, state_path)
                 default = state_path.parent / "snapshots" / settings.job.id
@@ -97,9 +101,17 @@ def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | No
             state.set_meta("coordinator", {"host": h, "port": p})
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+        detached = os.environ.get("SPOTRING_DETACHED_LOG")
+        registry.register(run_id=settings.job.id, driver=settings.cloud.driver,
+                          workdir=state_path.parent, state=state_path, lock=lock.path,
+                          job=settings.job.job_file, log=Path(detached) if detached else None,
+                          config=str(Path(args.config).resolve()) if args.config else None)
+        # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB
+        # (AWS tag spotring:env:SPOTRING_JOB, GCP metadata spotring-env-SPOTRING_JOB)
         daemon = build_daemon(settings, driver, source, state,
                               now=lambda: datetime.now(timezone.utc), metrics=metrics,
-                              coordinator=coordinator)
+                              coordinator=coordinator,
+                              launch_env={"SPOTRING_JOB": settings.job.job_file})
         t0 = time.monotonic()
         daemon.start()
         while v is None:
@@ -117,6 +129,7 @@ def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | No
             coordinator.stop()
         metrics.close()
         lock.release()
+        registry.unregister()
     print(f"stopped: {v.reason}; state in {settings.daemon.state_path} (see `provision "
           f"status`)")
     if v.failure:

@@ -1,11 +1,26 @@
-"""The live dashboard of ``provision run`` and the view of ``provision status`` (rich).
+"""The live dashboard of ``provision run`` (rich), sized to the terminal.
 
-Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.scheduler.Status` into a
-rich renderable (fleet by offering, prices, spend, samples/s, accuracy, last events); the
-caller owns the ``rich.live.Live`` and the refresh. Nothing here reads the state or a clock.
+Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.status.Status`
+into a rich renderable that fits ``width`` x ``height``; the caller owns the
+``rich.live.Live``, the refresh and the terminal's size. Nothing here reads the state or a
+clock. What it shows, top to bottom:
+
+- three head lines: the run's time, epoch of the total, step, accuracy, loss and the ETA
+  (the run's hours, and real seconds at the run's speed); the spend and cost per hour,
+  samples/s, steps lost, notices and kills; the spend against on-demand and against a
+  checkpoint-restart system with what each saved (:mod:`provisioner.daemon.savings`);
+- every live instance: booting (launched, not in the ring yet), joining, active or
+  draining, its offering, samples/s and price;
+- on a terminal of at least :data:`WIDE` (columns x lines), the market beside it: every spot
+  offering with what is held there, its price and the on-demand price;
+- the newest events in words (:func:`provisioner.daemon.status.describe`), as many as the
+  lines left allow.
+
+Every line is cut (an ellipsis) rather than wrapped, so at 80x24 no line is wider than 80
+and there are at most 24 lines; a bigger terminal gets more events and the market.
 
 Rule for callers: render from the main thread; pass ``t0`` (simulated start) so times read
-as hours into the run.
+as hours into the run, and the terminal's size as it is now.
 """
 
 from __future__ import annotations
@@ -17,51 +32,149 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.daemon.status import Status
+from provisioner.daemon.status import Status, describe, short_offering
+
+#: (columns, lines) from which the market is shown beside the workers.
+WIDE = (120, 40)
+#: Events the dashboard leaves out: each re-forming is already said by "ring of N trains".
+QUIET_EVENTS = ("ring-generation",)
 
 
 def _h(t: float, t0: float) -> str:
     return f"{(t - t0) / 3600.0:6.2f} h"
 
 
-def render(st: Status, t0: float, *, title: str = "spotring") -> Any:
-    """A rich renderable of one status (see the module docstring)."""
-    head = Table.grid(padding=(0, 2))
+def usd(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def eta_text(eta_s: float | None, speed: float) -> str:
+    """``0.21 h (6 s real)``: the run's hours and, at ``speed``, the real time."""
+    if eta_s is None:
+        return "-"
+    real = eta_s / max(speed, 1e-9)
+    real_s = f"{real:.0f} s" if real < 120 else f"{real / 60:.0f} min"
+    if speed == 1.0:
+        return f"{eta_s / 3600:.2f} h"
+    return f"{eta_s / 3600:.2f} h ({real_s} real)"
+
+
+def _line(text: str) -> Text:
+    t = Text.from_markup(text)
+    t.no_wrap = True
+    t.overflow = "ellipsis"
+    return t
+
+
+def head_lines(st: Status, t0: float) -> list[Text]:
+    """The three head lines (see the module docstring)."""
+    p = st.progress
+    acc = p.get("accuracy")
+    loss = p.get("loss")
+    epoch = p.get("epoch", "-")
+    epochs = f"{epoch}/{st.total_epochs}" if st.total_epochs else f"{epoch}"
     sps = "-" if st.samples_per_s is None else f"{st.samples_per_s:,.0f}"
-    acc = st.progress.get("accuracy")
-    acc_s = "-" if not isinstance(acc, (int, float)) else f"{acc:.3f}"
-    head.add_row(
-        f"[b]time[/b] {_h(st.now.timestamp(), t0)}",
-        f"[b]spend[/b] ${st.spend:,.4f}",
-        f"[b]cost[/b] ${st.cost_per_hour:,.3f}/h",
-        f"[b]samples/s[/b] {sps}",
-        f"[b]epoch[/b] {st.progress.get('epoch', '-')}",
-        f"[b]step[/b] {st.progress.get('step', '-')}",
-        f"[b]accuracy[/b] {acc_s}",
-        f"[b]steps lost[/b] {st.progress.get('steps_lost', 0)}",
-    )
-    fleet = Table(title="fleet by offering", expand=True)
-    fleet.add_column("offering")
-    fleet.add_column("held", justify="right")
-    fleet.add_column("price $/h", justify="right")
+    one = (f"[b]{_h(st.now.timestamp(), t0).strip()}[/b]  epoch {epochs}  step "
+           f"{p.get('step', '-')}  acc "
+           f"{'-' if not isinstance(acc, (int, float)) else f'{acc:.3f}'}  loss "
+           f"{'-' if not isinstance(loss, (int, float)) else f'{loss:.3f}'}  "
+           f"[b]ETA[/b] {eta_text(st.eta_s, st.speed)}")
+    two = (f"[b]spend[/b] {usd(st.spend)} at ${st.cost_per_hour:,.3f}/h  {sps} samples/s  "
+           f"steps lost {p.get('steps_lost', 0)}  notices {st.counts.get('notice', 0)}  "
+           f"kills {st.counts.get('killed', 0)}")
+    s = st.savings
+    if s is None:
+        three = "on-demand -  checkpoint-restart -"
+    else:
+        three = (f"on-demand {usd(s.on_demand_usd)} [b]saved {pct(s.vs_on_demand)}[/b]  "
+                 f"checkpoint-restart {usd(s.checkpoint_restart_usd)} "
+                 f"[b]saved {pct(s.vs_checkpoint_restart)}[/b]")
+    return [_line(one), _line(two), _line(three)]
+
+
+def workers_table(st: Status, rows: int) -> Table:
+    """The live instances, at most ``rows`` lines of them (the last one says how many more)."""
+    t = Table(box=None, padding=(0, 1), pad_edge=False, expand=False, show_edge=False)
+    t.add_column("worker", no_wrap=True, overflow="ellipsis")
+    t.add_column("offering", no_wrap=True, overflow="ellipsis")
+    t.add_column("state", no_wrap=True)
+    t.add_column("samples/s", justify="right", no_wrap=True)
+    t.add_column("$/h", justify="right", no_wrap=True)
+    style = {"booting": "yellow", "joining": "yellow", "draining": "red", "active": "green"}
+    items = list(st.instances)
+    shown = items if len(items) <= rows else items[: max(0, rows - 1)]
+    for w in shown:
+        t.add_row(w.id, short_offering(w.offering), Text(w.phase, style=style.get(w.phase, "")),
+                  "-" if w.samples_per_s is None else f"{w.samples_per_s:,.0f}",
+                  "-" if w.price is None else f"{w.price:.3f}")
+    if len(shown) < len(items):
+        t.add_row(Text(f"... {len(items) - len(shown)} more", style="dim"), "", "", "", "")
+    if not items:
+        t.add_row(Text("(none yet)", style="dim"), "", "", "", "")
+    return t
+
+
+def market_table(st: Status) -> Table:
+    """Every spot offering: held there, price, on-demand price."""
+    t = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
+    t.add_column("offering", no_wrap=True, overflow="ellipsis")
+    t.add_column("held", justify="right", no_wrap=True)
+    t.add_column("spot $/h", justify="right", no_wrap=True)
+    t.add_column("on-demand $/h", justify="right", no_wrap=True)
     keys = sorted(set(st.fleet) | {k for k in st.prices if k.endswith("/spot")})
     for k in keys:
         n = st.fleet.get(k, 0)
+        od = st.prices.get(k.rsplit("/", 1)[0] + "/on-demand")
         price = st.prices.get(k)
-        fleet.add_row(Text(k, style="bold" if n else "dim"), str(n) if n else "",
-                      f"{price:.4f}" if price is not None else "-")
-    if st.draining:
-        fleet.add_row(Text("draining", style="yellow"), str(st.draining), "")
-    workers = Table(title="workers (samples/s)", expand=True)
-    workers.add_column("worker")
-    workers.add_column("samples/s", justify="right")
-    for name, v in sorted(st.workers.items()):
-        workers.add_row(name, f"{v:,.0f}")
-    events = Table(title="last events", expand=True)
-    events.add_column("time", no_wrap=True)
-    events.add_column("event", no_wrap=True)
-    events.add_column("instance", no_wrap=True)
-    events.add_column("detail", overflow="ellipsis", no_wrap=True)
-    for e in st.events:
-        events.add_row(_h(e.t, t0), e.kind, e.instance_id or "", e.detail[:80])
-    return Panel(Group(head, fleet, workers, events), title=title)
+        t.add_row(Text(short_offering(k), style="bold" if n else "dim"), str(n) if n else "",
+                  "-" if price is None else f"{price:.4f}", "-" if od is None else f"{od:.2f}")
+    return t
+
+
+def event_lines(st: Status, t0: float, rows: int) -> list[Text]:
+    """The newest ``rows`` events in words, oldest first."""
+    if rows <= 0:
+        return []
+    events = [e for e in st.events if e.kind not in QUIET_EVENTS][-rows:]
+    out = []
+    for e in events:
+        t = Text.assemble((_h(e.t, t0), "dim"), "  ", describe(e))
+        t.no_wrap, t.overflow = True, "ellipsis"
+        out.append(t)
+    return out
+
+
+def render(st: Status, t0: float, *, width: int = 80, height: int = 24,
+           title: str = "spotring") -> Any:
+    """A rich renderable of one status that fits ``width`` x ``height`` (see the module
+    docstring)."""
+    wide = width >= WIDE[0] and height >= WIDE[1]
+    head = head_lines(st, t0)
+    budget = max(0, height - 2 - len(head))  # the panel's top and bottom borders
+    n_workers = min(max(1, len(st.instances)), max(1, budget // 3))
+    market = market_table(st) if wide else None
+    market_rows = (len(market.rows) + 2) if market is not None else 0
+    block = max(n_workers + 2, market_rows)  # a title line and a header line
+    workers = workers_table(st, n_workers)
+    title_w = _line("[b]workers[/b] (booting: launched, not in the ring yet)")
+    if market is not None:
+        grid = Table.grid(padding=(0, 4))
+        grid.add_column()
+        grid.add_column()
+        grid.add_row(Group(title_w, workers),
+                     Group(_line("[b]market[/b] (spot offerings)"), market))
+        middle: list[Any] = [grid]
+    else:
+        middle = [title_w, workers]
+    rows_left = budget - block - 1  # the events' title
+    events = event_lines(st, t0, rows_left)
+    parts: list[Any] = [*head, *middle]
+    if rows_left > 0:
+        parts += [_line("[b]events[/b]"), *events]
+    return Panel(Group(*parts), title=title, padding=(0, 1), width=width)

@@ -11,7 +11,7 @@ Design: :class:`LocalRun` wires the whole loop here:
   (:func:`provisioner.daemon.wiring.make_coordinator`), storing the ring's snapshots in
   ``WORKDIR/snapshots`` (or ``[snapshot] url``); instances are ``python -m trainer worker``
   processes started by the local driver in their own sessions (their argv:
-  :func:`worker_argv`), training ``job.job_file`` (``examples/digits.py``). Workers outlive
+  :func:`worker_argv`), training ``job.job_file`` (``--job``; default the packaged ``spotring_examples.digits``). Workers outlive
   the daemon: it is not in the data path;
 - the end (:func:`provisioner.daemon.outcome.verdict`): ``--until-epochs`` (passed to the
   example as ``DIGITS_EPOCHS``), ``--duration`` (simulated, the run's total), the job
@@ -27,8 +27,8 @@ the coordinator bound (a continued run's on its own address and token). A failur
 these undoes what the start created and is one line, exit 2. Only then is the state opened
 and the daemon started; a continued run's fleet is adopted, never wiped.
 
-Rule for callers: run from the repository root (or give ``job.job_file`` as an absolute
-path). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
+Rule for callers: pass settings whose ``job.job_file`` went through
+:func:`provisioner.daemon.jobspec.check_job` (``provision run`` does). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pricing.sources import synthetic
 from pricing.sources.synthetic import AvailabilityIndex
 from provisioner.config import Settings
+from provisioner.daemon import registry
 from provisioner.daemon.lock import Created, RunLock, writable_folder
 from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
@@ -58,7 +59,7 @@ from provisioner.daemon.state import EventKind, State, ring_kind
 from provisioner.daemon.wiring import build_daemon, make_coordinator, snapshot_url
 from provisioner.daemon.workdir import (RunIdentity, Start, StartKind, Workdir, archive,
                                         decide_start)
-from provisioner.errors import ConfigError, UserError
+from provisioner.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,10 @@ class Prepared:
     token_file: Path
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 class LocalRun:
     """The main job on this machine (see the module docstring)."""
 
@@ -114,6 +119,8 @@ class LocalRun:
         self.interrupted = False
         self.verdict: Verdict | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._driver: Any = None
+        self._outages: Any = None
 
     # -- inputs (nothing changes) ------------------------------------------------------------
     def market(self) -> tuple[Any, list[str]]:
@@ -136,7 +143,19 @@ class LocalRun:
                 params = replace(params, outages_per_hour=self.args.outages_per_hour)
             snap = synthetic.generate(params)
             origin = "the built-in generator"
+            if self.job_outages(params):
+                origin += (" with job-time outages at "
+                           + ", ".join(f"{o.at:.0%} ({'notice' if o.notice else 'kill'})"
+                                       for o in params.job_outages) + " of the job")
         return snap, [origin, *snap.notes[-3:]]
+
+    def job_outages(self, params: synthetic.GeneratorParams) -> tuple:
+        """The built-in market's job-time outages this run meets: none with a ``--trace`` (the
+        trace is the market), with ``--outages-per-hour 0`` (revocations only by hand) or
+        without ``--until-epochs`` (no known length to place them in)."""
+        if self.args.trace or not self.args.until_epochs or params.outages_per_hour <= 0:
+            return ()
+        return params.job_outages
 
     def identity(self, job_spec: str) -> RunIdentity:
         """This start's :class:`RunIdentity` (a continued run must have the same)."""
@@ -185,11 +204,9 @@ class LocalRun:
         return replace(snap, quotes=tuple(ok)), start
 
     def job_spec(self) -> str:
-        job_file = Path(self.settings.job.job_file)
-        if not job_file.is_absolute() and not job_file.exists() and "/" in str(job_file):
-            raise ConfigError(f"job.job_file = {str(job_file)!r}: not found from {os.getcwd()}; "
-                              "run from the repository root or give an absolute path")
-        return str(job_file.resolve()) if job_file.exists() else str(job_file)
+        """The job the workers train: ``job.job_file`` as ``provision run`` checked it
+        (:func:`provisioner.daemon.jobspec.check_job`: an absolute path or a module)."""
+        return self.settings.job.job_file
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -230,8 +247,10 @@ class LocalRun:
         run_meta = found.get("run") or ({"ended": {"outcome": "done"}}
                                         if found.get("finished") else {})
         start = decide_start(run_meta, has_state, identity, f"--workdir {self.workdir}")
-        if self.args.metrics_port is not None:
-            metrics.serve(self.args.metrics_port)
+        endpoint = getattr(self.args, "metrics_endpoint", None)
+        if endpoint is not None:
+            host, port = endpoint
+            print(f"metrics: http://{host}:{metrics.serve(port, host)}/metrics", flush=True)
         token = self._token(start, created)
         run_id = start.run_id()
         if self.settings.snapshot.url is None:  # the default store: a folder the start made
@@ -306,6 +325,9 @@ class LocalRun:
                                "previous_end": run.get("ended")})
         host, port = ready.coordinator.address
         state.set_meta("coordinator", {"host": host, "port": port})
+        # the checkpoint-restart baseline checkpoints as often as this run snapshots
+        # (simulated seconds, :mod:`provisioner.daemon.savings`)
+        state.set_meta("baseline", {"checkpoint_every_s": self.settings.snapshot.every_s})
         return state
 
     def _clock(self, state: State, trace_start: datetime, ended: Mapping[str, Any] | None,
@@ -342,6 +364,10 @@ class LocalRun:
         ring: dict[str, Any] = {}
         try:
             state = self._commit(ready, identity)
+            detached = os.environ.get("SPOTRING_DETACHED_LOG")
+            registry.register(run_id=ready.run_id, driver="local", workdir=self.wd.root,
+                              state=self.wd.state, lock=self.wd.lock, job=job_spec,
+                              log=Path(detached) if detached else None, config=self.args.config)
             continuing = ready.start.kind is StartKind.CONTINUE
             prev_end = (ready.found.get("run") or {}).get("ended") if continuing else None
             now = self._clock(state, trace_start, prev_end, continuing)
@@ -351,6 +377,7 @@ class LocalRun:
             daemon = self._daemon(TraceSource([], snapshot=snap), now, coordinator,
                                   ready.token_file, job_spec,
                                   AvailabilityIndex(snap.availability), metrics, state)
+            self._outages = self._job_time_outages(daemon, coordinator)
             self._signals()
             daemon.start()
             t0 = float(state.get_meta("started_at") or daemon.now().timestamp())
@@ -364,6 +391,7 @@ class LocalRun:
             coordinator.stop()
             for sig, handler in self._old_handlers.items():
                 signal.signal(sig, handler)
+            registry.unregister()
         assert daemon is not None and self.verdict is not None
         return self._finish(daemon, ring, notes, self.verdict, terminate)
 
@@ -385,11 +413,41 @@ class LocalRun:
         driver = LocalDriver(self.wd.cloud, command, clock=now, availability=availability,
                              notice_window_s=loc.notice_window_s,
                              hard_kill_every=loc.hard_kill_every)
+        self._driver = driver
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
         if self.args.until_epochs:
             env["DIGITS_EPOCHS"] = str(self.args.until_epochs)
         return build_daemon(self.settings, driver, source, state, now=now, speed=self.speed,
                             coordinator=coordinator, metrics=metrics, launch_env=env)
+
+    def _job_time_outages(self, daemon: Daemon, coordinator: RingCoordinator) -> Any:
+        """The built-in market's job-time outages (:mod:`provisioner.daemon.outages`), or None."""
+        from dataclasses import replace
+
+        from provisioner.daemon.outages import META_KEY, JobTimeOutages
+
+        params = synthetic.GeneratorParams(seed=self.args.seed)
+        if self.args.outages_per_hour is not None:
+            params = replace(params, outages_per_hour=self.args.outages_per_hour)
+        schedule = self.job_outages(params)
+        if not schedule:
+            return None
+        state, driver = daemon.state, self._driver
+
+        def active() -> set[str]:
+            return {m.name for m in coordinator.members() if m.state == "active"}
+
+        def live() -> list[tuple[str, float]]:
+            return [(r.id, r.launched_at) for r in state.live_instances()
+                    if r.draining_since is None]
+
+        def revoke(iid: str, hard: bool, source: str) -> bool:
+            return bool(driver.revoke(iid, hard=hard, source=source))
+
+        return JobTimeOutages(schedule, int(self.args.until_epochs), stats=coordinator.stats,
+                              active=active, live=live, revoke=revoke,
+                              fired=int(state.get_meta(META_KEY) or 0),
+                              on_fired=lambda n: state.set_meta(META_KEY, n))
 
     def _signals(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
@@ -415,13 +473,12 @@ class LocalRun:
                 f"{tail}); check job.job_file and local.worker_args")
 
     def _watch(self, daemon: Daemon, t0: float) -> None:
-        from provisioner.daemon.dashboard import render
-
         live = None
         if not self.args.no_dashboard and sys.stdout.isatty():
             from rich.live import Live
 
-            live = Live(render(daemon.status(), t0), refresh_per_second=4, transient=False)
+            live = Live(self._frame(daemon, t0, None), refresh_per_second=4, transient=False,
+                        vertical_overflow="crop")
             live.start()
         last_line = 0.0
         try:
@@ -434,8 +491,10 @@ class LocalRun:
                 if v is not None:
                     self.verdict = v
                     return
+                if self._outages is not None:
+                    self._outages.tick()
                 if live is not None:
-                    live.update(render(daemon.status(), t0))
+                    live.update(self._frame(daemon, t0, live))
                 elif time.monotonic() - last_line > 5.0:
                     last_line = time.monotonic()
                     st = daemon.status(events=0)
@@ -448,7 +507,22 @@ class LocalRun:
                 self.stop.wait(0.25)
         finally:
             if live is not None:
-                live.stop()
+                try:  # the last frame left on the screen is the end, not a frame before it
+                    live.update(self._frame(daemon, t0, live))
+                finally:
+                    live.stop()
+
+    @staticmethod
+    def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
+        """The dashboard sized to the terminal as it is now (it may have been resized)."""
+        from provisioner.daemon.dashboard import render
+        from rich.console import Console
+
+        size = (live.console if live is not None else Console()).size
+        # one line short of the terminal: a frame of its full height scrolls the screen by
+        # one each time the cursor ends below it, leaving torn frames above
+        return render(daemon.status(events=60), t0, width=size.width,
+                      height=max(8, size.height - 1))
 
     def _finish(self, daemon: Daemon, ring: Mapping[str, Any], notes: list[str],
                 v: Verdict, terminated: bool) -> int:
@@ -473,6 +547,11 @@ class LocalRun:
               f"{acc}, steps lost {fig['steps_lost']} "
               f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
               f"{fig['kills']} kills, {fig['joins']} joins", flush=True)
+        print(f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
+              f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
+              f"{_pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
+              flush=True)
         print(f"report: {path}", flush=True)
         if v.failure:
             print(f"provision run: error: {v.failure}", file=sys.stderr, flush=True)

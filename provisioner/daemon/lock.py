@@ -84,6 +84,44 @@ def writable_folder(path: Path, flag: str) -> None:
     probe.unlink()
 
 
+def held_by(path: Path) -> int | None:
+    """The pid of the process holding the flock on ``path`` now, None when nobody does.
+
+    Reads ``/proc/locks`` (Linux), so it never takes the lock itself: a check made while a
+    daemon is starting cannot make that start fail. Where ``/proc/locks`` is unreadable it
+    falls back to taking and dropping the lock at once.
+    """
+    try:
+        inode = os.stat(path).st_ino
+    except OSError:
+        return None
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return _probe(path)
+    for line in lines:
+        parts = line.split()
+        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+            continue  # a waiter, or a POSIX lock
+        if parts[5].rsplit(":", 1)[-1] == str(inode):
+            return int(parts[4]) if parts[4].isdigit() else -1
+    return None
+
+
+def _probe(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return RunLock(path, "").holder() or -1
+    finally:
+        os.close(fd)  # closing drops the lock, if it was taken
+    return None
+
+
 class RunLock:
     """An exclusive lock on ``path`` held while a run lives (see the module docstring).
 

@@ -14,14 +14,21 @@ written after the run; nothing here talks to a cloud or the ring. The figures:
   ``money_lost_usd`` the spend on those steps; ``resumed_from`` (the snapshot step a ring
   resumed from), ``snapshot_step`` (the newest), ``daemon_restarts``;
 - ``accuracy``: the job's held-out accuracy at the end;
-- counts of launches, notices (drained), kills (no notice), joins and leaves.
+- counts of launches, notices (drained), kills (no notice), joins and leaves;
+- the spend against two baselines (:mod:`provisioner.daemon.savings`, where the formulas
+  are): ``on_demand_usd`` (the same instance-time at on-demand prices, less the
+  replacements' boots an on-demand fleet never needs) and ``checkpoint_restart_usd`` (the
+  same spot fleet stopping the job on each revocation of a member: the survivors idle
+  through the replacement's boot, and half a checkpoint interval redone after a kill),
+  with ``saved_vs_on_demand`` and ``saved_vs_checkpoint_restart`` (fractions),
+  ``checkpoint_restart_hours_lost`` and the measured ``boot_s``.
 
 Every JSON figure is finite (:func:`provisioner.clio.dumps`: an infinite or NaN float becomes
 null, and ``allow_nan=False``): no ``Infinity`` in a file other tools parse.
 
 Plots (``provisioner.plots.lines`` for the series): ``price.png`` (price of every offering
 held), ``fleet.png`` (instances held), ``throughput.png`` (samples/s), ``cost.png``
-(cumulative spend) and ``events.png`` (launches, notices, kills, joins on a time line).
+(cumulative spend, with the on-demand and checkpoint-restart baselines beside it) and ``events.png`` (launches, notices, kills, joins on a time line).
 
 Rule for callers: call :func:`write_report` once the daemon has stopped (the state is final).
 """
@@ -36,6 +43,8 @@ from typing import Any, Mapping, Sequence
 from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
+from provisioner.daemon.savings import checkpoint_every_s, from_state
+from provisioner.daemon.status import describe
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
@@ -55,6 +64,7 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
     ended = (state.get_meta("run") or {}).get("ended") or {}
     outcome = ended.get("outcome") or ring.get("outcome")
     lost = totals(Ledger.from_meta(state.get_meta("ledger")), ring, spend)
+    money = from_state(state, end_t, checkpoint_every_s(state)).as_figures()
     return {
         "outcome": outcome,
         "failure": ended.get("failure") or (ring.get("failure") if outcome in ("lost", "failed")
@@ -62,6 +72,7 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
         "spend_usd": round(spend, 6),
         "samples": samples,
         "cost_per_1m_samples_usd": round(spend / samples * 1e6, 6) if samples else None,
+        **money,
         **lost,
         "accuracy": None if acc is None or (isinstance(acc, float) and math.isnan(acc))
         else float(acc),
@@ -75,6 +86,20 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
         "ring_drains": counts["ring-drain"],
         "ring_lost": counts["ring-lost"],
     }
+
+
+def _summary(fig: Mapping[str, Any]) -> str:
+    """The report's first sentence: what the run did and what it saved."""
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.0%}"
+
+    acc = "-" if fig.get("accuracy") is None else f"{fig['accuracy']:.3f}"
+    return (f"Outcome **{fig['outcome']}**, accuracy {acc}, through {fig['notices']} notices "
+            f"and {fig['kills']} kills ({fig['steps_lost']} steps lost). Spend "
+            f"${fig['spend_usd']:.4f}: {pct(fig['saved_vs_on_demand'])} less than on-demand "
+            f"(${fig['on_demand_usd']:.4f}) and {pct(fig['saved_vs_checkpoint_restart'])} "
+            f"less than checkpoint-restart on the same spot fleet "
+            f"(${fig['checkpoint_restart_usd']:.4f}; see docs/daemon.md, \"Savings\").")
 
 
 def _hours(t: float, t0: float) -> float:
@@ -104,25 +129,40 @@ def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[
                 ylabel="instances")
     plots.lines(out / "throughput.png", {"samples/s": series("samples_per_s")},
                 title="ring throughput", ylabel="samples per second", step=False)
-    spend_x, spend_y = series("spend")
-    plots.lines(out / "cost.png", {"spend": (spend_x + [_hours(end_t, t0)],
-                                             spend_y + [fig["spend_usd"]])},
-                title="cumulative cost", ylabel="USD", step=False)
+    plots.lines(out / "cost.png", _cost_curves(state, t0, end_t),
+                title="cumulative cost: spotring against the baselines", ylabel="USD",
+                step=False)
     _events_plot(out / "events.png", state, t0, end_t)
     (out / "report.json").write_text(dumps(fig, indent=2))
-    md = [f"# {title}", "", "| figure | value |", "|---|---|"]
+    md = [f"# {title}", "", _summary(fig), "", "| figure | value |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in fig.items()]
     md += ["", "![price](price.png)", "![fleet](fleet.png)", "![throughput](throughput.png)",
            "![cost](cost.png)", "![events](events.png)", "", "## Last decision", ""]
     decisions = state.decisions(limit=1)
     md += ["```", decisions[-1][2] if decisions else "(none)", "```", "", "## Events", ""]
-    for e in state.events(limit=40):
-        md.append(f"- {_hours(e.t, t0):7.3f} h  {e.kind:<14} {e.instance_id or ''} "
-                  f"{e.offering or ''} {e.detail}".rstrip())
+    for e in state.events(limit=60):
+        md.append(f"- {_hours(e.t, t0):7.3f} h  {describe(e)}")
     md += [""] + [f"note: {n}" for n in notes]
     path = out / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path
+
+
+def _cost_curves(state: State, t0: float, end_t: float, points: int = 60
+                 ) -> dict[str, tuple[list[float], list[float]]]:
+    """Spend, on-demand and checkpoint-restart, each as it stood at ``points`` times."""
+    every = checkpoint_every_s(state)
+    xs, spot, od, cr = [], [], [], []
+    for k in range(points + 1):
+        t = t0 + (end_t - t0) * k / points
+        m = from_state(state, t, every)
+        xs.append(_hours(t, t0))
+        spot.append(m.spend_usd)
+        od.append(m.on_demand_usd)
+        cr.append(m.checkpoint_restart_usd)
+    return {"spotring (spot, elastic ring)": (xs, spot),
+            "checkpoint-restart on the same spot fleet": (xs, cr),
+            "on-demand, same fleet": (xs, od)}
 
 
 def _events_plot(path: Path, state: State, t0: float, end_t: float) -> None:

@@ -1,5 +1,10 @@
 """Telemetry: metrics rows, Prometheus, the closed throughput loop, the ring's events.
 
+Prometheus gets, beside the status: the savings (the status's
+:class:`~provisioner.daemon.savings.Savings`, the dashboard's and report's own figures),
+each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the
+report's own figure) and each formed generation's switch time (the ring's ``formed`` events).
+
 Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
 writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
 samples/s into the :class:`~provisioner.plan.throughput.ThroughputModel` the next plan
@@ -20,7 +25,7 @@ from collections import defaultdict
 from typing import Mapping
 
 from pricing.model import Offering
-from provisioner.daemon.outcome import Ledger, advance, restarted
+from provisioner.daemon.outcome import Ledger, advance, restarted, totals
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import State, ring_kind
 from provisioner.daemon.status import Status
@@ -68,6 +73,14 @@ class Telemetry:
             self.keep_ledger(st.progress)
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
+            if st.savings is not None:
+                self.metrics.update_savings(st.savings.spend_usd, st.savings.on_demand_usd,
+                                            st.savings.checkpoint_restart_usd)
+            lost = (totals(self.ledger, st.progress, st.spend)["steps_lost"]
+                    if self.coordinator is not None and st.progress else None)
+            epoch = st.progress.get("epoch")
+            self.metrics.update_ring(st.workers, lost,
+                                     int(epoch) if isinstance(epoch, (int, float)) else None)
         self.observe(st.workers)
         self.copy_ring_events(t)
 
@@ -101,4 +114,7 @@ class Telemetry:
         for e in events[self._ring_seen:]:
             self.state.record_event(t, ring_kind(e.get("kind")), e.get("name") or None,
                                     detail=str(e.get("detail", "")))
+            if self.metrics is not None and e.get("kind") == "formed":
+                switch_ms = (e.get("data") or {}).get("switch_ms") or 0.0
+                self.metrics.reconfigured(float(switch_ms) / 1000.0)
         self._ring_seen = len(events)

@@ -134,10 +134,7 @@ def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriv
     from pricing.errors import PricingError
     from pricing.sources import make_source
 
-    try:  # a driver that cannot be built from its section is a configuration error
-        driver = DRIVERS[settings.cloud.driver](settings)
-    except DriverError as exc:
-        raise ConfigError(f"[{settings.cloud.driver}]: {exc}") from None
+    driver = cloud_driver(settings)
     endpoint = settings.aws.endpoint_url if settings.cloud.driver == "aws" else None
     src = settings.source
     try:
@@ -149,6 +146,15 @@ def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriv
     except PricingError as exc:
         raise ConfigError(f"[source] kind = {src.kind!r}: {exc}") from None
     return driver, source
+
+
+def cloud_driver(settings: Settings) -> CloudDriver:
+    """The driver of ``[cloud] driver`` (aws or gcp). Raises ConfigError naming the section
+    when it cannot be built from it."""
+    try:
+        return DRIVERS[settings.cloud.driver](settings)
+    except DriverError as exc:
+        raise ConfigError(f"[{settings.cloud.driver}]: {exc}") from None
 
 
 def ring_token(settings: Settings) -> bytes | None:

@@ -106,7 +106,7 @@ def _locked(method: Callable) -> Callable:
     return wrapper
 
 
-def _proc_start(pid: int) -> str | None:
+def proc_start(pid: int) -> str | None:
     """The kernel start time of ``pid`` (None when gone or a zombie)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -129,7 +129,7 @@ def running(state_dir: str | Path, job_id: str) -> list[dict]:
             continue
         pid = rec.get("pid")
         if (rec.get("job") == job_id and pid and not rec.get("terminated")
-                and _proc_start(pid) == rec.get("start")):
+                and proc_start(pid) == rec.get("start")):
             out.append(rec)
     return out
 
@@ -188,7 +188,7 @@ class LocalDriver:
         child = self._children.get(pid)
         if child is not None and child.poll() is not None:
             return False
-        return _proc_start(pid) == rec.get("start")
+        return proc_start(pid) == rec.get("start")
 
     # -- CloudDriver -------------------------------------------------------------------------
     @_locked
@@ -243,7 +243,7 @@ class LocalDriver:
         self._children[proc.pid] = proc
         start = None
         for _ in range(100):  # /proc entry appears at once; retry guards a slow fork
-            start = _proc_start(proc.pid)
+            start = proc_start(proc.pid)
             if start is not None or proc.poll() is not None:
                 break
             time.sleep(0.001)
@@ -286,7 +286,7 @@ class LocalDriver:
                 targets.append(rec)
         deadline = time.monotonic() + self.terminate_grace_s
         while targets and time.monotonic() < deadline:
-            targets = [r for r in targets if _proc_start(r["pid"]) == r["start"]
+            targets = [r for r in targets if proc_start(r["pid"]) == r["start"]
                        and not self._reaped(r["pid"])]
             if targets:
                 time.sleep(0.02)
@@ -299,7 +299,7 @@ class LocalDriver:
         return child is not None and child.poll() is not None
 
     def _signal(self, rec: dict, sig: int) -> None:
-        if _proc_start(rec["pid"]) != rec.get("start"):
+        if proc_start(rec["pid"]) != rec.get("start"):
             return
         try:
             os.killpg(rec["pid"], sig)

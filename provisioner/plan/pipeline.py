@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
+from provisioner.plan import virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, fleet_rate,
                                      good_offerings, od_capacity, pace, per_sample_fleet)
@@ -193,7 +194,8 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
-    return out, notes
+    out, vw_notes = virtual.expand(out, b.model_mb)  # GPUs too small: whole virtual workers
+    return out, notes + vw_notes
 
 
 def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
@@ -211,8 +213,10 @@ def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
 def keep(prob: Problem, pins: Mapping[Offering, int], max_regions: int) -> Problem:
     """``prob`` with at least ``pins[o]`` instances of each pinned offering
     (``Candidate.min_count``); a one-region ring is then sought in the pinned region only
-    (a ring there cannot drop them for another region)."""
-    cands = [replace(c, min_count=pins.get(c.offering, 0)) for c in prob.candidates]
+    (a ring there cannot drop them for another region). A virtual-worker candidate keeps
+    the whole VWs its pinned instances make."""
+    cands = [replace(c, min_count=virtual.units(c, pins.get(c.offering, 0)))
+             for c in prob.candidates]
     regions = {o.region for o in pins}
     if max_regions == 1 and len(regions) == 1:
         cands = [c for c in cands if c.offering.region in regions]
@@ -233,7 +237,7 @@ class Planner:
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
             plan = solve(problem_of(cands, self.s, notes), time_limit_s=self.s.time_limit_s)
-            return Decision(dict(plan.counts), plan)
+            return Decision(virtual.instances(plan), plan)
         return self._paced(market, fleet, progress, now)
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
@@ -331,7 +335,7 @@ class Planner:
         if floor <= 0.0:
             plan = self._per_dollar(prob if not pins else keep(prob, pins, b.max_regions),
                                     plan, target)
-        return Decision(dict(plan.counts), plan, wake_at=wake)
+        return Decision(virtual.instances(plan), plan, wake_at=wake)
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
                    ahead: bool) -> Plan | None:

@@ -116,3 +116,49 @@ def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: 
         out, _ = p.communicate(timeout=30)
     assert p.returncode == 0, out
     assert f"listening on 127.0.0.1:{port}" in out and "admitted" in out
+
+
+def test_serve_until_over_returns_the_outcome_after_lingering() -> None:
+    import threading
+
+    from trainer.__main__ import serve_until_over
+    from trainer.membership import Outcome
+
+    seen = iter([Outcome.RUNNING, Outcome.RUNNING, Outcome.DONE])
+    assert serve_until_over(lambda: next(seen), threading.Event(), linger_s=0.0,
+                            poll_s=0.001) is Outcome.DONE
+    stop = threading.Event()
+    stop.set()  # SIGTERM or Ctrl-C before the end: no outcome, exit 0
+    assert serve_until_over(lambda: Outcome.RUNNING, stop, poll_s=0.001) is None
+
+
+def test_standalone_coordinator_exits_by_itself_when_the_job_is_done(tmp_path: Path) -> None:
+    """A one-epoch job: the worker finishes, then the coordinator says so and exits 0."""
+    import socket
+
+    tf = tmp_path / "token"
+    tf.write_bytes(TOKEN + b"\n")
+    tf.chmod(0o600)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+           "REG_EPOCHS": "1"}
+    coord = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "coordinator", "--host", "127.0.0.1", "--port",
+         str(port), "--token-file", str(tf), "--linger", "1"], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "worker", "--coordinator", f"127.0.0.1:{port}",
+         "--token-file", str(tf), "--job", "tests/trainer/jobs/regression.py", "--name", "w0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out, _ = coord.communicate(timeout=300)  # generous: a loaded 2-core machine
+    finally:
+        for p in (coord, worker):
+            if p.poll() is None:
+                p.kill()
+        wout, _ = worker.communicate(timeout=60)
+    assert coord.returncode == 0, out + wout
+    assert "the job is over (done)" in out and "coordinator exiting" in out

@@ -133,7 +133,10 @@ def test_notice_drains_lose_no_step_and_kills_at_most_one(scenario: dict[str, An
 
 def test_every_reconfiguration_ends_with_identical_parameters(scenario: dict[str, Any]) -> None:
     formed = scenario["formed"]
-    assert len(formed) >= 7  # first, join, drains, kill, hang, rejoin, joins, storm
+    # first, the joins, the hang's drop, d's rejoin, the storm: five that this test orders
+    # by its waits (the notice, the drain and the kill may share a generation with a join
+    # that lands at the same step boundary, so the total varies from run to run)
+    assert len(formed) >= 5
     for f in formed:
         assert f["identical"], f
     sums = {e["data"]["checksum"] for e in scenario["events"]

@@ -28,7 +28,8 @@ PROVISION = [sys.executable, "-m", "provisioner"]
 
 #: The fewest arguments each command parses with (placeholders are never opened).
 MINIMAL = {"prices": [], "plan": [], "simulate": ["--trace", "t", "--work", "1"], "run": [],
-           "status": [], "revoke": ["i-1"], "completion": ["bash"]}
+           "status": [], "list": [], "logs": [], "down": [], "revoke": ["i-1"],
+           "completion": ["bash"]}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -82,7 +83,7 @@ def test_json_before_or_after_the_command(name):
 
 def test_json_flag_is_declared_by_the_commands_that_print_json():
     have = {n for n, p in commands().items() if clio.has_json_flag(p)}
-    assert have == {"prices", "plan", "simulate", "status"}
+    assert have == {"prices", "plan", "simulate", "status", "list", "down"}
 
 
 def test_json_on_a_command_without_json_output_is_a_usage_error(capsys):

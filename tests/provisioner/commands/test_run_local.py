@@ -148,7 +148,7 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
 
     from rich.console import Console
 
-    from provisioner.daemon.status import Status
+    from provisioner.daemon.status import Status, WorkerRow
     from provisioner.daemon.dashboard import render
     from provisioner.daemon.state import Event
 
@@ -157,12 +157,15 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
     st = Status(t0.replace(hour=2), {key: 2}, 1, {key: 0.9123}, 1.82, 3.456, 2500.0,
                 {"epoch": 4, "step": 90, "accuracy": 0.9712, "steps_lost": 1},
                 (Event(t0.timestamp() + 60, "notice", "loc-1", key, "trace: outage"),),
-                workers={"loc-1": 1200.0, "loc-2": 1300.0})
-    con = Console(width=160, record=True)
-    con.print(render(st, t0.timestamp()))
+                workers={"loc-1": 1200.0, "loc-2": 1300.0},
+                instances=(WorkerRow("loc-1", key, "draining", 1200.0, 0.9123),
+                           WorkerRow("loc-2", key, "active", 1300.0, 0.9123),
+                           WorkerRow("loc-3", key, "booting", None, 0.9123)))
+    con = Console(width=160, height=40, record=True)
+    con.print(render(st, t0.timestamp(), width=160, height=40))  # wide: the market too
     text = con.export_text()
-    for needle in ("2.00 h", "$3.4560", "2,500", "0.971", key, "0.9123", "draining", "loc-2",
-                   "notice", "trace: outage"):
+    for needle in ("2.00 h", "$3.4560", "2,500", "0.971", "p3.2xlarge local-1a", "0.9123",
+                   "draining", "loc-2", "booting", "notice", "trace: outage"):
         assert needle in text, needle
 
 

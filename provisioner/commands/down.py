@@ -1,0 +1,45 @@
+"""``provision down [WORKDIR|RUN]``: terminate the fleet a run left (``--on-exit keep``).
+
+Design: argparse only; the work is :func:`provisioner.daemon.down.down` (the run's lock
+taken as a daemon takes it, the instances ended through the daemon's write-ahead actuator
+and driver). Refused with one line, exit 2, while a daemon holds the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from provisioner.clio import add_json_flag, print_json
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("down", help="terminate the fleet a stopped run kept (--on-exit keep)",
+                       description="Terminate every instance a run left running after its "
+                       "daemon stopped (`provision run --on-exit keep`, or a daemon that "
+                       "died), through its driver, and record it in the run's state. Refused "
+                       "while a daemon runs it. RUN: a work directory, or a run id or pid of "
+                       "`provision list`; default ./spotring-run. A cloud run: --config FILE.")
+    p.add_argument("run", nargs="?", metavar="WORKDIR|RUN", help="the run (default: "
+                   "./spotring-run)")
+    p.add_argument("--config", help="a cloud run's settings (its daemon.state_path and driver)")
+    add_json_flag(p, help="JSON instead of a line")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from provisioner.daemon.down import down
+    from provisioner.daemon.target import resolve
+
+    target = resolve(args.run, args.config)
+    done = down(target)
+    if args.json:
+        print_json({"job": done.job, "terminated": list(done.terminated),
+                    "spend_usd": round(done.spend_usd, 6), "state": str(target.state)})
+        return 0
+    if not done.terminated:
+        print(f"nothing to terminate: no instance of {done.job} is left ({target.what})")
+    else:
+        print(f"terminated {len(done.terminated)} instance(s) of {done.job}: "
+              f"{', '.join(done.terminated)}; spend ${done.spend_usd:.4f} ({target.what})")
+    return 0

@@ -1,0 +1,90 @@
+"""``provision list`` (alias ``runs``): the runs on this machine, like ``sky status``.
+
+Design: the registry (:mod:`provisioner.daemon.registry`, pruned of dead daemons as it is
+read) says which daemons run and where their files are; each run's progress comes from its
+own state file through :func:`provisioner.daemon.status.summary`, read-only, the reader
+``provision status`` uses. ``--json`` is one document (a list).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from provisioner.clio import add_json_flag, print_json
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("list", aliases=["runs"], help="runs on this machine (pid, workdir, "
+                       "job, progress)",
+                       description="List the daemons running on this machine (started by "
+                       "`provision run`, detached or not): pid, work directory, job, when "
+                       "started and how far the job got. Entries of daemons that died are "
+                       "dropped as they are read.")
+    add_json_flag(p, help="JSON instead of a table")
+    p.set_defaults(handler=run)
+
+
+def _progress(state_path: str) -> dict[str, Any]:
+    from provisioner.daemon.state import State
+    from provisioner.daemon.status import summary
+    from provisioner.errors import UserError
+
+    try:
+        st = State.read_only(state_path)
+    except UserError:
+        return {}  # starting: its state not written yet
+    try:
+        return summary(st, events=0)
+    except Exception:  # noqa: BLE001 - a state being written; the list shows the rest
+        return {}
+    finally:
+        st.close()
+
+
+def rows() -> list[dict[str, Any]]:
+    """One row per live run (see the module docstring)."""
+    from provisioner.daemon import registry
+    from provisioner.daemon.lock import held_by
+
+    out = []
+    for e in registry.entries():
+        doc = _progress(e.state)
+        ring = doc.get("ring") or {}
+        out.append({"run": e.run_id, "pid": e.pid, "alive": e.alive,
+                    "holds_lock": held_by(Path(e.lock)) == e.pid,
+                    "driver": e.driver, "workdir": e.workdir, "state": e.state, "log": e.log,
+                    "started": e.started, "job": e.job, "config": e.config,
+                    "epoch": ring.get("epoch"), "step": ring.get("step"),
+                    "accuracy": ring.get("accuracy"), "world": ring.get("world"),
+                    "fleet": len(doc.get("fleet") or []), "spend_usd": doc.get("spend_usd"),
+                    "hours": doc.get("hours")})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    runs = rows()
+    if args.json:
+        print_json(runs, indent=2)
+        return 0
+    if not runs:
+        print("no runs on this machine (start one: provision run --detach)")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs ({len(runs)})")
+    for col in ("run", "pid", "alive", "started", "job", "progress", "workdir"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        acc = r["accuracy"]
+        progress = (f"epoch {r['epoch'] or 0}, step {r['step'] or 0}"
+                    + (f", acc {acc:.3f}" if isinstance(acc, (int, float)) else "")
+                    + f"; fleet {r['fleet']}"
+                    + (f", ${r['spend_usd']:.2f}" if r["spend_usd"] is not None else ""))
+        table.add_row(r["run"], str(r["pid"]), "yes" if r["alive"] else "no",
+                      r["started"].replace("+00:00", "Z"), r["job"].rsplit("/", 1)[-1],
+                      progress, r["workdir"])
+    Console().print(table)
+    return 0

@@ -1,0 +1,118 @@
+"""``provision run --detach``: the same daemon, in the background, as ``sky launch -d`` or
+``docker run -d`` start theirs.
+
+Design: :func:`detach` runs the very command line the user typed again
+(``python -m provisioner ...``) in a new session (``start_new_session``: no controlling
+terminal, so closing the terminal or its Ctrl-C never reaches it), stdin from /dev/null and
+stdout and stderr appended to the run's log file (:mod:`provisioner.daemon.target`:
+``WORKDIR/daemon.log``, or ``STATE_PATH.log``). The child knows it is the detached daemon by
+``SPOTRING_DETACHED_LOG`` in its environment (set to its log), so it runs in the foreground
+of its own session and names its log in the registry.
+
+The parent waits until the child has committed its run (its entry is in
+:mod:`provisioner.daemon.registry`: every check passed, the lock held) or exited. A child that
+exits first failed its checks: its output is shown, the log file and folders this start made
+are removed (bad input changes nothing), and its exit code is returned. Otherwise the parent
+prints the pid, the run, the work directory and how to follow, inspect and stop it, and
+exits 0 while the daemon runs on.
+
+Rule: the checks that need no lock (flags, config, job) run in the parent before the child
+starts (``provision run`` makes them before calling here), so the common mistakes never
+reach the background.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from provisioner.daemon import registry
+from provisioner.daemon.lock import Created, held_by
+from provisioner.daemon.target import Target
+from provisioner.errors import UserError
+
+#: How long the parent waits for the child to commit its run. A start binds the coordinator
+#: and imports torch: seconds alone, minutes on a machine other work saturates.
+COMMIT_WAIT_S = 300.0
+POLL_S = 0.2
+ENV = "SPOTRING_DETACHED_LOG"  # as provisioner.commands.run.DETACHED_ENV
+
+
+def detach(argv: list[str], target: Target) -> int:
+    """Start ``provision <argv>`` in the background for ``target``; returns the exit code."""
+    holder = held_by(target.lock)
+    if holder is not None:
+        raise UserError(f"{target.what} is in use by another `provision run` (pid {holder}); "
+                        f"stop it first, or pick another one")
+    created = Created()
+    try:
+        created.mkdirs(target.log.parent)
+        existed = target.log.exists()
+        out = open(target.log, "ab")
+    except OSError as exc:
+        created.undo()
+        raise UserError(f"{target.what}: cannot write the log {target.log} "
+                        f"({exc.strerror}); pick a writable folder") from None
+    if not existed:
+        created.file(target.log)
+    start_offset = out.tell()
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out.write(f"--- {stamp} provision {' '.join(argv)}\n".encode())
+    out.flush()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "provisioner", *argv], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, ENV: str(target.log), "PYTHONUNBUFFERED": "1"})
+    finally:
+        out.close()
+    code = _wait_commit(proc)
+    if code is not None:
+        text = _read_from(target.log, start_offset)
+        lines = [ln for ln in text.splitlines()[1:] if ln.strip()]
+        if code != 0:
+            created.undo()  # the child failed its checks: leave nothing behind
+        for ln in lines[-20:]:
+            print(ln, file=sys.stderr if code else sys.stdout)
+        return code
+    _started(proc.pid, target)
+    return 0
+
+
+def _wait_commit(proc: subprocess.Popen) -> int | None:
+    """None once the child registered its run; its exit code if it exited first."""
+    deadline = time.monotonic() + COMMIT_WAIT_S
+    entry = registry.runs_dir() / f"{proc.pid}.json"
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            return code
+        if entry.exists():
+            return None
+        time.sleep(POLL_S)
+    return None  # still starting: it goes on in the background
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _started(pid: int, target: Target) -> None:
+    where = f"--workdir {target.root}" if target.local else f"--config {target.config}"
+    ref = str(target.root) if target.local else f"--config {target.config}"
+    print(f"started in the background: pid {pid}\n"
+          f"  {'workdir' if target.local else 'state'}: "
+          f"{target.root if target.local else target.state}\n"
+          f"  log:     {target.log}\n"
+          f"follow:  provision logs {ref} -f\n"
+          f"status:  provision status {where}   (all runs: provision list)\n"
+          f"stop:    kill -INT {pid}   (drains, then terminates the fleet unless "
+          f"--on-exit keep; then `provision down {ref}`)", flush=True)

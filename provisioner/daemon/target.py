@@ -1,0 +1,105 @@
+"""Which run a command means, and where that run's files are: ``provision run --detach``,
+``logs`` and ``down`` agree on one answer.
+
+Design: a run is a work directory (a local run: ``WORKDIR/state.sqlite``, ``WORKDIR/.lock``,
+``WORKDIR/daemon.log``, its workers' logs in ``WORKDIR/cloud/logs/``) or a cloud state file
+(``STATE_PATH``, ``STATE_PATH.lock``, ``STATE_PATH.log``). :func:`resolve` turns what the
+user typed into a :class:`Target`: ``--config FILE`` (its ``daemon.state_path``, or its
+``local.state_dir`` for a local config); else a folder; else a run of ``provision list`` by
+pid or run id; else, with nothing typed, ``./spotring-run`` when it exists, or the one run
+this machine has.
+
+Rule: the log and lock names are decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioner.errors import UserError
+
+DEFAULT_WORKDIR = "spotring-run"
+LOG_NAME = "daemon.log"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The files of one run."""
+
+    driver: str  # "local", or the cloud driver's name
+    root: Path  # the work directory, or the state file's folder
+    state: Path
+    lock: Path
+    log: Path
+    config: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.driver == "local"
+
+    @property
+    def workers_logs(self) -> Path:
+        """The local workers' logs (``<instance id>.log``)."""
+        return self.root / "cloud" / "logs"
+
+    @property
+    def what(self) -> str:
+        """How messages name it: the flag that selects it."""
+        return f"--workdir {self.root}" if self.local else f"daemon.state_path {self.state}"
+
+
+def local_target(workdir: str | Path, config: str | None = None) -> Target:
+    root = Path(workdir).expanduser().resolve()
+    return Target("local", root, root / "state.sqlite", root / ".lock", root / LOG_NAME, config)
+
+
+def cloud_target(driver: str, state_path: str | Path, config: str | None = None) -> Target:
+    state = Path(state_path).expanduser().resolve()
+    return Target(driver, state.parent, state, state.with_name(state.name + ".lock"),
+                  state.with_name(state.name + ".log"), config)
+
+
+def from_settings(settings: object, config: str | None, workdir: str | None = None) -> Target:
+    """The target of a run started with these settings (and ``--workdir``)."""
+    driver = settings.cloud.driver  # type: ignore[attr-defined]
+    if driver == "local":
+        return local_target(workdir or settings.local.state_dir, config)  # type: ignore[attr-defined]
+    return cloud_target(driver, settings.daemon.state_path, config)  # type: ignore[attr-defined]
+
+
+def resolve(ref: str | None, config: str | None) -> Target:
+    """What the user named (see the module docstring). Raises UserError naming the fix."""
+    from provisioner.daemon import registry
+
+    if config is not None:
+        from provisioner.config import load_settings
+
+        return from_settings(load_settings(config), config, ref)
+    if ref is not None:
+        if Path(ref).is_dir():
+            return local_target(ref)
+        entry = registry.find(ref)
+        if entry is not None:
+            return of_entry(entry)
+        raise UserError(f"{ref}: neither a work directory nor a run of `provision list`; give "
+                        f"the --workdir of a local run, a run id or pid, or --config FILE "
+                        f"for a cloud run")
+    if Path(DEFAULT_WORKDIR).is_dir():
+        return local_target(DEFAULT_WORKDIR)
+    runs = registry.entries()
+    if len(runs) == 1:
+        return of_entry(runs[0])
+    if not runs:
+        raise UserError(f"no ./{DEFAULT_WORKDIR} here and no run on this machine; give a work "
+                        f"directory, or --config FILE for a cloud run")
+    raise UserError(f"{len(runs)} runs on this machine (" + ", ".join(
+        e.run_id for e in runs) + "); name one (see `provision list`)")
+
+
+def of_entry(entry: object) -> Target:
+    """The target of a :class:`~provisioner.daemon.registry.Entry`."""
+    e = entry
+    if e.driver == "local":  # type: ignore[attr-defined]
+        return local_target(e.workdir, e.config)  # type: ignore[attr-defined]
+    return cloud_target(e.driver, e.state, e.config)  # type: ignore[attr-defined]

@@ -1,0 +1,135 @@
+"""``provision list``, ``logs`` and ``down`` against fake runs: the registry prunes dead
+daemons, ``logs -f`` follows while a daemon holds the run's lock and ends when it exits, and
+``down`` is refused (one line, exit 2) while a daemon holds it. A real daemon:
+tests/e2e/test_detach_ops.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioner.cli import main
+from provisioner.daemon import registry
+from provisioner.daemon.lock import held_by
+
+from tests.fakes.wait import wait_for
+
+HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, str(os.getpid()).encode())
+log = open(sys.argv[2], "a")
+for k in range(int(sys.argv[3])):
+    log.write(f"line {k}\\n"); log.flush(); time.sleep(0.2)
+while not os.path.exists(sys.argv[4]):
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTRING_STATE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def cli(capsys, *args):
+    code = main(list(args))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def holder(wd: Path, lines: int, release: Path) -> subprocess.Popen:
+    """A stand-in daemon: holds WORKDIR/.lock, writes ``lines`` lines to daemon.log, and
+    exits once ``release`` exists."""
+    wd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(wd / ".lock"),
+                             str(wd / "daemon.log"), str(lines), str(release)])
+    assert wait_for(lambda: held_by(wd / ".lock") == proc.pid, 60)
+    return proc
+
+
+def test_registry_lists_live_runs_and_prunes_dead_ones(tmp_path, capsys, state_home):
+    me = registry.register(run_id="r-live", driver="local", workdir=tmp_path, state=tmp_path /
+                           "state.sqlite", lock=tmp_path / ".lock", job="j.py")
+    assert me is not None
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = registry.runs_dir() / f"{dead}.json"
+    stale.write_text(json.dumps({**json.loads(registry._path(os.getpid()).read_text()),
+                                 "pid": int(dead), "run_id": "r-dead"}))
+    try:
+        code, out, _ = cli(capsys, "list", "--json")
+        runs = json.loads(out)
+        assert code == 0 and [r["run"] for r in runs] == ["r-live"]
+        assert runs[0]["pid"] == os.getpid() and runs[0]["alive"] is True
+        assert runs[0]["workdir"] == str(tmp_path) and runs[0]["job"] == "j.py"
+        assert not stale.exists()  # pruned as it was read
+        code, out, _ = cli(capsys, "runs")
+        assert code == 0 and "r-live" in out
+        assert registry.find("r-li").pid == os.getpid()
+    finally:
+        registry.unregister()
+    code, out, _ = cli(capsys, "list")
+    assert code == 0 and "no runs" in out
+
+
+def test_logs_follows_while_the_daemon_holds_the_lock(tmp_path):
+    wd, release = tmp_path / "w", tmp_path / "release"
+    proc = holder(wd, 10, release)
+    try:
+        follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert wait_for(lambda: "line 9" in (wd / "daemon.log").read_text(), 120)
+        time.sleep(1.0)
+        assert follow.poll() is None  # the daemon still holds the run: still following
+        release.touch()
+        out, err = follow.communicate(timeout=120)
+        assert follow.returncode == 0, err
+        assert out.splitlines() == [f"line {k}" for k in range(10)] and not err
+    finally:
+        release.touch()
+        proc.wait(timeout=60)
+
+
+def test_logs_without_a_daemon_prints_and_says_so(tmp_path, capsys):
+    wd = tmp_path / "w"
+    (wd / "cloud" / "logs").mkdir(parents=True)
+    (wd / "daemon.log").write_text("a\nb\nc\n")
+    (wd / "cloud" / "logs" / "loc-1.log").write_text("step 1\n")
+    code, out, err = cli(capsys, "logs", str(wd), "-f", "-n", "2")
+    assert code == 0 and out == "b\nc\n" and "nothing to follow" in err
+    code, out, _ = cli(capsys, "logs", str(wd), "--worker", "loc-1")
+    assert "[daemon] a" in out and "[loc-1] step 1" in out
+    code, _, err = cli(capsys, "logs", str(wd), "--worker", "loc-9")
+    assert code == 2 and "loc-9" in err and "loc-1" in err
+
+
+def test_logs_and_down_name_the_fix_when_there_is_no_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for cmd in ("logs", "down"):
+        code, _, err = cli(capsys, cmd)
+        assert code == 2 and err.strip().count("\n") == 0 and "spotring-run" in err, err
+        code, _, err = cli(capsys, cmd, "nope")
+        assert code == 2 and "provision list" in err, err
+
+
+def test_down_is_refused_while_a_daemon_holds_the_run(tmp_path, capsys):
+    wd, release = tmp_path / "w", tmp_path / "release"
+    proc = holder(wd, 0, release)
+    try:
+        (wd / "state.sqlite").write_bytes(b"")
+        code, _, err = cli(capsys, "down", str(wd))
+        assert code == 2 and err.strip().count("\n") == 0
+        assert f"pid {proc.pid}" in err and "stop it first" in err
+        assert held_by(wd / ".lock") == proc.pid  # untouched
+    finally:
+        release.touch()
+        proc.wait(timeout=60)

@@ -1,0 +1,63 @@
+"""Test job for the pipeline mode: a sequential regression net trained as virtual workers.
+
+Layers: ``Linear`` + ``BatchNorm1d`` + ReLU, then emulated layers
+(:class:`trainer.pipeline.emulate.SleepyLayer`: real math plus ``PIPE_LAYER_MS`` of sleep per
+sample, so a stage's time is known and costs no CPU), then a linear head; MSE; Adam;
+``evaluate`` returns ``{"mse", "r2"}`` on a held-out set (run on the head after the stages
+are gathered).
+
+Knobs: ``PIPE_STAGES`` (2), ``PIPE_MICRO`` (8), ``PIPE_SCHEDULE`` (1f1b), ``PIPE_D`` (0, the
+staleness bound), ``PIPE_EPOCHS`` (4), ``PIPE_BATCH`` (64), ``PIPE_LAYER_MS`` (0.05 ms per
+sample per emulated layer), ``PIPE_LAYERS`` (6 emulated layers).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from trainer.job import Job
+from trainer.pipeline import virtual_workers
+from trainer.pipeline.emulate import SleepyLayer
+
+N_TRAIN, N_TEST, D, WIDTH = 512, 256, 8, 32
+
+
+def _make(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, D, generator=g)
+    w = torch.linspace(-1.0, 1.0, D).view(D, 1)
+    y = torch.tanh(x @ w) + 0.3 * x[:, :1] * x[:, 1:2] + 0.05 * torch.randn(n, 1, generator=g)
+    return x, y
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def make_job(seed: int) -> Job:
+    torch.manual_seed(seed)
+    per_sample = float(_env("PIPE_LAYER_MS", "0.05")) / 1000
+    body = [SleepyLayer(WIDTH, per_sample) for _ in range(int(_env("PIPE_LAYERS", "6")))]
+    model = nn.Sequential(nn.Linear(D, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU(), *body,
+                          nn.Linear(WIDTH, 1))
+    train, test = _make(N_TRAIN, 1), _make(N_TEST, 2)
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        m.eval()
+        with torch.no_grad():
+            pred = m(test[0])
+        mse = float(((pred - test[1]) ** 2).mean())
+        return {"mse": mse, "r2": 1.0 - mse / float(test[1].var())}
+
+    return Job(
+        model=model, optimizer=torch.optim.Adam(model.parameters(), lr=3e-3),
+        loss_fn=nn.functional.mse_loss, train_set=torch.utils.data.TensorDataset(*train),
+        global_batch=int(_env("PIPE_BATCH", "64")), epochs=int(_env("PIPE_EPOCHS", "4")),
+        evaluate=evaluate, mode="pipeline",
+        pipeline=virtual_workers(model, stages=int(_env("PIPE_STAGES", "2")),
+                                 micro_batch=int(_env("PIPE_MICRO", "8")),
+                                 schedule=_env("PIPE_SCHEDULE", "1f1b"),
+                                 staleness=int(_env("PIPE_D", "0"))))

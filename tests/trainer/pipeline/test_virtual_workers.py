@@ -1,0 +1,174 @@
+"""Virtual workers through revocations, with real worker processes (the ring harness).
+
+Two virtual workers of two stages train the pipelined regression job
+(tests/trainer/jobs/pipe.py). A stage member is SIGKILLed (no notice); a replacement joins hot
+and takes the dead member's slot, its layers coming from the same stage of the other virtual
+worker; a member is SIGTERMed (notice: it leaves at a wave boundary); another joins. Then a
+stage with no other replica: lost without a snapshot (the job fails at once, saying why),
+and restored from the durable snapshot with one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.jobs import pipe
+from tests.trainer.ringutil import Ring, per_epoch_counts
+from trainer import snapshot as snap
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+JOB = "tests/trainer/jobs/pipe.py"
+EPOCHS = 10
+
+
+def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(EPOCHS), "PIPE_LAYER_MS": "0.3", **env},
+                initial_world=4, heartbeat_timeout_s=3.0, rollcall_s=0.5)
+    try:
+        ring.worker("a")
+        ring.worker("b", "--fault", "kill@12")  # no notice
+        ring.worker("c", "--fault", "term@40")  # notice
+        ring.worker("d")
+        ring.wait_for("the kill", lambda: ring.procs["b"].poll() is not None, 90)
+        ring.worker("e")  # the replacement, hot
+        ring.wait_for("the replacement in a slot", lambda: ring.active("e"), 90)
+        ring.wait_for("the drain", lambda: ring.procs["c"].poll() is not None, 120)
+        ring.worker("f")
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
+        for p in ring.procs.values():
+            p.wait(30)
+        return {"stats": ring.coord.stats(), "formed": ring.formed(),
+                "codes": {n: p.returncode for n, p in ring.procs.items()},
+                "events": ring.coord.events(), "samples": ring.samples(), "logs": ring.logs(),
+                "tmp": tmp}
+    finally:
+        ring.close()
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield _story(tmp_path_factory.mktemp("vw"), {})
+
+
+@pytest.fixture(scope="module")
+def stale_story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield _story(tmp_path_factory.mktemp("vw-wsp"), {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe"})
+
+
+@pytest.fixture(params=["sync-1f1b", "wsp2-gpipe"])
+def either(request: pytest.FixtureRequest, story: dict[str, Any],
+           stale_story: dict[str, Any]) -> dict[str, Any]:
+    return story if request.param == "sync-1f1b" else stale_story
+
+
+def test_every_worker_ends_as_its_story_says(either: dict[str, Any]) -> None:
+    codes = either["codes"]
+    assert codes["b"] == -9 and codes["c"] == 0, (codes, either["logs"])
+    assert codes["a"] == codes["d"] == codes["e"] == codes["f"] == 0, (codes, either["logs"])
+    stats = either["stats"]
+    assert stats["outcome"] == "done" and stats["epoch"] == EPOCHS, stats
+    assert stats["metrics"]["r2"] > 0.7, stats  # it learned through it all
+
+
+def test_every_stage_s_replicas_agree_after_every_change(either: dict[str, Any]) -> None:
+    formed = either["formed"]
+    assert len(formed) >= 5
+    assert all(f["identical"] for f in formed), formed
+    sums = {e["data"]["checksum"] for e in either["events"]
+            if e["kind"] == "leave" and e["data"].get("finished")}
+    assert len(sums) == 1
+
+
+def test_a_kill_loses_at_most_one_wave_and_a_notice_none(story: dict[str, Any],
+                                                        stale_story: dict[str, Any]) -> None:
+    kill = [f for f in story["formed"] if f["steps_lost"]]
+    assert len(kill) == 1 and kill[0]["steps_lost"] == 1, story["formed"]
+    assert story["stats"]["steps_lost"] == 1
+    # with the staleness bound D = 2 the waves not yet agreed are lost (at most D + 1)
+    assert 1 <= stale_story["stats"]["steps_lost"] <= 3, stale_story["formed"]
+    for s in (story, stale_story):  # the generation after the drain lost nothing
+        drain = [e["generation"] for e in s["events"] if e["kind"] == "drain"][0]
+        after = [f for f in s["formed"] if f["generation"] > drain]
+        assert after and after[0]["steps_lost"] == 0, s["formed"]
+
+
+def test_the_replacement_takes_its_stage_from_the_same_stage_of_the_other_worker(
+        story: dict[str, Any]) -> None:
+    log = (story["tmp"] / "e.log").read_text()
+    formed = re.search(r"formed generation \d+ as rank \d+/4: slot \((\d), (\d)\), "
+                       r"layers (\d+)\.\.(\d+)", log)
+    got = re.search(r"received layers (\d+)\.\.(\d+) from rank \d+ \(slot \((\d), (\d)\)\)", log)
+    assert formed and got, log
+    vw, stage, lo, hi = map(int, formed.groups())
+    assert (int(got[1]), int(got[2])) == (lo, hi)
+    assert int(got[4]) == stage and int(got[3]) != vw
+
+
+def test_each_sample_exactly_once_per_epoch(either: dict[str, Any]) -> None:
+    counts = per_epoch_counts(either["samples"])
+    assert sorted(counts) == list(range(EPOCHS))
+    for epoch, c in counts.items():
+        assert sorted(c) == list(range(pipe.N_TRAIN)), epoch
+        assert set(c.values()) == {1}, epoch
+
+
+def _one_vw(tmp: Path, epochs: int, fault: str, **coord: Any) -> Ring:
+    """One virtual worker of two stages, ``a`` and ``b``; ``b`` meets ``fault``."""
+    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(epochs), "PIPE_LAYER_MS": "0.3"},
+                initial_world=2, heartbeat_timeout_s=3.0, **coord)
+    ring.worker("a")
+    ring.worker("b", "--fault", fault)
+    return ring
+
+
+def test_a_lost_stage_without_another_replica_or_snapshot_fails_at_once(tmp_path: Path
+                                                                       ) -> None:
+    ring = _one_vw(tmp_path, 20, "kill@6")
+    try:
+        ring.wait_for("the job to end", lambda: ring.coord.stats().get("finished"), 120)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "failed", stats
+        assert "held by no member left" in stats["failure"], stats
+        assert ring.procs["a"].wait(30) == 2
+    finally:
+        ring.close()
+
+
+def test_the_only_replica_of_a_stage_hands_it_over_when_it_leaves_with_notice(
+        tmp_path: Path) -> None:
+    ring = _one_vw(tmp_path, 4, "term@10")
+    try:
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
+        assert ring.procs["a"].wait(30) == 0 and ring.procs["b"].wait(30) == 0
+        assert "took over layers" in (tmp_path / "a.log").read_text()
+        assert all(f["identical"] for f in ring.formed())
+    finally:
+        ring.close()
+
+
+def test_a_lost_stage_comes_back_from_the_durable_snapshot(tmp_path: Path) -> None:
+    settings = snap.SnapshotSettings(str(tmp_path / "snapshots"), every_s=3600.0,
+                                     every_steps=5)
+    ring = _one_vw(tmp_path, 6, "kill@13", snapshot=settings)
+    try:
+        ring.wait_for("the kill", lambda: ring.procs["b"].poll() is not None, 90)
+        ring.worker("c")
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "done" and stats["epoch"] == 6, (stats, ring.logs())
+        logs = ring.logs()
+        assert re.search(r"roll(s)? back to the snapshot of step 10", logs), logs
+        # waves 10, 11, 12 (applied, then rolled back) and 13 (when started) were redone
+        assert 3 <= stats["steps_lost"] <= 4, (stats, ring.formed())
+        assert stats["metrics"]["r2"] > 0.7, stats
+        assert all(f["identical"] for f in ring.formed())
+    finally:
+        ring.close()

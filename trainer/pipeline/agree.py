@@ -1,0 +1,117 @@
+"""The reductions that make a wave agreed, in wave order, off the member's main thread.
+
+Design. After computing wave ``t`` a member posts its stage's pack to the all-reduce of its
+stage group (the same stage of every virtual worker) and hands the wave to
+:class:`Agreement`, whose thread waits for that reduction and only then joins the wave's
+*control* reduction over the whole generation: one row per member (samples, busy and wall
+seconds, the newest generation it saw, the last stage's loss, flags). So the control
+reduction of wave ``t`` completes on a member only when every member's stage reduction of
+``t`` had completed: an agreed wave's reduced pack exists on every member of every stage
+(that is what lets survivors of a failure roll forward to the newest wave agreed anywhere).
+The main thread meanwhile computes the next waves (up to the staleness bound) and applies
+agreed waves in order.
+
+Rule for callers: :meth:`Agreement.submit` waves in order (the stage reduction is posted in
+the caller's thread, so every member posts its collectives in the same order); read the
+reduced packs of waves that were reduced but not agreed only after :meth:`Agreement.stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer import ring
+from trainer.pipeline.runner import transport
+
+log = logging.getLogger(__name__)
+
+ROW = 8  # the control row of one member
+SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0 = range(ROW)
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """A wave every member reduced: its reduced pack (None for a spare) and the reduced
+    control rows ``(world, ROW)``, float64."""
+
+    wave: int
+    pack: torch.Tensor | None
+    rows: torch.Tensor
+
+
+class Agreement:
+    """One generation's wave reductions (see the module docstring)."""
+
+    def __init__(self, stage_pg: Any, ctl_pg: Any, world: int,
+                 should_abort: Callable[[], bool]) -> None:
+        self.stage_pg, self.ctl_pg, self.world = stage_pg, ctl_pg, world
+        self.should_abort = should_abort
+        self._q: queue.Queue[tuple[int, Any, torch.Tensor | None, torch.Tensor] | None] = (
+            queue.Queue())
+        self._cond = threading.Condition()
+        self.agreed: dict[int, Agreed] = {}
+        self.reduced: dict[int, torch.Tensor | None] = {}  # stage-reduced, maybe not agreed
+        self.error: BaseException | None = None
+        self.newest = -1  # the newest wave agreed here
+        self._thread = threading.Thread(target=self._run, name="spotring-waves", daemon=True)
+        self._thread.start()
+
+    def submit(self, wave: int, pack: torch.Tensor | None, row: torch.Tensor) -> None:
+        """Post wave ``wave``'s stage reduction of ``pack`` (None: a spare, or a stage of one
+        VW) and queue its control reduction of ``row`` (this member's row filled)."""
+        work = None
+        if pack is not None and self.stage_pg is not None:
+            with transport(f"stage reduction of wave {wave}"):
+                work = self.stage_pg.allreduce([pack])
+        self._q.put((wave, work, pack, row))
+
+    def wait(self, wave: int) -> Agreed:
+        """Block until ``wave`` is agreed. Raises :class:`trainer.ring.RingBroken` when a
+        reduction failed or the generation was declared broken."""
+        with self._cond:
+            while wave not in self.agreed:
+                if self.error is not None:
+                    raise ring.RingBroken(f"wave {wave}: {self.error}") from self.error
+                if self.should_abort():
+                    raise ring.RingBroken(f"wave {wave}: aborted (the generation was "
+                                          "declared broken)")
+                self._cond.wait(ring.WAIT_SLICE_S)
+            return self.agreed.pop(wave)
+
+    def stop(self) -> None:
+        """Stop after the wave in progress (a failed or abandoned one ends at once)."""
+        self._q.put(None)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._q.get()
+                if item is None:
+                    return
+                wave, work, pack, row = item
+                if work is not None:
+                    ring.wait(work, self.should_abort, f"stage reduction of wave {wave}",
+                              sliced=isinstance(self.stage_pg, dist.ProcessGroupGloo))
+                with self._cond:
+                    self.reduced[wave] = pack
+                ring.allreduce(self.ctl_pg, row, self.should_abort)
+                with self._cond:
+                    self.agreed[wave] = Agreed(wave, pack, row)
+                    self.newest = wave
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            with self._cond:
+                self.error = e
+                self._cond.notify_all()
+            log.debug("wave reductions stopped: %s", e)

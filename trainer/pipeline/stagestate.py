@@ -1,0 +1,231 @@
+"""A stage's share of the training state: its layers' weights, buffers and optimiser state,
+packed for the wave's reduction and moved between members as tensors and plain data.
+
+Design. A pipelined job's model is an ``nn.Sequential``; its children are the *layers* the
+layout cuts into stages (:mod:`trainer.pipeline.partition`). Every member builds the whole
+model (the job is the same everywhere) but only the layers of its stage are *held*: current,
+trained and carried in its optimiser. :class:`ModelIndex` maps a layer range to its state
+dict entries, its parameters and their optimiser indices; :func:`bundle` and :func:`load`
+move a range with the small shared state (step, data cursor, metrics) as a tree for
+:mod:`trainer.state` (no pickle; the receiver checks names, shapes and dtypes against its own
+model and the step against the generation's agreement).
+
+:class:`StagePack` is what one stage reduces per wave, one flat float32 tensor: the
+parameters' gradients (already weighted by each micro-batch's share of the wave), one
+*used* flag per parameter (a parameter no VW produced a gradient for is not stepped,
+``set_to_none`` semantics), and the change each buffer underwent in the wave. The reduced
+buffer change is the *sum* over VWs: BatchNorm's running statistics then move as one
+process's would over the same micro-batches (to first order in the momentum), and
+``num_batches_tracked`` counts every micro-batch exactly. Replicas apply the same reduced
+tensor in the same wave order, so they hold the same bits.
+
+Rule for callers: pack a wave only after its last backward; apply reduced packs in wave
+order; after a discarded wave, put the buffers back to :attr:`StagePack.committed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer import state as st
+from trainer import sync
+
+
+class LayoutError(ValueError):
+    """The model cannot be cut into stages (not an ``nn.Sequential``, tied layers)."""
+
+
+@dataclass(frozen=True)
+class _Layer:
+    params: tuple[tuple[str, torch.nn.Parameter], ...]
+    buffers: tuple[tuple[str, torch.Tensor], ...]
+    opt_index: tuple[int, ...]  # the optimiser's index of each trainable parameter
+
+
+class ModelIndex:
+    """The layers of a sequential model and their parameters, buffers and optimiser slots."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if not isinstance(model, torch.nn.Sequential) or len(model) == 0:
+            raise LayoutError("a pipelined job's model must be a non-empty torch.nn.Sequential "
+                              "(its children are the layers cut into stages)")
+        order = {id(p): i for i, p in enumerate(
+            p for g in optimizer.param_groups for p in g["params"])}
+        seen: dict[int, str] = {}
+        layers = []
+        children = list(model._modules.items())  # named_children() skips a repeated module
+        if len({id(c) for _, c in children}) < len(children):
+            raise LayoutError("a module appears twice in the model: layers that share "
+                              "weights cannot be cut into stages")
+        for name, child in children:
+            params = tuple((f"{name}.{n}", p) for n, p in child.named_parameters())
+            for full, p in params:
+                if id(p) in seen:
+                    raise LayoutError(f"parameter {full} is also {seen[id(p)]}: layers that "
+                                      "share weights cannot be cut into stages")
+                seen[id(p)] = full
+            buffers = tuple((f"{name}.{n}", b) for n, b in child.named_buffers())
+            layers.append(_Layer(params, buffers, tuple(
+                order[id(p)] for _, p in params if p.requires_grad and id(p) in order)))
+        self.layers = tuple(layers)
+        self.modules = tuple(c for _, c in children)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def params(self, lo: int, hi: int) -> list[torch.nn.Parameter]:
+        return [p for layer in self.layers[lo:hi] for _, p in layer.params if p.requires_grad]
+
+    def buffers(self, lo: int, hi: int) -> list[torch.Tensor]:
+        return [b for layer in self.layers[lo:hi] for _, b in layer.buffers]
+
+    def param_bytes(self) -> list[float]:
+        return [float(sum(p.numel() * p.element_size() for _, p in layer.params))
+                for layer in self.layers]
+
+    def state(self, lo: int, hi: int) -> dict[str, torch.Tensor]:
+        """The state-dict entries of layers ``[lo, hi)`` (parameters and buffers)."""
+        return {n: t.detach() for layer in self.layers[lo:hi]
+                for n, t in (*layer.params, *layer.buffers)}
+
+    def opt_state(self, optimizer: torch.optim.Optimizer, lo: int, hi: int
+                  ) -> dict[str, dict[str, Any]]:
+        """The optimiser state of layers ``[lo, hi)``'s parameters, by optimiser index."""
+        out = {}
+        for layer in self.layers[lo:hi]:
+            for (_, p), i in zip([x for x in layer.params if x[1].requires_grad],
+                                 layer.opt_index, strict=True):
+                s = optimizer.state.get(p)
+                if s:
+                    out[str(i)] = dict(s)
+        return out
+
+    def keep_only(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> None:
+        """Forget the optimiser state of every parameter outside layers ``[lo, hi)``."""
+        keep = {id(p) for p in self.params(lo, hi)}
+        for p in [p for p in optimizer.state if id(p) not in keep]:
+            del optimizer.state[p]
+
+    def checksum(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> str:
+        """Checksum of layers ``[lo, hi)``: weights, buffers and optimiser state."""
+        return sync.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
+
+
+def bundle(index: ModelIndex, optimizer: torch.optim.Optimizer, lo: int, hi: int,
+           meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Layers ``[lo, hi)`` and the shared state ``meta`` as a tree for
+    :func:`trainer.state.encode`."""
+    return {"lo": lo, "hi": hi, "model": index.state(lo, hi),
+            "opt": index.opt_state(optimizer, lo, hi), "meta": dict(meta)}
+
+
+def load(index: ModelIndex, optimizer: torch.optim.Optimizer, tree: Any, lo: int, hi: int
+         ) -> dict[str, Any]:
+    """Load a received :func:`bundle` of layers ``[lo, hi)`` into this member's model and
+    optimiser after checking it (names, shapes and dtypes of its tensors; the optimiser
+    state's shapes). Returns its ``meta``. Raises :class:`trainer.state.BadState`."""
+    if not isinstance(tree, dict) or tree.get("lo") != lo or tree.get("hi") != hi:
+        raise st.BadState(f"the stage state received is not layers {lo}..{hi - 1}")
+    model, opt, meta = tree.get("model"), tree.get("opt"), tree.get("meta")
+    own = index.state(lo, hi)
+    st.check_like(model, own, f"the state of layers {lo}..{hi - 1}")
+    if not isinstance(opt, dict) or not isinstance(meta, dict):
+        raise st.BadState("the stage state received lacks its optimiser state or meta")
+    params = {str(i): p for layer in index.layers[lo:hi] for (_, p), i in zip(
+        [x for x in layer.params if x[1].requires_grad], layer.opt_index, strict=True)}
+    if not set(opt) <= set(params):
+        raise st.BadState("the stage state received has optimiser state of other layers")
+    for k, s in opt.items():
+        p = params[k]
+        if not isinstance(s, dict) or any(
+                isinstance(v, torch.Tensor) and v.numel() > 1 and v.shape != p.shape
+                for v in s.values()):
+            raise st.BadState(f"optimiser state {k}: shapes differ from its parameter")
+    with torch.no_grad():
+        for name, t in own.items():
+            t.copy_(model[name])
+    for k, s in opt.items():
+        p = params[k]
+        optimizer.state[p] = {n: (v.to(p.device) if isinstance(v, torch.Tensor) and n != "step"
+                                  else v) for n, v in s.items()}
+    return meta
+
+
+class StagePack:
+    """The flat tensor a stage reduces per wave (see the module docstring)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], buffers: Sequence[torch.Tensor]
+                 ) -> None:
+        self.params, self.buffers = list(params), list(buffers)
+        self._n_grad = sum(p.numel() for p in self.params)
+        self._n_buf = sum(b.numel() for b in self.buffers)
+        self.numel = self._n_grad + len(self.params) + self._n_buf
+        self.committed = [b.detach().clone() for b in self.buffers]
+
+    def pack(self, before: Sequence[torch.Tensor], device: torch.device
+             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """This wave's gradients, used flags and buffer changes (since ``before``) as one
+        flat float32; clears the gradients. Returns ``(flat, own buffer changes)``."""
+        flat = torch.zeros(self.numel, dtype=torch.float32, device=device)
+        o = 0
+        used = self._n_grad
+        for i, p in enumerate(self.params):
+            n = p.numel()
+            if p.grad is not None:
+                flat[o:o + n] = p.grad.detach().reshape(-1)
+                flat[used + i] = 1.0
+            p.grad = None
+            o += n
+        o = used + len(self.params)
+        deltas = []
+        for b, b0 in zip(self.buffers, before, strict=True):
+            d = (b.detach() - b0) if b.is_floating_point() else (b.detach() - b0).to(
+                torch.float32)
+            deltas.append(d.clone())
+            flat[o:o + b.numel()] = d.reshape(-1).to(torch.float32)
+            o += b.numel()
+        return flat, deltas
+
+    def live_buffers(self) -> list[torch.Tensor]:
+        return [b.detach().clone() for b in self.buffers]
+
+    def apply(self, reduced: torch.Tensor, optimizer: torch.optim.Optimizer,
+              pending: Sequence[Sequence[torch.Tensor]] = ()) -> None:
+        """Step the optimiser with a reduced pack (parameters nobody used are not stepped),
+        move the committed buffers by the reduced change, and set the live buffers to them
+        plus this member's own changes of the waves computed since (``pending``)."""
+        used = reduced[self._n_grad:self._n_grad + len(self.params)].tolist()
+        o = 0
+        for p, u in zip(self.params, used, strict=True):
+            n = p.numel()
+            p.grad = reduced[o:o + n].view_as(p).to(p.dtype) if u > 0 else None
+            o += n
+        optimizer.step()
+        for p in self.params:
+            p.grad = None
+        o = self._n_grad + len(self.params)
+        with torch.no_grad():
+            for i, b in enumerate(self.buffers):
+                n = b.numel()
+                d = reduced[o:o + n].view_as(b)
+                c = self.committed[i]
+                if c.is_floating_point():
+                    c.add_(d.to(c.dtype))
+                else:
+                    c.add_(torch.round(d).to(c.dtype))
+                o += n
+        self.restore(pending)
+
+    def restore(self, pending: Sequence[Sequence[torch.Tensor]] = ()) -> None:
+        """Live buffers := committed plus ``pending`` own changes (none: a discarded wave)."""
+        with torch.no_grad():
+            for i, b in enumerate(self.buffers):
+                v = self.committed[i].clone()
+                for deltas in pending:
+                    d = deltas[i]
+                    v += d.to(v.dtype) if v.is_floating_point() else torch.round(d).to(v.dtype)
+                b.copy_(v)
