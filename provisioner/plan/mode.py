@@ -2,19 +2,22 @@
 aggregation (all-reduce inside a group on a fast link, parameter-server shards across
 groups, asynchronous updates of bounded staleness: :mod:`trainer.hybrid`).
 
-Design: pure, from the plan alone. A fleet that spans zones (or regions) runs hybrid, a
-group per zone: what crosses the slow link is then one update vector per update, not the
-ring's all-reduce. A fleet inside one zone whose instances' speeds differ by
-:data:`SPREAD` or more runs hybrid with a group per instance type, so the slow ones compute
-their own updates instead of holding the ring back. Anything else runs the ring (the
-hybrid with one group is the ring plus a sequencer). The figures behind the thresholds are
+Design: pure, from the plan alone. A plan of virtual workers (the model does not fit one
+GPU: :mod:`provisioner.plan.virtual`) runs the pipeline mode. A fleet that spans zones (or
+regions) runs hybrid, a group per zone: what crosses the slow link is then one update
+vector per update, not the ring's all-reduce. A fleet inside one zone whose instances'
+speeds differ by :data:`SPREAD` or more runs hybrid with a group per instance type, so
+the slow ones compute their own updates instead of holding the others back. Anything else
+runs the ring (the hybrid with one group is the ring plus a sequencer). The figures are
 ``benchmarks/hybrid.py``'s (docs/trainer.md, "Hybrid aggregation"): two zones over a
 50 Mbit/s link, hybrid 1.97x the ring's samples/s with a third of its cross-zone bytes;
-two groups on a fast link with a 3x straggler, 1.49x; one zone, the ring 1.05x the
-hybrid's.
+two groups on an unshaped link, 1.49x with a 3x straggler (1.47x without one: the
+threshold is the one speed spread measured, not a measured crossover); one zone, the ring
+1.05x the hybrid's.
 
 Rule for callers: :func:`training_mode` returns the mode and each offering's group (the
-worker's ``--zone`` / ``SPOTRING_ZONE``); the launcher passes both to the workers it starts.
+worker's ``--zone`` / ``SPOTRING_ZONE``); ``provision plan`` prints them. No launcher
+passes them to the workers it starts yet: the job file sets ``Job.mode``.
 """
 
 from __future__ import annotations
@@ -29,14 +32,20 @@ SPREAD = 3.0  # fastest / slowest instance speed at which one zone runs hybrid (
 class ModeChoice:
     """The training mode of a fleet, why, and the group of each offering (by key)."""
 
-    mode: str  # "ring" | "hybrid"
+    mode: str  # "ring" | "hybrid" | "pipeline"
     reason: str
     groups: dict[str, str] = field(default_factory=dict)
 
 
 def training_mode(plan: Any, spread: float = SPREAD) -> ModeChoice:
     """The mode a :class:`provisioner.plan.model.Plan` trains in (module docstring)."""
+    from provisioner.plan.virtual import VirtualWorkers
+
     held = [c for c in plan.chosen if plan.counts.get(c.offering, 0) > 0]
+    vws = sorted({c.stages for c in held if isinstance(c, VirtualWorkers) and c.stages > 1})
+    if vws:  # the model does not fit one GPU: only the pipeline mode trains it (issue 19)
+        return ModeChoice("pipeline", "the model does not fit one GPU: virtual workers of "
+                          f"{', '.join(map(str, vws))} stages")
     if sum(plan.counts.get(c.offering, 0) for c in held) <= 1:
         return ModeChoice("ring", "one instance")
     zones = sorted({c.zone_key for c in held})

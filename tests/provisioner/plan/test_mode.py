@@ -6,6 +6,7 @@ from __future__ import annotations
 from pricing.model import Offering
 from provisioner.plan.mode import training_mode
 from provisioner.plan.model import Candidate, Plan
+from provisioner.plan.virtual import VirtualWorkers
 
 
 def O(zone: str, itype: str = "p3.2xlarge", region: str = "us-east-1") -> Offering:
@@ -46,3 +47,10 @@ def test_one_instance_or_offerings_not_bought_run_the_ring():
     a, b = Candidate(O("us-east-1a"), 1.0, 100), Candidate(O("us-east-1b"), 1.0, 10)
     assert training_mode(plan_of((a, 1))).mode == "ring"
     assert training_mode(plan_of((a, 3), (b, 0))).mode == "ring"  # b chosen, none held
+
+
+def test_virtual_workers_run_the_pipeline_mode_whatever_the_zones():
+    vw = VirtualWorkers(O("us-east-1a", "g4dn.xlarge"), 2.0, 100, stages=2, instances=2)
+    b = Candidate(O("us-east-1b"), 1.0, 100)
+    choice = training_mode(plan_of((vw, 2), (b, 1)))
+    assert choice.mode == "pipeline" and "2 stages" in choice.reason
