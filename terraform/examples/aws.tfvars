@@ -3,7 +3,7 @@
 #   export TF_VAR_ring_token=$(openssl rand -hex 32)
 region     = "us-east-1"
 job_id     = "resnet-cifar"
-job_module = "examples.digits"
+job_module = "spotring_examples.digits"
 
 vpc_id     = "vpc-0123456789abcdef0"
 subnet_ids = ["subnet-0123456789abcdef0", "subnet-0fedcba9876543210"]

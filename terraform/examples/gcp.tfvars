@@ -5,7 +5,7 @@ project    = "my-training-project"
 region     = "us-central1"
 zones      = ["us-central1-a", "us-central1-b", "us-central1-c"]
 job_id     = "resnet-cifar"
-job_module = "examples.digits"
+job_module = "spotring_examples.digits"
 
 # The ring gets its own network, subnetwork and Cloud NAT (nothing else of the project shares
 # them). To use an existing network instead, name both (docs/deploy.md says what that gives):

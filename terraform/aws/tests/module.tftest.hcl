@@ -83,8 +83,13 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
-    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "-m trainer worker --coordinator 10.0.1.10:29500 --token-file /etc/spotring/ring-token --job examples.digits")
+    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "-m trainer worker --coordinator 10.0.1.10:29500 --token-file /etc/spotring/ring-token --job $job")
     error_message = "workers must start the trainer against the coordinator"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "|| job='examples.digits'")
+    error_message = "workers must train the module's job_module unless the launch names another (spotring:env:SPOTRING_JOB)"
   }
 
   assert {
