@@ -479,7 +479,7 @@ def _publish(t: _Tick, new: Plan) -> None:
             # the state existed and nobody left holds it (only joiners that never received
             # it): forming them would fail forever (it did, 1,171 times); the job is lost
             lost = sorted(t.r.holders)
-            new = replace(new, members=(), names=(), joined=(),
+            new = replace(new, members=(), names=(), joined=(), zones=(),
                           reason=f"no member holding the state is left (it was held by "
                           f"{lost}; the members left, {list(new.members)}, never received "
                           "it), and no snapshot")

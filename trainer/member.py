@@ -273,8 +273,6 @@ class Member:
 
     def _form(self, plan: mb.Plan, rank: int) -> None:
         w, cfg = self.w, self.w.cfg
-        job = w.job
-        assert job is not None
         gen = plan.generation
         t0 = time.perf_counter()
         self.store.set(mb.k_forming(gen, self.id), "")  # the coordinator's roll calls read it
@@ -309,12 +307,7 @@ class Member:
             self.pending = None
         self.fresh = False
         self.was_member = True
-        self._plan_sizes(plan)
-        if self.stepper is not None:
-            self.stepper.close()
-        self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
-                               rank=rank, device=w.device, precision=job.precision,
-                               scaler=w.scaler, bucket_mb=cfg.bucket_mb)
+        discarded += self._prepare_steps(plan, rank)
         self.export_seen = self.hb.export
         if rank == 0:
             w.start_snapshots(self.store)
@@ -324,6 +317,22 @@ class Member:
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d (%s)", gen, rank, len(plan.members),
                  plan.backend, extra=dataclasses.asdict(report))
+
+    def _prepare_steps(self, plan: mb.Plan, rank: int) -> int:
+        """Make ready to step in the generation just formed, its state agreed (before the
+        formed report): the batch sizes and the ring's :class:`Stepper`. Other training
+        modes (:mod:`trainer.runners`) override it with their own machinery. Returns the
+        steps this member computed that no member kept (reported as lost; the ring's one
+        pending step is counted above)."""
+        w, job = self.w, self.w.job
+        assert job is not None
+        self._plan_sizes(plan)
+        if self.stepper is not None:
+            self.stepper.close()
+        self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
+                               rank=rank, device=w.device, precision=job.precision,
+                               scaler=w.scaler, bucket_mb=w.cfg.bucket_mb)
+        return 0
 
     def _resume(self, plan: mb.Plan) -> None:
         """Rank 0 of a generation with no holder of the state loads the durable snapshot the

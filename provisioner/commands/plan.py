@@ -38,7 +38,10 @@ def register(subparsers: Any) -> None:
 
 
 def plan_json(plan) -> dict:
-    """The plan as plain JSON-able data."""
+    """The plan as plain JSON-able data (with the training mode the fleet runs)."""
+    from provisioner.plan.mode import training_mode
+
+    mode = training_mode(plan)
     return {
         "status": plan.status, "objective": plan.objective,
         "cost_per_hour": round(plan.cost_per_hour, 6), "throughput": round(plan.throughput, 3),
@@ -51,6 +54,7 @@ def plan_json(plan) -> dict:
                    "hazard_per_hour": c.hazard_per_hour} for c in plan.chosen],
         "considered": plan.considered, "pruned": plan.pruned,
         "solve_ms": round(plan.solve_ms, 2), "notes": list(plan.notes),
+        "mode": mode.mode, "mode_reason": mode.reason, "groups": mode.groups,
     }
 
 
@@ -112,4 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"plan at {now:%Y-%m-%d %H:%M} UTC from {kind} ({len(ok)} quotes, "
               f"{len(refused) + len(snap.rejected)} refused)")
         print(plan.explain())
+        from provisioner.plan.mode import training_mode
+
+        mode = training_mode(plan)
+        print(f"training mode: {mode.mode} ({mode.reason})")
     return 0

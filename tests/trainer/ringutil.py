@@ -42,7 +42,11 @@ def _context() -> Any:
     return _CTX
 
 
-def _child(argv: list[str], log: str, env: dict[str, str]) -> None:
+def _child(argv: list[str], log: str, env: dict[str, str], netns: str | None = None) -> None:
+    if netns is not None:  # another host for real (tests/fakes/netns.py), before any socket
+        from tests.fakes.netns import enter
+
+        enter(netns)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -94,7 +98,8 @@ class Ring:
         self.procs: dict[str, Any] = {}
 
     def worker(self, name: str, *extra: str, token_file: Path | None = None,
-               job: str | None = None) -> _Proc:
+               job: str | None = None, netns: str | None = None) -> _Proc:
+        """Start worker ``name`` (inside network namespace ``netns``, when given)."""
         host, port = self.coord.address
         argv = ["worker", "--coordinator", f"{host}:{port}",
                "--token-file", str(token_file or self.token_file), "--job", job or self.job,
@@ -104,7 +109,8 @@ class Ring:
                "--collective-timeout", "5", "--connect-timeout", "20", *extra]
         ctx = _context()
         extra_env = {k: v for k, v in self.env.items() if os.environ.get(k) != v}
-        p = ctx.Process(target=_child, args=(argv, str(self.tmp / f"{name}.log"), extra_env),
+        p = ctx.Process(target=_child,
+                        args=(argv, str(self.tmp / f"{name}.log"), extra_env, netns),
                         name=f"worker-{name}", daemon=False)
         p.start()
         proc = _Proc(p)

@@ -210,6 +210,8 @@ def test_when_no_holder_of_the_state_is_left_the_job_is_lost_at_once_not_reforme
     assert w.ring.outcome is Outcome.LOST and w.kv[mb.FINISHED] == b"lost"
     assert "never received it" in w.ring.failure
     assert w.ring.plan.members == () and w.ring.plan.generation <= 4
+    # the members read the plan that says so: it must parse (it had one zone per joiner)
+    assert mb.Plan.from_json(w.kv[mb.k_plan(w.ring.plan.generation)]) == w.ring.plan
 
 
 def test_until_a_generation_forms_every_plan_is_a_fresh_start() -> None:

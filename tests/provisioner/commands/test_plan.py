@@ -40,12 +40,14 @@ def test_plan_json_spreads_over_the_two_cheapest_zones(tmp_path, prices, capsys)
                      "aws/us-east-1/us-east-1b/p3.2xlarge/spot": 1}
     assert out["cost_per_hour"] == pytest.approx(2.2)
     assert "throughput target" in out["binding"] and out["status"] == "optimal"
+    assert out["mode"] == "hybrid" and "2 zones" in out["mode_reason"]  # issue 20
 
 
 def test_plan_text_explains_and_infeasible_budget_exits_2(tmp_path, prices, capsys):
     cfg = config(tmp_path, 'kind = "min-cost"\ntarget_samples_per_s = 700')
     assert main(["plan", "--config", cfg, "--trace", str(prices)]) == 0
-    assert "bound by:" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "bound by:" in text and "training mode: hybrid" in text
     bad = config(tmp_path, 'kind = "min-cost"\ntarget_samples_per_s = 700\nbudget_per_hour = 1.5')
     assert main(["plan", "--config", bad, "--trace", str(prices)]) == 2
     err = capsys.readouterr().err
