@@ -274,6 +274,15 @@ class StoreServer:
                             "only token holders are served", self._max_pending,
                             self.counters["evicted"])
         try:
+            await self._connection_life(conn, reader, writer)
+        except asyncio.CancelledError:
+            # the store stopping: end quietly (Python 3.11's start_server logs the
+            # traceback of a connection task that ends cancelled, one per open connection)
+            self._close(conn, writer)
+
+    async def _connection_life(self, conn: int, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        try:
             chan = await self._handshake(reader, writer)
         except (admission.AuthError, asyncio.TimeoutError, asyncio.IncompleteReadError,
                 ConnectionError, OSError) as e:

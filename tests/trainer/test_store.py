@@ -118,3 +118,31 @@ def test_a_client_reconnects_after_the_server_comes_back() -> None:
         assert c.get("k") == b"2"
     finally:
         s2.stop()
+
+
+def test_stopping_with_clients_waiting_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """A coordinator that ends while workers still wait on keys (the daemon's Ctrl-C with a
+    kept fleet) stops quietly: no task traceback per open connection."""
+    s = StoreServer("127.0.0.1", 0, TOKEN)
+    s.start()
+    clients = [ControlStore("127.0.0.1", s.address[1], TOKEN) for _ in range(3)]
+    waiting = []
+    for c in clients:
+        c.set("up", b"1")
+        t = threading.Thread(target=lambda c=c: _wait_quietly(c), daemon=True)
+        t.start()
+        waiting.append(t)
+    time.sleep(0.3)  # the waits are in the server
+    with caplog.at_level("ERROR"):
+        s.stop()
+        for t in waiting:
+            t.join(10)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert not any(t.is_alive() for t in waiting)
+
+
+def _wait_quietly(c: ControlStore) -> None:
+    try:
+        c.wait(["never-set"], timeout=30.0)
+    except (ControlLost, ControlTimeout):
+        pass
