@@ -426,15 +426,20 @@ class Member:
             "member": keys[self.rank], "epoch": w.cursor.epoch, "skipped": res.skipped,
             "head_start_s": round(head_s, 6) if self.rank == 0 else 0.0})
         if self.rank == 0:
-            self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done, world,
-                                        res.loss, w.metrics).to_json()
-            if w.snapshotter is not None:
-                w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch,
-                                    w.samples_done)
-            if self.hb.export > self.export_seen:
-                self.export_seen = self.hb.export
-                w.write_output("on request")
+            self._after_commit(gen, world, res.loss)
         return newest
+
+    def _after_commit(self, gen: int, world: int, loss: float) -> None:
+        """Rank 0, once a step is committed: the progress the coordinator reads, a durable
+        snapshot when one is due, the trained model when the coordinator asked for it."""
+        w = self.w
+        self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done, world, loss,
+                                    w.metrics).to_json()
+        if w.snapshotter is not None:
+            w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch, w.samples_done)
+        if self.hb.export > self.export_seen:
+            self.export_seen = self.hb.export
+            w.write_output("on request")
 
     def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
         """The ids this member will probably take in the next step (for prefetching)."""

@@ -91,18 +91,11 @@ def test_bad_address_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: Path) -> None:
     import signal
-    import socket
 
     from trainer import membership as mb
     from trainer.client import connect, join
 
-    tf = tmp_path / "token"
-    tf.write_bytes(TOKEN + b"\n")
-    tf.chmod(0o600)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    tf, port = _token_and_port(tmp_path)
     p = subprocess.Popen(
         [sys.executable, "-m", "trainer", "coordinator", "--host", "127.0.0.1", "--port",
          str(port), "--token-file", str(tf)], cwd=REPO, stdout=subprocess.PIPE,
@@ -134,15 +127,7 @@ def test_serve_until_over_returns_the_outcome_after_lingering() -> None:
 
 def test_standalone_coordinator_exits_by_itself_when_the_job_is_done(tmp_path: Path) -> None:
     """A one-epoch job: the worker finishes, then the coordinator says so and exits 0."""
-    import socket
-
-    tf = tmp_path / "token"
-    tf.write_bytes(TOKEN + b"\n")
-    tf.chmod(0o600)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    tf, port = _token_and_port(tmp_path)
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
            "REG_EPOCHS": "1"}
     coord = subprocess.Popen(
@@ -162,3 +147,17 @@ def test_standalone_coordinator_exits_by_itself_when_the_job_is_done(tmp_path: P
         wout, _ = worker.communicate(timeout=60)
     assert coord.returncode == 0, out + wout
     assert "the job is over (done)" in out and "coordinator exiting" in out
+
+
+def _token_and_port(tmp_path: Path) -> tuple[Path, int]:
+    """A 0600 token file and a free port for a standalone coordinator."""
+    import socket
+
+    tf = tmp_path / "token"
+    tf.write_bytes(TOKEN + b"\n")
+    tf.chmod(0o600)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return tf, port

@@ -439,12 +439,4 @@ class HybridMember(Member):
             record["ps_bytes"] = {str(k): n for k, n in g.exchange.shard_bytes.items()}
         w.log_step(self.rank, record)
         if self.rank == 0:
-            self.hb.stats = mb.Progress(plan.generation, w.step, w.cursor.epoch,
-                                        w.samples_done, len(plan.members), loss,
-                                        w.metrics).to_json()
-            if w.snapshotter is not None:
-                w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch,
-                                    w.samples_done)
-            if self.hb.export > self.export_seen:
-                self.export_seen = self.hb.export
-                w.write_output("on request")
+            self._after_commit(plan.generation, len(plan.members), loss)
