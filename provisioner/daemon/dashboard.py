@@ -5,10 +5,11 @@ into a rich renderable that fits ``width`` x ``height``; the caller owns the
 ``rich.live.Live``, the refresh and the terminal's size. Nothing here reads the state or a
 clock. What it shows, top to bottom:
 
-- three head lines: the run's time, epoch of the total, step, accuracy, loss and the ETA
-  (the run's hours, and real seconds at the run's speed); the spend and cost per hour,
-  samples/s, steps lost, notices and kills; the spend against on-demand and against a
-  checkpoint-restart system with what each saved (:mod:`provisioner.daemon.savings`);
+- four head lines, each within 76 characters for a run of days: the run's time, epoch of
+  the total, accuracy, loss, samples/s; notices, kills, steps lost and the ETA (the run's
+  hours, and real seconds at the run's speed); the spend and cost per hour against
+  on-demand, and against a checkpoint-restart system, with what each saved
+  (:mod:`provisioner.daemon.savings`);
 - every live instance: booting (launched, not in the ring yet), joining, active or
   draining, its offering, samples/s and price;
 - on a terminal of at least :data:`WIDE` (columns x lines), the market beside it: every spot
@@ -50,6 +51,14 @@ def usd(x: float | None) -> str:
     return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
 
 
+def _compact(x: float) -> str:
+    """``32.9k``, ``1.2M``: a rate in at most five characters."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -73,29 +82,30 @@ def _line(text: str) -> Text:
 
 
 def head_lines(st: Status, t0: float) -> list[Text]:
-    """The three head lines (see the module docstring)."""
+    """The four head lines (see the module docstring)."""
     p = st.progress
     acc = p.get("accuracy")
     loss = p.get("loss")
     epoch = p.get("epoch", "-")
     epochs = f"{epoch}/{st.total_epochs}" if st.total_epochs else f"{epoch}"
-    sps = "-" if st.samples_per_s is None else f"{st.samples_per_s:,.0f}"
-    one = (f"[b]{_h(st.now.timestamp(), t0).strip()}[/b]  epoch {epochs}  step "
-           f"{p.get('step', '-')}  acc "
+    sps = "-" if st.samples_per_s is None else _compact(st.samples_per_s)
+    # Each line holds its most telling figures first and stays within 76 characters (an
+    # 80-column panel) for a run of days: the revocations survived must never be cut.
+    one = (f"[b]{_h(st.now.timestamp(), t0).strip()}[/b]  epoch {epochs}  acc "
            f"{'-' if not isinstance(acc, (int, float)) else f'{acc:.3f}'}  loss "
-           f"{'-' if not isinstance(loss, (int, float)) else f'{loss:.3f}'}  "
-           f"[b]ETA[/b] {eta_text(st.eta_s, st.speed)}")
-    two = (f"[b]spend[/b] {usd(st.spend)} at ${st.cost_per_hour:,.3f}/h  {sps} samples/s  "
-           f"steps lost {p.get('steps_lost', 0)}  notices {st.counts.get('notice', 0)}  "
-           f"kills {st.counts.get('killed', 0)}")
+           f"{'-' if not isinstance(loss, (int, float)) else f'{loss:.3g}'}  "
+           f"{sps} samples/s")
+    two = (f"notices {st.counts.get('notice', 0)}  kills {st.counts.get('killed', 0)}  "
+           f"steps lost {p.get('steps_lost', 0)}  [b]ETA[/b] {eta_text(st.eta_s, st.speed)}")
     s = st.savings
+    spend = f"[b]spend[/b] {usd(st.spend)} (${st.cost_per_hour:,.2f}/h)"
     if s is None:
-        three = "on-demand -  checkpoint-restart -"
+        three, four = f"{spend}  on-demand -", "checkpoint-restart -"
     else:
-        three = (f"on-demand {usd(s.on_demand_usd)} [b]saved {pct(s.vs_on_demand)}[/b]  "
-                 f"checkpoint-restart {usd(s.checkpoint_restart_usd)} "
-                 f"[b]saved {pct(s.vs_checkpoint_restart)}[/b]")
-    return [_line(one), _line(two), _line(three)]
+        three = f"{spend}  on-demand {usd(s.on_demand_usd)} [b]saved {pct(s.vs_on_demand)}[/b]"
+        four = (f"checkpoint-restart on the same spot fleet {usd(s.checkpoint_restart_usd)} "
+                f"[b]saved {pct(s.vs_checkpoint_restart)}[/b]")
+    return [_line(one), _line(two), _line(three), _line(four)]
 
 
 def workers_table(st: Status, rows: int) -> Table:
@@ -116,7 +126,9 @@ def workers_table(st: Status, rows: int) -> Table:
     if len(shown) < len(items):
         t.add_row(Text(f"... {len(items) - len(shown)} more", style="dim"), "", "", "", "")
     if not items:
-        t.add_row(Text("(none yet)", style="dim"), "", "", "", "")
+        gone = st.progress.get("finished")
+        t.add_row(Text("(none left: the job is over)" if gone else "(none yet)", style="dim"),
+                  "", "", "", "")
     return t
 
 

@@ -480,6 +480,10 @@ class LocalRun:
             live = Live(self._frame(daemon, t0, None), refresh_per_second=4, transient=False,
                         vertical_overflow="crop")
             live.start()
+        # Log lines written while the dashboard is up (the coordinator's warning on a kill)
+        # go through Live's stderr proxy, above the frame; straight to the terminal they tore
+        # it (a stale frame's lines were left on the screen).
+        handlers = _log_streams_to(sys.stderr) if live is not None else []
         last_line = 0.0
         try:
             while True:
@@ -511,6 +515,8 @@ class LocalRun:
                     live.update(self._frame(daemon, t0, live))
                 finally:
                     live.stop()
+                    for h, stream in handlers:
+                        h.setStream(stream)
 
     @staticmethod
     def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
@@ -556,3 +562,14 @@ class LocalRun:
         if v.failure:
             print(f"provision run: error: {v.failure}", file=sys.stderr, flush=True)
         return v.exit_code
+
+
+def _log_streams_to(stream: Any) -> list[tuple[logging.StreamHandler, Any]]:
+    """Point every terminal log handler (root's, writing to the process's stdout or stderr)
+    at ``stream``; returns (handler, its former stream) to put back."""
+    out = []
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
+                and h.stream in (sys.__stderr__, sys.__stdout__):
+            out.append((h, h.setStream(stream)))
+    return out

@@ -44,7 +44,7 @@ from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
 from provisioner.daemon.savings import checkpoint_every_s, from_state
-from provisioner.daemon.status import describe
+from provisioner.daemon.status import describe, short_offering
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
@@ -115,8 +115,11 @@ def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[
     t0 = float(state.get_meta("started_at", end_t))
     fig = figures(state, end_t, ring)
     held_offerings = sorted({r.offering for r in state.instances()})
-    price = {o.key: ([_hours(max(t, t0), t0) for t, _ in state.price_series(o)] + [_hours(end_t, t0)],
-                     [p for _, p in state.price_series(o)] + [state.price_series(o)[-1][1]])
+    # labelled as the dashboard names them ("p3.2xlarge local-1a"; on-demand marked "od")
+    price = {short_offering(o.key): ([_hours(max(t, t0), t0) for t, _ in state.price_series(o)]
+                                     + [_hours(end_t, t0)],
+                                     [p for _, p in state.price_series(o)]
+                                     + [state.price_series(o)[-1][1]])
              for o in held_offerings if state.price_series(o)}
     plots.lines(out / "price.png", price, title="price of the offerings held",
                 ylabel="USD per hour")

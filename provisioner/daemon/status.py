@@ -194,7 +194,7 @@ def describe(e: Event) -> str:
     if kind == "ring-generation":
         return f"new ring generation of {len(names)} ({d.removeprefix('published: ')})"
     if kind == "ring-formed":
-        return f"ring of {len(names)} trains ({d})"
+        return f"the ring trains with {len(names)} member{'' if len(names) == 1 else 's'} ({d})"
     if kind == "ring-leave":
         if "drained" in d:
             return f"{who} left the ring at a step boundary (drained)"

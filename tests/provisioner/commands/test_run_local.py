@@ -164,7 +164,7 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
     con = Console(width=160, height=40, record=True)
     con.print(render(st, t0.timestamp(), width=160, height=40))  # wide: the market too
     text = con.export_text()
-    for needle in ("2.00 h", "$3.4560", "2,500", "0.971", "p3.2xlarge local-1a", "0.9123",
+    for needle in ("2.00 h", "$3.4560", "2.5k samples/s", "0.971", "p3.2xlarge local-1a", "0.9123",
                    "draining", "loc-2", "booting", "notice", "trace: outage"):
         assert needle in text, needle
 

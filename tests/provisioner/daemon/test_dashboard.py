@@ -91,6 +91,31 @@ def test_events_are_said_in_words_not_raw_json():
                               "in p3.2xlarge local-1b (1 held, 0 left)")
     assert "killed without notice: job-time outage at 45% of the job" in said[2]
     assert said[3] == "loc-0000000003-0 joined the ring"
-    assert "ring of 1 trains (formed at step 146)" == said[5]
+    assert "the ring trains with 1 member (formed at step 146)" == said[5]
     assert "{" not in said[7] and "offering x, why capacity" in said[7]
     assert all("{" not in s for s in said)
+
+
+def test_at_80_columns_a_long_run_keeps_its_revocations_and_rates_whole():
+    """Days of a big fleet (large counts, spend and rates): the head lines still show the
+    revocations survived, the steps lost and the rate in full, not behind an ellipsis."""
+    import dataclasses
+
+    st = dataclasses.replace(status(), spend=12345.6789, cost_per_hour=123.456,
+                             samples_per_s=1234567.0,
+                             counts={"notice": 1234, "killed": 567, "launch": 9999},
+                             progress={"epoch": 1234, "step": 987654, "accuracy": 0.962,
+                                       "loss": 0.000123, "steps_lost": 567})
+    text = "\n".join(lines_of(st, 80, 24))
+    head = text.split("workers")[0]
+    for needle in ("notices 1234", "kills 567", "steps lost 567", "$12,345.68", "1.2M samples/s",
+                   "loss 0.000123", "epoch 1234/30"):
+        assert needle in head, (needle, head)
+    assert "…" not in head, head  # every head line whole
+
+
+def test_when_the_job_is_over_the_empty_fleet_says_so():
+    import dataclasses
+
+    st = dataclasses.replace(status(n_workers=0), progress={"finished": True, "epoch": 30})
+    assert "none left: the job is over" in "\n".join(lines_of(st, 80, 24))
