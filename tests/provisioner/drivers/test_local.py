@@ -75,6 +75,7 @@ def test_is_a_cloud_driver_and_launch_is_idempotent(env):
     assert d2.list("other-job") == []
     started = (out / f"{r1.instances[0].id}.started").read_text().split()
     assert started[1] == "1.0"
+    assert started[2] == V.zone  # SPOTRING_ZONE: the hybrid mode groups workers by zone
 
 
 def test_launch_interrupted_midway_finishes_with_the_same_token(env, monkeypatch):
