@@ -60,6 +60,10 @@ class JobSettings(_Section):
         "(pricing.catalog.relative_throughput); scales every prior")
     throughput_priors: dict[str, Annotated[float, Field(gt=0, le=HUGE)]] = Field(
         default_factory=dict, description="instance type -> samples/s, overriding the catalog prior")
+    mode: Literal["auto", "ring", "hybrid"] = Field(
+        "auto", description="training mode of the run, given to every worker as SPOTRING_MODE "
+        "(a job whose Job.mode is 'auto' trains in it): auto = hybrid when the first plan "
+        "spans zones or its speeds differ 3x, else the ring (the ring on the local cloud)")
 
 
 class ObjectiveSettings(_Section):

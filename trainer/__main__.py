@@ -46,6 +46,14 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _mode(text: str) -> str:
+    """``--mode`` (or ``$SPOTRING_MODE``): empty, ``ring`` or ``hybrid``."""
+    if text not in ("", "ring", "hybrid"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use ring or hybrid (from --mode or "
+                                         "$SPOTRING_MODE)")
+    return text
+
+
 def _fault(text: str) -> tuple[str, int]:
     action, sep, step = text.partition("@")
     if action not in ("kill", "stop", "term", "freeze") or not sep or not step.isdigit():
@@ -117,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--zone", default=os.environ.get("SPOTRING_ZONE", ""),
                    help="the zone this worker runs in (default $SPOTRING_ZONE): the hybrid "
                    "mode all-reduces inside a zone and uses parameter servers across zones")
+    w.add_argument("--mode", default=os.environ.get("SPOTRING_MODE", ""), type=_mode,
+                   metavar="ring|hybrid",
+                   help="the training mode the provisioner chose for the run (default "
+                   "$SPOTRING_MODE): a job whose Job.mode is 'auto' (the default) trains in "
+                   "it, else in the ring; a job that names its mode keeps it")
     w.add_argument("--ring-host", default=None, metavar="ADDR",
                    help="address this worker's ring connections listen on and advertise "
                    "(default: its address facing the coordinator)")
@@ -217,7 +230,7 @@ def _worker(args: argparse.Namespace) -> int:
         rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
         device=args.device, bucket_mb=args.bucket_mb, output=args.output,
         loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace,
-        zone=args.zone)
+        zone=args.zone, mode=args.mode)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

@@ -38,6 +38,24 @@ class JobError(Exception):
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.runners)
+#: ``Job.mode`` "auto": the mode the provisioner chose for the run (the worker's ``--mode``,
+#: ``$SPOTRING_MODE``), else the ring.
+AUTO = "auto"
+
+
+def resolve_mode(job_mode: str, chosen: str, precision: str = "fp32") -> tuple[str, str]:
+    """The mode a worker trains in, and why: the job's own when it names one; with ``auto``
+    (the default) the provisioner's ``chosen`` mode (``ring`` or ``hybrid``: the pipeline
+    mode needs the job's stage settings, so only a job asks for it), else the ring. A
+    hybrid choice for an fp16 job falls back to the ring (the hybrid mode refuses fp16).
+    Every member of a run resolves the same: the same job, the same launch environment."""
+    if job_mode != AUTO:
+        return job_mode, "the job's Job.mode"
+    if chosen == "hybrid" and precision == "fp16":
+        return "ring", "the provisioner chose hybrid, which refuses fp16: the ring"
+    if chosen in ("ring", "hybrid"):
+        return chosen, "the provisioner's choice (--mode / $SPOTRING_MODE)"
+    return "ring", "no mode chosen: the ring"
 
 
 @dataclass
@@ -61,7 +79,8 @@ class Job:
     loader_workers: int | None = None
     collate_fn: Callable[[list[Any]], Any] | None = None
     on_finish: Callable[[torch.nn.Module], None] | None = None
-    mode: str = "ring"  # ring (data parallel), pipeline (HetPipe virtual workers), hybrid
+    mode: str = AUTO  # ring (data parallel), pipeline (HetPipe virtual workers), hybrid, or
+    # auto: the provisioner's choice for the run (resolve_mode)
     pipeline: Any = None  # the pipeline mode's settings (trainer.pipeline)
     hybrid: Any = None  # the hybrid mode's settings (trainer.hybrid)
 
@@ -135,8 +154,9 @@ def load_job(spec: str, seed: int) -> Job:
         raise JobError(f"job {spec!r}: epochs={job.epochs!r} must be a positive int")
     if len(job) <= 0:
         raise JobError(f"job {spec!r}: the training set is empty")
-    if job.mode not in MODES:
-        raise JobError(f"job {spec!r}: mode={job.mode!r}; use one of {', '.join(MODES)}")
+    if job.mode not in (*MODES, AUTO):
+        raise JobError(f"job {spec!r}: mode={job.mode!r}; use one of {', '.join(MODES)} or "
+                       f"{AUTO!r}")
     if job.precision not in PRECISIONS:
         raise JobError(f"job {spec!r}: precision={job.precision!r}; use one of "
                        f"{', '.join(PRECISIONS)}")

@@ -36,7 +36,7 @@ from trainer import batching, client, devices, sync
 from trainer import membership as mb
 from trainer import snapshot as snap
 from trainer import state as st
-from trainer.job import Job, JobError, load_job
+from trainer.job import Job, JobError, load_job, resolve_mode
 from trainer.member import Outcome
 from trainer.reducer import DEFAULT_BUCKET_MB
 from trainer.runners import member_class
@@ -82,6 +82,7 @@ class WorkerConfig:
     loader_workers: int | None = None  # overrides the job's
     coordinator_grace_s: float = 600.0  # train on / wait this long for a lost coordinator
     zone: str = ""  # where this worker runs (cloud zone): the hybrid mode groups by it
+    mode: str = ""  # the provisioner's training mode for the run (a Job.mode "auto" takes it)
 
 
 def normal_priority() -> None:
@@ -147,7 +148,10 @@ class Worker:
             normal_priority()
         signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
         job = self.job
-        self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job))
+        job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
+        log.info("training mode %s (%s)", job.mode, why)
+        self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job),
+                                          job.mode)
         self.prior, self.device_name = prior, devices.describe(self.device)
         member_class(job.mode)  # an unavailable mode fails here, before joining
         hello = mb.Hello(cfg.name, prior, self.fingerprint, self.device_name, cfg.zone)

@@ -244,9 +244,11 @@ def check_like(received: Mapping[str, Any], own: Mapping[str, Any], what: str) -
 
 
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, global_batch: int,
-                dataset_size: int) -> str:
-    """A short hash of the job's shape: every member of a ring must have the same one."""
+                dataset_size: int, mode: str = "ring") -> str:
+    """A short hash of the job's shape and training mode: every member of a ring must have
+    the same one (a worker of another mode is refused as another job's)."""
     h = hashlib.sha256()
-    h.update(json.dumps([signature(model.state_dict()), type(optimizer).__name__,
-                         len(optimizer.param_groups), global_batch, dataset_size]).encode())
+    shape = [signature(model.state_dict()), type(optimizer).__name__,
+             len(optimizer.param_groups), global_batch, dataset_size]
+    h.update(json.dumps(shape if mode == "ring" else [*shape, mode]).encode())
     return h.hexdigest()[:16]

@@ -45,6 +45,7 @@ class WriteAheadActuator:
         self.coordinator = coordinator
         self.metrics = metrics
         self.launch_env = dict(launch_env or {})
+        self.groups: dict[str, str] = {}  # offering key -> the hybrid group (SPOTRING_ZONE)
         self.stopping = stopping or threading.Event()
         self.avoid: TtlCache[tuple[str, str, str]] = TtlCache(intervals.zone_avoid_ttl_s, clock)
         self.unavailable: TtlCache[Offering] = TtlCache(intervals.capacity_ttl_s, clock)
@@ -52,6 +53,11 @@ class WriteAheadActuator:
         self.prices: Mapping[Offering, float] = {}  # set by the scheduler before a round
         self.notice_to_launch_s: list[float] = []  # real seconds, notice seen -> launch call
         self._pending_notice: float | None = None
+
+    def env_for(self, offering: Offering) -> dict[str, str]:
+        """The environment of a launch of ``offering``: the run's, and its hybrid group."""
+        group = self.groups.get(offering.key)
+        return {**self.launch_env, **({"SPOTRING_ZONE": group} if group else {})}
 
     # -- the reconciler's verbs ----------------------------------------------------------------
     def launch(self, launch: Launch) -> bool:
@@ -67,7 +73,7 @@ class WriteAheadActuator:
             self._pending_notice = None
         try:
             res = self.driver.launch(LaunchRequest(offering, launch.count, self.job_id, token,
-                                                   self.launch_env))
+                                                   self.env_for(offering)))
         except CapacityError as exc:
             self.unavailable.add(offering)
             self.failed[offering] = self.clock()

@@ -26,6 +26,7 @@ real second.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -45,6 +46,7 @@ from provisioner.daemon.status import Status, build_status
 from provisioner.daemon.telemetry import Telemetry
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import InfeasibleError
+from provisioner.plan.mode import ModeChoice, run_mode
 from provisioner.plan.pipeline import FleetView, Planner, Progress
 from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
 from provisioner.timing import Intervals
@@ -96,6 +98,21 @@ class Daemon:
         self._rejected: dict[str, int] = {}
         self.scheduler: BackgroundScheduler | None = None
         self.errors: list[str] = []
+        self.mode: ModeChoice | None = None  # the run's training mode, fixed at its first plan
+
+    def _fix_mode(self, plan: Any, t: float) -> None:
+        """Fix the run's training mode from its first plan (:func:`run_mode`), for good."""
+        choice = run_mode(self.settings.job.mode, self.driver.name, plan)
+        self.state.set_meta("training_mode", dataclasses.asdict(choice))
+        self.state.record_event(t, EventKind.MODE, detail=f"{choice.mode}: {choice.reason}")
+        self._use_mode(choice)
+
+    def _use_mode(self, choice: ModeChoice) -> None:
+        """Every launch from now on carries ``choice`` (SPOTRING_MODE, the groups)."""
+        self.mode = choice
+        if choice.mode in ("ring", "hybrid"):
+            self.actuator.launch_env["SPOTRING_MODE"] = choice.mode
+        self.actuator.groups = dict(choice.groups) if choice.mode == "hybrid" else {}
 
     def _ts(self) -> float:
         return self.now().timestamp()
@@ -163,7 +180,11 @@ class Daemon:
             self.state.record_event(self._ts(), EventKind.STOPPED, detail=f"on exit: {on_exit}")
 
     def recover(self) -> None:
-        """Finish open intents, adopt the job's instances, terminate strays."""
+        """Finish open intents, adopt the job's instances, terminate strays. A continued
+        run keeps the training mode its workers train in (launches included)."""
+        saved = self.state.get_meta("training_mode")
+        if self.mode is None and saved:
+            self._use_mode(ModeChoice(**saved))
         recover(self.job_id, self.driver, self.state, self.actuator, self._ts(),
                 self.actuator.launch_env)
 
@@ -247,6 +268,8 @@ class Daemon:
         except InfeasibleError as exc:
             self.state.record_event(t, EventKind.PLAN_FAILED, detail=str(exc))
             return None
+        if self.mode is None and decision.plan is not None:
+            self._fix_mode(decision.plan, t)
         targets = {o: n for o, n in decision.target.items() if n > 0}
         held = [Held(r.id, r.offering, r.launched_at, True, r.draining_since is not None)
                 for r in live]

@@ -100,6 +100,7 @@ class EventKind(StrEnum):
     PLAN_FAILED = "plan-failed"
     QUOTES_REJECTED = "quotes-rejected"
     RECONCILE_NOTE = "reconcile-note"
+    MODE = "mode"  # the run's training mode, fixed at its first plan
 
 
 def ring_kind(kind: object) -> str:

@@ -186,6 +186,9 @@ def describe(e: Event) -> str:
         return "daemon started" + (f" ({d})" if d else "")
     if kind == EventKind.STOPPED:
         return "daemon stopped" + (f" ({d})" if d else "")
+    if kind == EventKind.MODE:
+        mode, _, why = d.partition(": ")
+        return f"the job trains in the {mode} mode" + (f" ({why})" if why else "")
     if kind == EventKind.NO_CAPACITY:
         return f"no capacity in {where or d}"
     names = [n for n in who.split(",") if n]

@@ -230,9 +230,10 @@ class LocalDriver:
         spec = WorkerSpec(iid, request.offering, request.job_id,
                           slowdown_for(request.offering.instance_type), dict(request.env))
         argv = list(self._command(spec))
-        # SPOTRING_ZONE: the worker's zone (the hybrid mode all-reduces inside a zone)
-        env = {**os.environ, **request.env, "SPOTRING_INSTANCE_ID": iid,
-               "SPOTRING_SLOWDOWN": str(spec.slowdown), "SPOTRING_ZONE": request.offering.zone}
+        # SPOTRING_ZONE: the worker's zone (the hybrid mode all-reduces inside a zone), unless
+        # the launch names its hybrid group
+        env = {**os.environ, "SPOTRING_ZONE": request.offering.zone, **request.env,
+               "SPOTRING_INSTANCE_ID": iid, "SPOTRING_SLOWDOWN": str(spec.slowdown)}
         logf = open(self.dir / "logs" / f"{iid}.log", "ab")
         try:
             proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env,

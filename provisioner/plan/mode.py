@@ -16,8 +16,11 @@ threshold is the one speed spread measured, not a measured crossover); one zone,
 1.05x the hybrid's.
 
 Rule for callers: :func:`training_mode` returns the mode and each offering's group (the
-worker's ``--zone`` / ``SPOTRING_ZONE``); ``provision plan`` prints them. No launcher
-passes them to the workers it starts yet: the job file sets ``Job.mode``.
+worker's ``--zone`` / ``SPOTRING_ZONE``); ``provision plan`` prints them. The daemon fixes
+one mode per run with :func:`run_mode` at its first plan (members of two modes cannot train
+together, so a later plan does not switch a running job) and gives it to every launch as
+``SPOTRING_MODE``, each offering's group as ``SPOTRING_ZONE``; a job whose ``Job.mode`` is
+``auto`` (the default) trains in it (:func:`trainer.job.resolve_mode`).
 """
 
 from __future__ import annotations
@@ -60,3 +63,24 @@ def training_mode(plan: Any, spread: float = SPREAD) -> ModeChoice:
                           {c.offering.key: f"{c.zone_key}/{c.offering.instance_type}"
                            for c in held})
     return ModeChoice("ring", f"one zone ({zones[0]}), speeds within {spread:g}x")
+
+
+#: ``[job] mode``: ``auto`` (the planner's fleet decides, :func:`training_mode`) or a mode.
+SETTINGS = ("auto", "ring", "hybrid")
+
+
+def run_mode(setting: str, driver: str, plan: Any) -> ModeChoice:
+    """The one training mode of a run: ``setting`` (``[job] mode``) when it names one; with
+    ``auto``, the ring on the local cloud (its zones are processes of one host: no slow link
+    between them, so nothing for the hybrid to save) and :func:`training_mode` of the first
+    plan elsewhere. The pipeline mode is the job's to ask for (its stages' settings), so a
+    pipeline choice is passed on as no mode (the job's ``Job.mode`` decides)."""
+    if setting not in SETTINGS:
+        raise ValueError(f"job.mode {setting!r}: use one of {', '.join(SETTINGS)}")
+    chosen = training_mode(plan) if plan is not None else ModeChoice("ring", "no plan yet")
+    if setting != "auto":
+        return ModeChoice(setting, "job.mode in the config",
+                          chosen.groups if setting == "hybrid" else {})
+    if driver == "local":
+        return ModeChoice("ring", "the local cloud's zones share one host (no slow link)")
+    return chosen

@@ -1,7 +1,7 @@
 """A stand-in worker process for driver and daemon tests (not the trainer).
 
 Usage: python local_worker.py OUTDIR NAME [--ignore-term]. Writes OUTDIR/NAME.started with
-its pid, environment slowdown and zone; on SIGTERM writes OUTDIR/NAME.noticed and exits 0 (a drain)
+its pid, environment slowdown, zone and mode; on SIGTERM writes OUTDIR/NAME.noticed and exits 0 (a drain)
 unless --ignore-term, in which case it keeps running until killed.
 """
 
@@ -23,6 +23,7 @@ def on_term(signum, frame):
 
 signal.signal(signal.SIGTERM, on_term)
 with open(os.path.join(out, f"{name}.started"), "w") as fh:
-    fh.write(f"{os.getpid()} {os.environ.get('SPOTRING_SLOWDOWN')} {os.environ.get('SPOTRING_ZONE')}")
+    fh.write(f"{os.getpid()} {os.environ.get('SPOTRING_SLOWDOWN')} "
+             f"{os.environ.get('SPOTRING_ZONE')} {os.environ.get('SPOTRING_MODE')}")
 while True:
     time.sleep(0.05)

@@ -161,3 +161,12 @@ def _token_and_port(tmp_path: Path) -> tuple[Path, int]:
     port = s.getsockname()[1]
     s.close()
     return tf, port
+
+
+def test_a_mode_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer", "worker", "--coordinator", "127.0.0.1:1",
+         "--token-file", str(tmp_path / "t"), "--job", "examples/digits.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "SPOTRING_MODE": "bogus"})
+    assert r.returncode == 2 and "SPOTRING_MODE" in r.stderr, r.stderr

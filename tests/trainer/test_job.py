@@ -41,3 +41,27 @@ def test_probe_job_loads_and_slices_batches() -> None:
 
     x, y = job.batch(torch.tensor([3, 1]))
     assert x.shape == (2, 10) and y.shape == (2,)
+
+
+def test_a_job_left_at_auto_trains_in_the_provisioners_mode() -> None:
+    from trainer.job import AUTO, Job, resolve_mode
+
+    assert Job.__dataclass_fields__["mode"].default == AUTO
+    assert resolve_mode("auto", "hybrid") == ("hybrid", resolve_mode("auto", "hybrid")[1])
+    assert resolve_mode("auto", "")[0] == "ring"  # no choice made: the ring
+    assert resolve_mode("ring", "hybrid")[0] == "ring"  # a job that names its mode keeps it
+    assert resolve_mode("pipeline", "hybrid")[0] == "pipeline"
+    mode, why = resolve_mode("auto", "hybrid", precision="fp16")
+    assert mode == "ring" and "fp16" in why  # the hybrid mode refuses fp16
+
+
+def test_workers_of_two_modes_have_different_fingerprints() -> None:
+    import torch
+
+    from trainer.state import fingerprint
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ring = fingerprint(model, opt, 32, 100)
+    assert fingerprint(model, opt, 32, 100, "ring") == ring  # unchanged for the ring
+    assert fingerprint(model, opt, 32, 100, "hybrid") != ring  # refused as another job's

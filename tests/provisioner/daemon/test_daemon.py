@@ -20,6 +20,7 @@ from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.state import State
 from provisioner.timing import Intervals
 from tests.fakes.ring import FakeRing as FakeCoordinator
+from tests.fakes.wait import wait_for
 
 from tests.conftest import REPO  # noqa: E402
 
@@ -316,3 +317,48 @@ def test_offering_out_of_capacity_is_planned_around_not_flapped(world):
     assert len(st.instances()) == 3, "instances were launched and removed again"
     # ...and the plan itself (what the dashboard and the decision log show) says so
     assert not [k for k in st.decisions()[-1][1] if "/local-1a/" in k]
+
+
+def _started(tmp_path, iid):
+    path = tmp_path / "out" / f"{iid}.started"
+    assert wait_for(path.exists, 20.0), iid
+    return path.read_text().split()
+
+
+def test_the_runs_training_mode_is_fixed_at_its_first_plan_and_given_to_every_launch(
+        world, tmp_path):
+    """[job] mode = hybrid on a fleet that spans zones: every launch carries SPOTRING_MODE
+    and its zone's group; the mode is recorded once, and a restarted daemon keeps it."""
+    s = parse_settings({"fleet": {"max_size": 3, "markets": ["spot"], "max_zone_share": 0.5},
+                        "job": {"mode": "hybrid"}})
+    d, clock, drv, st = world(settings=s)
+    d.recover(); d.poll_prices(); d.plan_and_reconcile()
+    live = st.live_instances()
+    assert len({r.offering.zone for r in live}) >= 2  # the plan spans zones
+    saved = st.get_meta("training_mode")
+    assert saved["mode"] == "hybrid" and saved["reason"] == "job.mode in the config"
+    for r in live:
+        _, _, group, mode = _started(tmp_path, r.id)
+        assert mode == "hybrid"
+        assert group == saved["groups"][r.offering.key] and r.offering.zone in group
+    assert [e.detail for e in st.events(kinds=["mode"])] == [
+        "hybrid: job.mode in the config"]
+    # a later plan does not switch a running job's mode
+    clock.advance(300)
+    d.poll_prices(); d.plan_and_reconcile()
+    assert len(st.events(kinds=["mode"])) == 1
+    # a daemon restarted on the state launches in the same mode, whatever its config says
+    d2, *_ = world(settings=parse_settings({"fleet": {"max_size": 3}}),
+                   state_path=tmp_path / "state.sqlite", clock=clock)
+    d2.recover()
+    assert d2.actuator.launch_env["SPOTRING_MODE"] == "hybrid"
+    assert d2.actuator.groups == saved["groups"]
+
+
+def test_on_the_local_cloud_auto_is_the_ring(world, tmp_path):
+    d, clock, drv, st = world()
+    d.recover(); d.poll_prices(); d.plan_and_reconcile()
+    assert st.get_meta("training_mode")["mode"] == "ring"
+    r = st.live_instances()[0]
+    _, _, zone, mode = _started(tmp_path, r.id)
+    assert mode == "ring" and zone == r.offering.zone  # the driver's own zone, no group

@@ -54,3 +54,21 @@ def test_virtual_workers_run_the_pipeline_mode_whatever_the_zones():
     b = Candidate(O("us-east-1b"), 1.0, 100)
     choice = training_mode(plan_of((vw, 2), (b, 1)))
     assert choice.mode == "pipeline" and "2 stages" in choice.reason
+
+
+def test_a_run_fixes_one_mode_the_config_the_local_cloud_or_the_first_plan():
+    import pytest
+
+    from provisioner.plan.mode import run_mode
+
+    a, b = Candidate(O("us-east-1a"), 1.0, 100), Candidate(O("us-east-1b"), 1.0, 100)
+    spread = plan_of((a, 2), (b, 2))
+    assert run_mode("auto", "aws", spread).mode == "hybrid"
+    assert run_mode("auto", "local", spread).mode == "ring"  # emulated zones: one host
+    named = run_mode("hybrid", "local", spread)
+    assert named.mode == "hybrid" and named.groups == training_mode(spread).groups
+    assert run_mode("ring", "aws", spread) == run_mode("ring", "aws", spread)
+    assert run_mode("ring", "aws", spread).mode == "ring"
+    assert run_mode("auto", "gcp", None).mode == "ring"  # no plan: the ring
+    with pytest.raises(ValueError, match="job.mode"):
+        run_mode("fast", "aws", spread)
