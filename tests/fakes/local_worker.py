@@ -1,8 +1,8 @@
 """A stand-in worker process for driver and daemon tests (not the trainer).
 
 Usage: python local_worker.py OUTDIR NAME [--ignore-term]. Writes OUTDIR/NAME.started with
-its pid, environment slowdown, zone and mode; on SIGTERM writes OUTDIR/NAME.noticed and exits 0 (a drain)
-unless --ignore-term, in which case it keeps running until killed.
+its pid and its environment's slowdown, zone and mode; on SIGTERM writes OUTDIR/NAME.noticed
+and exits 0 (a drain) unless --ignore-term, in which case it keeps running until killed.
 """
 
 import os
