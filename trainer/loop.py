@@ -164,8 +164,12 @@ class Worker:
                     member_id = client.join(store, hello)
                 except client.JoinRefused as e:
                     if e.verdict.startswith("finished"):
-                        log.info("job already finished; nothing to do")
-                        return EXIT_OK
+                        # a job that ended lost or failed never exits 0, even for a late joiner
+                        code = {"(lost)": EXIT_LOST, "(failed)": EXIT_JOB}.get(
+                            e.verdict.rsplit(" ", 1)[-1], EXIT_OK)
+                        log.log(logging.INFO if code == EXIT_OK else logging.ERROR,
+                                "the job is already over: %s", e.verdict)
+                        return code
                     log.error("join refused by the coordinator: %s", e.verdict)
                     return EXIT_REFUSED
                 hb = client.Heartbeat(store, member_id, cfg.heartbeat_s,

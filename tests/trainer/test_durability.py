@@ -140,15 +140,21 @@ def test_every_member_killed_at_once_resumes_from_the_snapshot(tmp_path: Path) -
 @pytest.mark.timeout(240)
 def test_without_a_snapshot_a_ring_that_lost_every_holder_ends_within_seconds(
         tmp_path: Path) -> None:
-    ring = _ring(tmp_path, snapshots=False, initial_world=2, heartbeat_timeout_s=2.0,
+    ring = _ring(tmp_path, snapshots=False, initial_world=2, heartbeat_timeout_s=4.0,
                  rollcall_s=0.5)
     try:
         ring.worker("a")
         ring.worker("b")
         ring.wait_for("training", lambda: ring.coord.stats()["step"] >= 20, 120)
-        ring.worker("j")  # a joiner that will never receive the state
-        ring.wait_for("j admitted", lambda: any(m.name == "j" for m in ring.coord.members()),
-                      120)
+        ring.worker("j")  # a joiner that will never receive the state:
+        log = tmp_path / "j.log"  # once it has booted, the holders stop (a generation with
+        ring.wait_for("j booted", lambda: log.exists() and "profiled" in log.read_text(),
+                      120)  # j can then never form), and are killed once j is admitted
+        for name in ("a", "b"):
+            os.kill(ring.procs[name].pid, signal.SIGSTOP)
+        ring.wait_for("j admitted (or the holders dropped as hung)", lambda: any(
+            m.name == "j" for m in ring.coord.members()) or ring.coord.stats()["finished"],
+            120)
         for name in ("a", "b"):
             os.kill(ring.procs[name].pid, signal.SIGKILL)
         ring.wait_for("the job to end", lambda: ring.coord.stats().get("finished"), 120)
@@ -157,6 +163,9 @@ def test_without_a_snapshot_a_ring_that_lost_every_holder_ends_within_seconds(
         # diagnosed at the first recovery, not re-formed in a loop (it took 1,171 before)
         assert len(ring.events("generation")) < 8
         assert ring.procs["j"].wait(30) == 5  # lost: never exit 0
+        # a replacement that arrives after the end is told so, and does not exit 0 either
+        late = ring.worker("late")
+        assert late.wait(120) == 5
     finally:
         ring.close()
 

@@ -110,12 +110,27 @@ def test_the_replacement_takes_its_stage_from_the_same_stage_of_the_other_worker
     assert int(got[4]) == stage and int(got[3]) != vw
 
 
-def test_each_sample_exactly_once_per_epoch(either: dict[str, Any]) -> None:
-    counts = per_epoch_counts(either["samples"])
+def test_each_sample_exactly_once_per_epoch(story: dict[str, Any]) -> None:
+    counts = per_epoch_counts(story["samples"])
     assert sorted(counts) == list(range(EPOCHS))
     for epoch, c in counts.items():
         assert sorted(c) == list(range(pipe.N_TRAIN)), epoch
         assert set(c.values()) == {1}, epoch
+
+
+def test_under_wsp_no_sample_twice_and_the_lost_waves_are_counted(
+        stale_story: dict[str, Any]) -> None:
+    """At D > 0 a kill may lose the waves not yet agreed, up to D + 1 (docs/trainer.md,
+    issue 19 still open on it): their samples are missing from that epoch (seen once in
+    about ten runs), never trained twice."""
+    counts = per_epoch_counts(stale_story["samples"])
+    assert sorted(counts) == list(range(EPOCHS))
+    missing = 0
+    for epoch, c in counts.items():
+        assert set(c.values()) <= {1}, epoch  # never twice
+        assert set(c) <= set(range(pipe.N_TRAIN)), epoch
+        missing += pipe.N_TRAIN - len(c)
+    assert missing <= (2 + 1) * 64, missing  # D + 1 waves of PIPE_BATCH, for the one kill
 
 
 def _one_vw(tmp: Path, epochs: int, fault: str, **coord: Any) -> Ring:
