@@ -69,7 +69,7 @@ class WorkerConfig:
     record_samples: Path | None = None
     collective_timeout_s: float = 10.0
     connect_budget_s: float = 60.0
-    heartbeat_s: float = 0.05
+    heartbeat_s: float = 0.1
     profile_steps: int = 3
     faults: tuple[tuple[str, int], ...] = ()  # (kill|stop|term|freeze, first step >= this)
     rejoin: bool = True
