@@ -23,7 +23,6 @@ Rule: run before the first plan, from the thread that starts the daemon.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
 
 from provisioner.daemon.actuator import WriteAheadActuator
 from provisioner.daemon.state import EventKind, IntentKind, State
@@ -34,13 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def recover(job_id: str, driver: CloudDriver, state: State, actuator: WriteAheadActuator,
-            t: float, launch_env: Mapping[str, str]) -> None:
+            t: float) -> None:
     """Finish open intents, adopt the job's instances (see the module docstring)."""
     for intent in state.open_intents():
         if intent.kind == IntentKind.LAUNCH and intent.offering is not None:
             try:
                 res = driver.launch(LaunchRequest(intent.offering, intent.count, job_id,
-                                                  intent.token, dict(launch_env)))
+                                                  intent.token, actuator.env_for(intent.offering)))
             except (CapacityError, DriverError) as exc:
                 state.abandon_intent(intent.token, t, f"failed after restart: {exc}")
                 continue

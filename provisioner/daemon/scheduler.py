@@ -185,8 +185,7 @@ class Daemon:
         saved = self.state.get_meta("training_mode")
         if self.mode is None and saved:
             self._use_mode(ModeChoice(**saved))
-        recover(self.job_id, self.driver, self.state, self.actuator, self._ts(),
-                self.actuator.launch_env)
+        recover(self.job_id, self.driver, self.state, self.actuator, self._ts())
 
     # -- the four jobs -----------------------------------------------------------------------
     def poll_prices(self) -> None:

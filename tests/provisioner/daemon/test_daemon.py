@@ -347,12 +347,19 @@ def test_the_runs_training_mode_is_fixed_at_its_first_plan_and_given_to_every_la
     clock.advance(300)
     d.poll_prices(); d.plan_and_reconcile()
     assert len(st.events(kinds=["mode"])) == 1
-    # a daemon restarted on the state launches in the same mode, whatever its config says
+    # a daemon restarted on the state launches in the same mode, whatever its config says,
+    # a launch it finishes for the crashed one included (with that offering's group)
+    offering = live[0].offering
+    st.begin_launch("job-crashed-launch", offering, 1, clock.t.timestamp())
     d2, *_ = world(settings=parse_settings({"fleet": {"max_size": 3}}),
                    state_path=tmp_path / "state.sqlite", clock=clock)
     d2.recover()
     assert d2.actuator.launch_env["SPOTRING_MODE"] == "hybrid"
     assert d2.actuator.groups == saved["groups"]
+    finished = {r.id for r in st.live_instances()} - {r.id for r in live}
+    assert finished
+    for iid in finished:
+        assert _started(tmp_path, iid)[2:] == [saved["groups"][offering.key], "hybrid"]
 
 
 def test_on_the_local_cloud_auto_is_the_ring(world, tmp_path):
