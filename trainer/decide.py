@@ -154,8 +154,7 @@ def _joins(t: _Tick) -> None:
             t.actions.append(Put(mb.k_verdict(i), f"refused: malformed hello ({e})".encode()))
             continue
         if t.r.outcome is not Outcome.RUNNING:
-            t.actions.append(Put(mb.k_verdict(i), f"finished: the job is over "
-                                 f"({t.r.outcome.value})".encode()))
+            t.actions.append(Put(mb.k_verdict(i), mb.finished_verdict(t.r.outcome)))
             continue
         if t.r.job and hello.job and hello.job != t.r.job:
             t.actions.append(Put(mb.k_verdict(i), b"refused: a different job (its model, "

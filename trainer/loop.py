@@ -163,10 +163,11 @@ class Worker:
                                            op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
                     member_id = client.join(store, hello)
                 except client.JoinRefused as e:
-                    if e.verdict.startswith("finished"):
+                    ended = mb.verdict_outcome(e.verdict)
+                    if ended is not None:
                         # a job that ended lost or failed never exits 0, even for a late joiner
-                        code = {"(lost)": EXIT_LOST, "(failed)": EXIT_JOB}.get(
-                            e.verdict.rsplit(" ", 1)[-1], EXIT_OK)
+                        code = {mb.Outcome.LOST: EXIT_LOST, mb.Outcome.FAILED: EXIT_JOB}.get(
+                            ended, EXIT_OK)
                         log.log(logging.INFO if code == EXIT_OK else logging.ERROR,
                                 "the job is already over: %s", e.verdict)
                         return code

@@ -139,6 +139,22 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"  # the user's code raised (the same on every member)
 
 
+def finished_verdict(outcome: Outcome) -> bytes:
+    """The join verdict for a job that is over, saying how it ended."""
+    return f"finished: the job is over ({outcome.value})".encode()
+
+
+def verdict_outcome(verdict: str) -> Outcome | None:
+    """How the job ended, from a :func:`finished_verdict` (None: not one, or no outcome)."""
+    if not verdict.startswith("finished:"):
+        return None
+    _, _, tail = verdict.rpartition("(")
+    try:
+        return Outcome(tail.rstrip(")"))
+    except ValueError:
+        return Outcome.DONE  # a coordinator that did not say: the job was over
+
+
 class EventKind(str, enum.Enum):
     """Kinds of the coordinator's membership events."""
 

@@ -99,3 +99,13 @@ def test_started_but_not_formed_while_others_formed_is_dropped_and_nobody_if_all
     assert pl.reform_or_drop(h, plan, [1, 2], [], step=9)[1] == ()
     with pytest.raises(ValueError, match="limit"):
         pl.reform_or_drop(h, plan, [1, 2], [], step=9, limit=0)
+
+
+def test_the_verdict_for_a_job_that_is_over_says_how_it_ended() -> None:
+    from trainer.membership import Outcome, finished_verdict, verdict_outcome
+
+    for outcome in (Outcome.DONE, Outcome.LOST, Outcome.FAILED):
+        assert verdict_outcome(finished_verdict(outcome).decode()) is outcome
+    assert verdict_outcome("finished: the job is over") is Outcome.DONE  # said nothing more
+    assert verdict_outcome("refused: a different job") is None
+    assert verdict_outcome("ok") is None
