@@ -47,10 +47,12 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _mode(text: str) -> str:
-    """``--mode`` (or ``$SPOTRING_MODE``): empty, ``ring`` or ``hybrid``."""
-    if text not in ("", "ring", "hybrid"):
-        raise argparse.ArgumentTypeError(f"{text!r}: use ring or hybrid (from --mode or "
-                                         "$SPOTRING_MODE)")
+    """``--mode`` (or ``$SPOTRING_MODE``): empty or one of the modes a provisioner chooses."""
+    from trainer.job import CHOSEN_MODES  # a worker imports it next anyway
+
+    if text and text not in CHOSEN_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r}: use {' or '.join(CHOSEN_MODES)} (from "
+                                         "--mode or $SPOTRING_MODE)")
     return text
 
 

@@ -41,6 +41,9 @@ MODES = ("ring", "pipeline", "hybrid")  # how the members train together (traine
 #: ``Job.mode`` "auto": the mode the provisioner chose for the run (the worker's ``--mode``,
 #: ``$SPOTRING_MODE``), else the ring.
 AUTO = "auto"
+#: The modes a provisioner may choose for a run (the pipeline mode needs the job's stage
+#: settings, so only a job asks for it).
+CHOSEN_MODES = ("ring", "hybrid")
 
 
 def resolve_mode(job_mode: str, chosen: str, precision: str = "fp32") -> tuple[str, str]:
@@ -53,7 +56,7 @@ def resolve_mode(job_mode: str, chosen: str, precision: str = "fp32") -> tuple[s
         return job_mode, "the job's Job.mode"
     if chosen == "hybrid" and precision == "fp16":
         return "ring", "the provisioner chose hybrid, which refuses fp16: the ring"
-    if chosen in ("ring", "hybrid"):
+    if chosen in CHOSEN_MODES:
         return chosen, "the provisioner's choice (--mode / $SPOTRING_MODE)"
     return "ring", "no mode chosen: the ring"
 

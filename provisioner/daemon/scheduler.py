@@ -46,7 +46,7 @@ from provisioner.daemon.status import Status, build_status
 from provisioner.daemon.telemetry import Telemetry
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import InfeasibleError
-from provisioner.plan.mode import ModeChoice, run_mode
+from provisioner.plan.mode import PASSED, ModeChoice, run_mode
 from provisioner.plan.pipeline import FleetView, Planner, Progress
 from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
 from provisioner.timing import Intervals
@@ -110,7 +110,7 @@ class Daemon:
     def _use_mode(self, choice: ModeChoice) -> None:
         """Every launch from now on carries ``choice`` (SPOTRING_MODE, the groups)."""
         self.mode = choice
-        if choice.mode in ("ring", "hybrid"):
+        if choice.mode in PASSED:
             self.actuator.launch_env["SPOTRING_MODE"] = choice.mode
         self.actuator.groups = dict(choice.groups) if choice.mode == "hybrid" else {}
 

@@ -65,8 +65,11 @@ def training_mode(plan: Any, spread: float = SPREAD) -> ModeChoice:
     return ModeChoice("ring", f"one zone ({zones[0]}), speeds within {spread:g}x")
 
 
+#: The modes a run gives its workers (``SPOTRING_MODE``; trainer.job.CHOSEN_MODES): the
+#: pipeline mode is the job's to ask for.
+PASSED = ("ring", "hybrid")
 #: ``[job] mode``: ``auto`` (the planner's fleet decides, :func:`training_mode`) or a mode.
-SETTINGS = ("auto", "ring", "hybrid")
+SETTINGS = ("auto", *PASSED)
 
 
 def run_mode(setting: str, driver: str, plan: Any) -> ModeChoice:
