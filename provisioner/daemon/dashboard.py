@@ -33,6 +33,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from provisioner.daemon.savings import pct
 from provisioner.daemon.status import Status, describe, short_offering
 
 #: (columns, lines) from which the market is shown beside the workers.
@@ -57,10 +58,6 @@ def _compact(x: float) -> str:
         if abs(x) >= div:
             return f"{x / div:.1f}{unit}"
     return f"{x:.0f}"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
 
 
 def eta_text(eta_s: float | None, speed: float) -> str:

@@ -54,6 +54,7 @@ from provisioner.daemon.lock import Created, RunLock, writable_folder
 from provisioner.daemon.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
 from provisioner.daemon.ports import PriceFeed, RingCoordinator
+from provisioner.daemon.savings import pct
 from provisioner.daemon.scheduler import Daemon
 from provisioner.daemon.state import EventKind, State, ring_kind
 from provisioner.daemon.wiring import build_daemon, make_coordinator, snapshot_url
@@ -96,10 +97,6 @@ class Prepared:
     found: Mapping[str, Any]  # the meta of the run found in the workdir
     coordinator: RingCoordinator
     token_file: Path
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
 
 
 class LocalRun:
@@ -554,9 +551,9 @@ class LocalRun:
               f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
               f"{fig['kills']} kills, {fig['joins']} joins", flush=True)
         print(f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
-              f"{_pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
+              f"{pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
               f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
-              f"{_pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
+              f"{pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
               flush=True)
         print(f"report: {path}", flush=True)
         if v.failure:

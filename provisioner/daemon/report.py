@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
-from provisioner.daemon.savings import checkpoint_every_s, from_state
+from provisioner.daemon.savings import checkpoint_every_s, from_state, pct
 from provisioner.daemon.status import describe, short_offering
 from provisioner.daemon.state import EventKind, State, ring_kind
 
@@ -90,9 +90,6 @@ def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, An
 
 def _summary(fig: Mapping[str, Any]) -> str:
     """The report's first sentence: what the run did and what it saved."""
-    def pct(x: Any) -> str:
-        return "-" if x is None else f"{x:.0%}"
-
     acc = "-" if fig.get("accuracy") is None else f"{fig['accuracy']:.3f}"
     return (f"Outcome **{fig['outcome']}**, accuracy {acc}, through {fig['notices']} notices "
             f"and {fig['kills']} kills ({fig['steps_lost']} steps lost). Spend "

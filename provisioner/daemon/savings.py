@@ -101,6 +101,12 @@ def saved(spend: float, baseline: float) -> float | None:
     return None if baseline <= 0 else 1.0 - spend / baseline
 
 
+def pct(share: float | None) -> str:
+    """A share saved as the dashboard, the report and the run's last lines print it
+    (``66%``; ``-`` when there is no baseline)."""
+    return "-" if share is None else f"{share:.0%}"
+
+
 def checkpoint_restart(spend: float, revocations: Sequence[Revocation], boot_s: float,
                        every_s: float) -> tuple[float, float]:
     """``(usd, lost_s)`` of the checkpoint-restart baseline (see the module docstring)."""

@@ -175,3 +175,9 @@ def per_epoch_counts(records: Iterable[dict[str, Any]]) -> dict[int, Counter[int
     for r in records:
         out.setdefault(int(r["epoch"]), Counter()).update(int(i) for i in r["ids"])
     return out
+
+
+def finish_checksums(events: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(member name, parameter checksum) of every member that left the ring finished."""
+    return [(e["name"], e["data"]["checksum"]) for e in events
+            if e["kind"] == "leave" and e["data"].get("finished")]

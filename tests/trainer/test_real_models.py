@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.trainer.jobs import regression
-from tests.trainer.ringutil import Ring, per_epoch_counts
+from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -69,8 +69,7 @@ def test_members_hold_identical_parameters_buffers_and_optimiser_state(elastic: 
     formed = elastic["formed"]
     assert len(formed) >= 4
     assert all(f["identical"] for f in formed), formed
-    sums = {e["data"]["checksum"] for e in elastic["events"]
-            if e["kind"] == "leave" and e["data"].get("finished")}
+    sums = {c for _, c in finish_checksums(elastic["events"])}
     assert len(sums) == 1
 
 

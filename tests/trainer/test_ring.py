@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.ringutil import Ring, per_epoch_counts
+from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
 from trainer.client import JoinRefused, connect
 
 pytestmark = pytest.mark.slow
@@ -139,8 +139,7 @@ def test_every_reconfiguration_ends_with_identical_parameters(scenario: dict[str
     assert len(formed) >= 5
     for f in formed:
         assert f["identical"], f
-    sums = {e["data"]["checksum"] for e in scenario["events"]
-            if e["kind"] == "leave" and e["data"].get("finished")}
+    sums = {c for _, c in finish_checksums(scenario["events"])}
     assert len(sums) == 1
 
 

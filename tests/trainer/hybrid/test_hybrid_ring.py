@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.ringutil import Ring, per_epoch_counts
+from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
 
 pytestmark = pytest.mark.slow
 
@@ -42,11 +42,6 @@ def start_in_order(ring: Ring, workers: list[tuple[str, str, tuple[str, ...]]]) 
         ring.worker(name, "--zone", zone, *extra)
         ring.wait_for(f"{name} admitted",
                       lambda name=name: any(m.name == name for m in ring.coord.members()), 60)
-
-
-def finish_checksums(events: list[dict[str, Any]]) -> dict[str, str]:
-    return {e["name"]: e["data"]["checksum"] for e in events
-            if e["kind"] == "leave" and e["data"].get("finished")}
 
 
 def assert_exactly_once(samples: list[dict[str, Any]], epochs: int) -> None:
@@ -76,7 +71,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def test_two_zones_train_to_the_end_with_identical_replicas(clean: dict[str, Any]) -> None:
     assert clean["stats"]["outcome"] == "done" and clean["stats"]["epoch"] == 2
     assert set(clean["codes"].values()) == {0}
-    sums = finish_checksums(clean["events"])
+    sums = dict(finish_checksums(clean["events"]))
     assert sorted(sums) == ["a0", "a1", "b0", "b1"]
     assert len(set(sums.values())) == 1, sums  # parameters, BatchNorm buffers, Adam state
     assert_exactly_once(clean["samples"], 2)
@@ -119,7 +114,7 @@ def test_staleness_zero_runs_the_synchronous_ring(tmp_path: Path) -> None:
         assert ring.coord.stats()["outcome"] == "done"
         metrics = ring.metrics()
         assert metrics and all("staleness" not in r and "zone" not in r for r in metrics)
-        assert len(set(finish_checksums(ring.coord.events()).values())) == 1
+        assert len({c for _, c in finish_checksums(ring.coord.events())}) == 1
     finally:
         ring.close()
 
@@ -175,7 +170,7 @@ def test_a_killed_shard_host_a_drain_a_join_and_a_hang_cost_no_run(elastic: dict
     codes = elastic["codes"]
     assert codes["b0"] == -signal.SIGKILL
     assert codes["a1"] == 0 and codes["a0"] == 0 and codes["b2"] == 0 and codes["b1"] == 0
-    sums = finish_checksums(elastic["events"])
+    sums = dict(finish_checksums(elastic["events"]))
     assert {"a0", "b2", "b1"} <= set(sums) and len(set(sums.values())) == 1, sums
     assert all(f["identical"] for f in elastic["formed"]), elastic["formed"]
     leaves = [e for e in elastic["events"] if e["kind"] == "leave" and e["name"] == "a1"]
@@ -239,7 +234,7 @@ def test_every_member_killed_at_once_resumes_from_the_durable_snapshot(tmp_path:
         s = resumed[0]["data"]["step"]
         assert s % 10 == 0 and 10 <= s <= last
         assert all(f["identical"] for f in ring.formed())
-        sums = finish_checksums(ring.coord.events())
+        sums = dict(finish_checksums(ring.coord.events()))
         assert sorted(sums) == ["a1", "b1"] and len(set(sums.values())) == 1
         assert ring.procs["a1"].wait(30) == 0 and ring.procs["b1"].wait(30) == 0
     finally:

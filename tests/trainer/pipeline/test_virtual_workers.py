@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.trainer.jobs import pipe
-from tests.trainer.ringutil import Ring, per_epoch_counts
+from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
 from trainer import snapshot as snap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -80,8 +80,7 @@ def test_every_stage_s_replicas_agree_after_every_change(either: dict[str, Any])
     formed = either["formed"]
     assert len(formed) >= 5
     assert all(f["identical"] for f in formed), formed
-    sums = {e["data"]["checksum"] for e in either["events"]
-            if e["kind"] == "leave" and e["data"].get("finished")}
+    sums = {c for _, c in finish_checksums(either["events"])}
     assert len(sums) == 1
 
 
