@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.netns import NetnsUnavailable, Zones
-from tests.trainer.hybrid.test_hybrid_ring import JOB, finish_checksums
-from tests.trainer.ringutil import TOKEN, Ring
+from tests.trainer.hybrid.test_hybrid_ring import JOB
+from tests.trainer.ringutil import TOKEN, Ring, finish_checksums
 from trainer.coordinator import Coordinator
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ def test_two_zones_over_a_slow_link_send_one_vector_per_update_across(tmp_path: 
                 m.name == name for m in ring.coord.members()), 60)
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
         assert ring.coord.stats()["outcome"] == "done"
-        sums = finish_checksums(ring.coord.events())
+        sums = dict(finish_checksums(ring.coord.events()))
         assert len(sums) == 4 and len(set(sums.values())) == 1
         computed = Counter(r["zone"] for r in ring.metrics()
                            if r["own"] and r["member"].startswith(("a0/", "b0/")))
