@@ -82,9 +82,34 @@ def test_a_ring_within_the_tolerance_of_the_pace_is_not_moved_to_another_region(
     on_line = replace(pr, done=rate * 7_200)
     d = p.decide(market({A: 1.0, C: 1.0}), blocked, on_line, 7_200.0)
     assert dict(d.target) == {A: 4}
-    behind = replace(pr, done=rate * 7_200 * 0.6)  # 40% behind: worth a move
+    # 40% behind a user's deadline: worth a move; behind the job's own pace: late, not dear
+    # (the survivors of a revocation are kept while their zone is avoided, not rebuilt)
+    behind = replace(pr, done=rate * 7_200 * 0.6, hard=True)
     assert dict(Planner(settings(model_mb=0.0)).decide(
         market({A: 1.0, C: 1.0}), blocked, behind, 7_200.0).target) != {A: 4}
+    assert dict(Planner(settings(model_mb=0.0)).decide(
+        market({A: 1.0, C: 1.0}), blocked, replace(behind, hard=False), 7_200.0).target) == {A: 4}
+
+
+def test_the_survivors_of_a_revocation_are_kept_while_their_zone_is_avoided():
+    # 5 in A keep the job's own pace (50 MB, batch 1,024: 5 x 100/s x 0.97 = 485/s); one is
+    # revoked (A failed 10 s ago: it may keep, not grow). A ring over two zones runs at the
+    # slower link, so the cheapest fleet for the pace now is 5 in B: 5 launches for 1 lost.
+    # The 4 survivors are kept, and the lost one comes back in A once A may grow again.
+    p = Planner(settings())
+    rate = 480.0
+    pr = Progress(start=0.0, work=rate * 36_000, done=0.0, deadline_s=36_000.0, hard=False)
+    assert dict(p.decide(market({A: 1.0, B: 1.0}), FleetView(held={}), pr, 0.0).target) in (
+        {A: 5}, {B: 5})
+    hit = FleetView(held={A: 4}, blocked=frozenset({A}), failed={A: 3_590.0})
+    on_line = replace(pr, done=rate * 3_600)
+    assert dict(p.decide(market({A: 1.0, B: 1.0}), hit, on_line, 3_600.0).target) == {A: 4}
+    assert dict(Planner(settings()).decide(market({A: 1.0, B: 1.0}), hit,
+                                           replace(on_line, hard=True), 3_600.0).target) != {
+        A: 4}  # a user's deadline the survivors do not keep: rebuilt (as before)
+    later = FleetView(held={A: 4}, failed={A: 3_590.0})  # avoided no more
+    assert dict(p.decide(market({A: 1.0, B: 1.0}), later, replace(pr, done=rate * 4_200),
+                         4_200.0).target) == {A: 5}
 
 
 def test_a_ring_spread_over_zones_is_priced_in_one_zone_too():
