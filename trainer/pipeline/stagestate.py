@@ -33,6 +33,7 @@ import torch
 
 from trainer import state as st
 from trainer import sync
+from trainer.pipeline.placement import DEVICE, HOST, RELEASED
 
 
 class LayoutError(ValueError):
@@ -110,9 +111,59 @@ class ModelIndex:
         for p in [p for p in optimizer.state if id(p) not in keep]:
             del optimizer.state[p]
 
+    def place(self, where: Sequence[str | None], device: torch.device) -> None:
+        """Put each layer's parameters and buffers where :mod:`trainer.pipeline.placement`
+        decided (``where[i]`` for layer ``i``; None leaves it). The tensors keep their
+        identity (the optimiser, the stage's runner and pack hold them): their contents are
+        swapped. A released layer's tensors become ``meta`` (no storage, no gradient); one
+        materialised from released holds garbage until loaded."""
+        targets = {DEVICE: device, HOST: torch.device("cpu"), RELEASED: torch.device("meta")}
+        for layer, w in zip(self.layers, where, strict=True):
+            if w is None:
+                continue
+            for _, t in (*layer.params, *layer.buffers):
+                _place(t, targets[w])
+
+    def released(self) -> bool:
+        """Is some layer released (the model is not whole anywhere on this member)?"""
+        return any(t.is_meta for layer in self.layers for _, t in (*layer.params,
+                                                                     *layer.buffers))
+
+    def resident(self, optimizer: torch.optim.Optimizer, device: torch.device
+                 ) -> tuple[int, int]:
+        """Bytes on ``device``: ``(weights and buffers, optimiser state)``."""
+        weights = sum(t.numel() * t.element_size() for layer in self.layers
+                      for _, t in (*layer.params, *layer.buffers) if _on(t, device))
+        opt = sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                  for v in s.values() if isinstance(v, torch.Tensor) and _on(v, device))
+        return weights, opt
+
     def checksum(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> str:
         """Checksum of layers ``[lo, hi)``: weights, buffers and optimiser state."""
         return sync.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
+
+
+def place_module(module: torch.nn.Module, device: torch.device) -> None:
+    """Put one module's parameters and buffers on ``device`` (their identity kept)."""
+    for t in (*module.parameters(), *module.buffers()):
+        _place(t, device)
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    d = t.device
+    return d.type == device.type and (d.index or 0) == (device.index or 0)
+
+
+def _place(t: torch.Tensor, target: torch.device) -> None:
+    if _on(t, target):
+        return
+    if target.type == "meta" and isinstance(t, torch.nn.Parameter):
+        t.grad = None
+    new = (torch.empty_like(t, device=target) if t.is_meta or target.type == "meta"
+           else t.detach().to(target))
+    if isinstance(t, torch.nn.Parameter):
+        new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+    torch.utils.swap_tensors(t, new)
 
 
 def bundle(index: ModelIndex, optimizer: torch.optim.Optimizer, lo: int, hi: int,
