@@ -357,7 +357,7 @@ class PipelineMember(Member):
                     raise st.BadState("digest differs from the one announced")
                 if base != GATHER_TAG:  # layers this member will hold: onto its device
                     self.index.place(placement.only(len(self.index), t.lo, t.hi,
-                                                    placement.DEVICE), self.w.device)
+                                                    placement.DEVICE), self.w.device, opt)
                 meta = load(self.index, opt, st.decode(data), t.lo, t.hi)
                 if meta.get("step") != step or (plan.job and meta.get("job") != plan.job):
                     raise st.BadState(f"state of step {meta.get('step')!r} of another job, "
@@ -612,11 +612,13 @@ class PipelineMember(Member):
         """Keep only this member's layers: on its device, with their optimiser state; every
         other layer released (:mod:`trainer.pipeline.placement`)."""
         self.index.keep_only(self.w.job.optimizer, self.lo, self.hi)
-        self.index.place(placement.decide(len(self.index), self.lo, self.hi), self.w.device)
+        self.index.place(placement.decide(len(self.index), self.lo, self.hi), self.w.device,
+                         self.w.job.optimizer)
 
     def _place_whole(self, where: str) -> None:
         """Every layer on ``where`` (the head gathering; a whole state about to be loaded)."""
-        self.index.place(placement.decide(len(self.index), 0, 0, whole=where), self.w.device)
+        self.index.place(placement.decide(len(self.index), 0, 0, whole=where), self.w.device,
+                         self.w.job.optimizer)
 
     def _snapshot_due(self, step: int) -> bool:
         """Is a snapshot due once ``step`` waves are applied (the head asks, and announces it

@@ -105,3 +105,17 @@ def test_profiling_moves_one_layer_at_a_time_and_computes_the_same_output(
     assert torch.equal(out, want)
     # each layer onto the device for its forward, back to the host before the next
     assert calls == [(i, "cpu") for i in range(len(m)) for _ in (0, 1)]
+
+
+def test_the_optimiser_state_follows_its_parameter_and_its_step_stays() -> None:
+    # a state loaded on the host (a snapshot, a resume) must reach the device with its
+    # layer; the 'meta' device stands in for a GPU here (no storage: where it went shows)
+    m, opt = _model(0)
+    _train(m, opt)
+    index = ModelIndex(m, opt)
+    index.place(placement.decide(len(index), 0, 1), torch.device("meta"), opt)
+    p = index.params(0, 1)[0]
+    assert p.is_meta and opt.state[p]["exp_avg"].is_meta
+    assert not opt.state[p]["step"].is_meta  # Adam keeps its step on the host
+    q = index.params(3, 4)[0]
+    assert not opt.state[q]["exp_avg"].is_meta  # released: left to keep_only
