@@ -189,6 +189,8 @@ def test_a_lost_stage_comes_back_from_the_durable_snapshot(tmp_path: Path) -> No
         assert 3 <= stats["steps_lost"] <= 4, (stats, ring.formed())
         assert stats["metrics"]["r2"] > 0.7, stats
         assert all(f["identical"] for f in ring.formed())
+        held = _resident_is_the_stage(tmp_path)  # the state loaded whole, then placed
+        assert held["c"], held
     finally:
         ring.close()
 
