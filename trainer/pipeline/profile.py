@@ -139,6 +139,8 @@ def profile_step(job: Any, batch: Any, device: torch.device) -> float:
     moving layers (not compute). Raises :class:`trainer.step.JobCodeError`."""
     if not job.model.training:
         job.model.train()
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    size = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 0
     stage = "forward"
     try:
         x, y = batch
@@ -148,7 +150,7 @@ def profile_step(job: Any, batch: Any, device: torch.device) -> float:
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # noqa: BLE001 - the user's code: one clear error
-        raise JobCodeError(stage, 0, int(getattr(x, "shape", [0])[0]), e) from e
+        raise JobCodeError(stage, 0, size, e) from e
     return moving
 
 

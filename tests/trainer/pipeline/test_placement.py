@@ -119,3 +119,20 @@ def test_the_optimiser_state_follows_its_parameter_and_its_step_stays() -> None:
     assert not opt.state[p]["step"].is_meta  # Adam keeps its step on the host
     q = index.params(3, 4)[0]
     assert not opt.state[q]["exp_avg"].is_meta  # released: left to keep_only
+
+
+def test_the_profile_step_reports_the_job_s_own_error_before_joining() -> None:
+    from types import SimpleNamespace
+
+    from trainer.step import JobCodeError
+
+    m, _ = _model(0)
+
+    def bad_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise ValueError("shapes")
+
+    job = SimpleNamespace(model=m, loss_fn=bad_loss, precision="fp32")
+    with pytest.raises(JobCodeError, match="loss"):
+        profile.profile_step(job, (torch.randn(5, 4), torch.randn(5, 2)), CPU)
+    job.loss_fn = torch.nn.functional.mse_loss
+    assert profile.profile_step(job, (torch.randn(5, 4), torch.randn(5, 2)), CPU) >= 0.0
