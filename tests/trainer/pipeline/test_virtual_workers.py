@@ -225,3 +225,27 @@ def test_a_member_keeps_only_its_stage_on_its_device(story: dict[str, Any]) -> N
     assert set(held) >= {"a", "d", "e", "f"}, sorted(held)
     for name in ("e", "f"):  # joined later: their stage only, never the whole model
         assert held[name] and all(hi - lo < n for lo, hi in held[name]), held[name]
+
+
+def test_a_stage_handed_to_a_spare_is_all_the_spare_then_keeps_resident(tmp_path: Path
+                                                                        ) -> None:
+    """One VW of two stages and a spare (``c``, 4x slower: the slowest member is the spare);
+    ``b`` leaves with notice and its stage goes to the spare, which then keeps that stage
+    resident (received onto its device as it arrived), not the whole model."""
+    ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "4", "PIPE_LAYER_MS": "0.3"},
+                initial_world=3, heartbeat_timeout_s=3.0)
+    try:
+        ring.worker("a")
+        ring.worker("b", "--fault", "term@10")
+        ring.worker("c", "--slowdown", "4")
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
+        assert "took over layers" in (tmp_path / "c.log").read_text(), ring.logs()
+        held = _resident_is_the_stage(tmp_path)
+        n = len(ModelIndex(*_model()))
+        assert held["c"][0] == (0, 0), held["c"]  # the spare: nothing resident
+        stage = [(lo, hi) for lo, hi in held["c"] if hi > lo]
+        assert stage and all(hi - lo < n for lo, hi in stage), held["c"]
+    finally:
+        ring.close()
