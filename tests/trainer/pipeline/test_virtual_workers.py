@@ -235,17 +235,26 @@ def test_a_stage_handed_to_a_spare_is_all_the_spare_then_keeps_resident(tmp_path
     ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "4", "PIPE_LAYER_MS": "0.3"},
                 initial_world=3, heartbeat_timeout_s=3.0)
     try:
-        ring.worker("a")
-        ring.worker("b", "--fault", "term@10")
-        ring.worker("c", "--slowdown", "4")
+        out = ["--output", str(tmp_path / "model.pt")]  # written by the head at the end
+        ring.worker("a", *out)
+        ring.worker("b", "--fault", "term@10", *out)
+        ring.worker("c", "--slowdown", "4", *out)
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
         stats = ring.coord.stats()
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
+        assert all(p.wait(30) == 0 for p in ring.procs.values())
         assert "took over layers" in (tmp_path / "c.log").read_text(), ring.logs()
         held = _resident_is_the_stage(tmp_path)
         n = len(ModelIndex(*_model()))
         assert held["c"][0] == (0, 0), held["c"]  # the spare: nothing resident
         stage = [(lo, hi) for lo, hi in held["c"] if hi > lo]
         assert stage and all(hi - lo < n for lo, hi in stage), held["c"]
+        # the head gathered the whole model (its released layers received) for --output
+        import torch
+
+        got = torch.load(tmp_path / "model.pt", weights_only=True)
+        want = _model()[0].state_dict()
+        assert list(got) == list(want)
+        assert all(not t.is_meta and t.shape == want[k].shape for k, t in got.items())
     finally:
         ring.close()
