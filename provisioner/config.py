@@ -153,6 +153,10 @@ class PacingSettings(_Section):
     ahead_tolerance: float = Field(1.10, ge=1.0, le=100.0, description="ahead of its progress "
                                    "line the job buys only hardware within this factor of the "
                                    "cheapest cost per sample")
+    catch_up_tolerance: float = Field(1.05, ge=1.0, le=100.0, description="behind its own "
+                                      "pace (no deadline) the job catches up only on rings "
+                                      "within this factor of the cost per sample of the ring "
+                                      "that keeps the pace; a deadline is kept at any price")
     bank_hours: float | None = Field(None, ge=0, le=1000, description="hours of the pace to "
                                      "bank ahead with the cheapest hardware while dearer spot "
                                      "is the fallback; unset: learned from the outages seen")

@@ -130,6 +130,33 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
     return None if best is None else (best[1], best[2])
 
 
+def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max_size: int,
+                  model_mb: float, global_batch: int, gbps: float) -> float | None:
+    """The most useful samples/s a ring of one offering delivers at a cost per sample within
+    ``tolerance`` of the cheapest ring of one offering that keeps ``pace`` (None when none
+    can): how fast a job behind its own, soft, pace may catch up. Capacity is not read (a
+    price level, not a fleet): a ring's efficiency only falls with its size, and the last
+    hours of a catch-up on a 16-instance ring (efficiency 0.68 against 0.91 for the 4 that
+    keep the pace) cost the 16-node trace 1.084x the bound."""
+    rings: list[tuple[float, float]] = []  # (rate, cost per useful sample) per ring size
+    ref: float | None = None
+    for c in cands:
+        s = c.useful
+        if s <= 0 or c.price_per_hour <= 0:
+            continue
+        kept = False
+        for n in range(1, max_size + 1):
+            rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
+            per = n * c.price_per_hour / rate
+            rings.append((rate, per))
+            if not kept and rate >= pace:
+                kept = True
+                ref = per if ref is None else min(ref, per)
+    if ref is None:
+        return None
+    return max(rate for rate, per in rings if per <= tolerance * ref)
+
+
 def fleet_rate(cands: Iterable[Candidate], model_mb: float, global_batch: int,
                links: tuple[float, float, float]) -> float:
     """Useful samples/s of the fleet held (each candidate's ``current``) as one ring over

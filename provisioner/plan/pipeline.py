@@ -42,8 +42,9 @@ from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
 from provisioner.plan import virtual
 from provisioner.plan.hysteresis import LaunchLog
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, due, fleet_rate,
-                                     good_offerings, od_capacity, pace, per_sample_fleet)
+from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
+                                     fleet_rate, good_offerings, od_capacity, pace,
+                                     per_sample_fleet)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,7 @@ class PlanSettings:
     default_hazard: float = 0.1
     time_limit_s: float = 1.0
     ahead_tolerance: float = 1.10
+    catch_up_tolerance: float = 1.05
     bank_hours: float | None = None
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
     max_launches: int = 4  # the churn limit per round and the round's period: how long a
@@ -100,7 +102,8 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         regions=frozenset(settings.source.regions),
         gpus=frozenset(g.lower() for g in settings.source.gpus), step_s=fleet.step_s,
         default_hazard=opt.default_spot_hazard_per_hour, time_limit_s=opt.time_limit_s,
-        ahead_tolerance=pace.ahead_tolerance, bank_hours=pace.bank_hours,
+        ahead_tolerance=pace.ahead_tolerance, catch_up_tolerance=pace.catch_up_tolerance,
+        bank_hours=pace.bank_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
         max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s)
 
@@ -307,6 +310,14 @@ class Planner:
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
+            if not pr.hard:
+                # Behind its own (soft) pace the job catches up only on rings whose cost per
+                # sample is within catch_up_tolerance of the ring that keeps its pace: late,
+                # not dear (a user's deadline is hard and keeps its catch-up)
+                cap = catch_up_rate(cands, pr.work / deadline_s, s.catch_up_tolerance,
+                                    b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
+                if cap is not None and target > cap:
+                    target = cap
             line_s = deadline_s - safety * 3600
             good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
                                    line_s, horizon_s)

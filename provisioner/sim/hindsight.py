@@ -3,8 +3,10 @@
 Design: one linear program over the whole trace, cut where any price or availability
 changes, with the simulator's own speeds, prices and ring model (integer ring sizes) and
 spotring's constraints (``max_size``, ``max_zone_share``); it pays the boots of the fewest
-launches its fleet needs, and no restart or revocation loss. See :func:`hindsight` for why
-it bounds every policy the simulator can run.
+launches its fleet needs, including, in expectation, those that replace the instances the
+trace's removals and drawn lifetimes revoke (the revocations spotring suffers), and no
+restart or lost step. See :func:`hindsight` for why it bounds every policy the simulator can
+run (their expected cost, where revocations are drawn).
 
 Rule: a bound not solved to optimality is not reported as a cost (its status says so).
 """
@@ -24,7 +26,8 @@ from provisioner.sim.world import World
 
 
 def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
-              time_limit_s: float = 60.0, boots: bool = True) -> Result:
+              time_limit_s: float = 60.0, boots: bool = True,
+              removals: bool = True) -> Result:
     """The offline lower bound: least cost to do ``work`` within ``horizon_h`` knowing the trace.
 
     A program over the whole trace, solved to optimality (status ``optimal``). Time is cut
@@ -42,8 +45,16 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
       ``sum credited >= work``.
     - spotring's zone share (``max_zone_share < 1``): ``sum_{spot o in zone z} y[o,s] <=
       share sum_o y[o,s] + allowance L`` (the planner's row, integrated over the segment).
-    - with ``boots``, ``u[o,s] >= y[o,s]/L_s - y[o,s-1]/L_{s-1}`` (and ``u >= 0``): instances
-      started, each paying its boot at the offering's lowest price of the two segments.
+    - with ``boots``, ``u[o,s] >= y[o,s]/L_s - (1 - q[o,s]) y[o,s-1]/L_{s-1}`` (and
+      ``u >= 0``): instances started, each paying its boot at the offering's lowest price of
+      the two segments; ``q[o,s]`` is the share of a group's instances the removal at the
+      cut revokes (``k`` of ``n``: each held one is hit with probability ``k/n``; 0 without
+      ``removals`` or a removal there), so holding on through a removal pays the expected
+      relaunches.
+    - with ``boots`` and ``removals``, for an offering whose instances die at a drawn hazard
+      ``h`` (no availability series): ``e[o] >= h sum_s y[o,s] - sum_s u[o,s]`` (``e >= 0``),
+      at the offering's lowest price times the boot: every instance revoked was launched, so
+      a run's launches are at least its expected revocations ``h x instance-hours``.
 
     Why this bounds every policy the simulator can run: any schedule has, within a segment,
     integer counts ``n_T(t)`` held; setting ``d[T,j] = |{t: n_T(t) >= j}|`` and ``y`` to
@@ -53,7 +64,10 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     ``S >= n_T s_T`` and ``t(N) >= t(n_T)``). The count's average over a segment rises from
     one segment to the next by no more than the instances started over the two (averaging
     never adds variation), so the ``u`` are at most the schedule's launches, each of which
-    pays a boot in the simulator. Restarts and revocation loss are free. Integer instance
+    pays a boot in the simulator; in expectation, a removal revokes ``k/n`` of what is held at
+    it (a linear term; so the bound is on a policy's expected cost where revocations are
+    drawn), and launches are at least the revocations. Restarts and the step a revocation
+    loses are free. Integer instance
     counts enter exactly through the integer ring sizes ``j``; instance-hours themselves need
     no integrality in continuous time (a fractional share of a segment is an integer count
     held for part of it), so the program is a linear one and HiGHS proves its optimum.
@@ -98,6 +112,12 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     boot_h = params.boot_s / 3600.0
     r = 0
 
+    def removed(o, t: float) -> float:
+        """The share of the instances held that the removal at ``t`` revokes, expected."""
+        rc = world.reclaims.get(o) if removals and o.market == "spot" else None
+        hit = rc.at(t) if rc is not None else None
+        return min(1.0, hit[0] / hit[1]) if hit is not None and hit[1] > 0 else 0.0
+
     def row(entries: list[tuple[int, float]], lo: float, hi: float) -> None:
         nonlocal r
         for j, v in entries:
@@ -138,8 +158,27 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
                 c[ub0 + a] = p_lo * boot_h
                 entries = [(ub0 + a, 1.0), (base + a, -1.0 / hours)]
                 if prev is not None:
-                    entries.append((prev + a, 1.0 / prev_h))
+                    entries.append((prev + a, (1.0 - removed(o, t0)) / prev_h))
                 row(entries, 0.0, np.inf)  # u >= y_s / L_s - y_{s-1} / L_{s-1}
+    drawn = [a for a, o in enumerate(offs) if removals and n_u and o.market == "spot"
+             and world.avail.get(o) is None and world.hazard.get(o, 0.0) > 0]
+    if drawn:  # e[o] >= hazard x instance-hours - sum_s u[o,s]: the launches that replace
+        # the expected revocations of drawn lifetimes beyond those the u already count
+        # (every revoked instance was launched: launches >= revocations), at the lowest price
+        e0 = nv
+        nv += len(drawn)
+        c = np.concatenate([c, np.zeros(len(drawn))])
+        ub = np.concatenate([ub, np.full(len(drawn), np.inf)])
+        wk = np.concatenate([wk, np.zeros(len(drawn))])
+        for m, a in enumerate(drawn):
+            o = offs[a]
+            c[e0 + m] = min(world.price[o].at(t0) for t0, _ in segs) * boot_h
+            hz = world.hazard[o]
+            entries = [(e0 + m, 1.0)]
+            for k in range(n_s):
+                entries += [(k * per_seg + a, -hz),
+                            (k * per_seg + n_o + n_t * jmax + a, 1.0)]
+            row(entries, 0.0, np.inf)
     a_mat = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     cons = [LinearConstraint(a_mat, lo_b, hi_b), LinearConstraint(wk.reshape(1, -1), work, np.inf)]
     res = milp(c, constraints=cons, integrality=np.zeros(nv), bounds=Bounds(0, ub),
@@ -148,9 +187,13 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
         status = ("infeasible" if res.status == 2 else f"not solved ({res.message})")
         return Result("hindsight", math.inf, 0.0, work, None, None,
                       status=f"{status} within {horizon_h:.1f} h")
-    x = res.x.reshape(n_s, per_seg)
-    w_seg = (x * wk.reshape(n_s, per_seg)).sum(axis=1)
-    c_seg = (x * c.reshape(n_s, per_seg)).sum(axis=1)
+    x = res.x[:per_seg * n_s].reshape(n_s, per_seg)
+    w_seg = (x * wk[:per_seg * n_s].reshape(n_s, per_seg)).sum(axis=1)
+    c_seg = (x * c[:per_seg * n_s].reshape(n_s, per_seg)).sum(axis=1)
+    spread = float(res.x[per_seg * n_s:] @ c[per_seg * n_s:])  # drawn revocations' boots
+    if spread > 0:  # spread over the segments in proportion to their instance-hours
+        hours_seg = x[:, :n_o].sum(axis=1)
+        c_seg = c_seg + spread * hours_seg / max(float(hours_seg.sum()), 1e-12)
     fleet = [float(x[k, :n_o].sum() * 3600.0 / (b - a)) for k, (a, b) in enumerate(segs)]
     rate = [float(w_seg[k] / (b - a)) for k, (a, b) in enumerate(segs)]
     cum_w = np.cumsum(w_seg)
@@ -162,7 +205,8 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     xs = [(a - world.start) / 3600 for a, _ in segs] + [(end - world.start) / 3600]
     fleet.append(0.0)  # the series end where the bound's horizon does
     rate.append(0.0)
-    launched = int(round(float(x[:, n_o + n_t * jmax:].sum()))) if n_u else 0
+    launched = int(round(float(x[:, n_o + n_t * jmax:].sum())
+                         + res.x[per_seg * n_s:].sum())) if n_u else 0
     lengths = np.array([(b - a) / 3600.0 for a, b in segs])
     by = {o: (xs, [float(v) for v in x[:, a] / lengths] + [0.0])
           for a, o in enumerate(offs) if x[:, a].sum() > 1e-9}

@@ -97,6 +97,8 @@ class Params:
     # plan with the lower cost per useful sample (the design's "useful work per dollar")
     ahead_tolerance: float = 1.10  # spotring ahead of its progress line buys only offerings
     # whose cost per sample is within this factor of the best one priced (held or not)
+    catch_up_tolerance: float = 1.05  # behind its own pace, spotring catches up only on
+    # rings within this factor of the cost per sample of the ring that keeps the pace
     bank_hours: float | None = None  # while the cheapest hardware per sample is free and
     # dearer spot is the alternative, spotring gets this far ahead of its line with it (within
     # the churn horizon), to wait through its outages. None: learned online from the outages

@@ -42,3 +42,23 @@ def test_on_demand_capacity_is_the_real_ring_of_max_size():
     spot = od.with_market("spot")
     cands = [Candidate(od, 3.06, 400.0), Candidate(spot, 0.9, 400.0)]
     assert od_capacity(cands, 16, 50.0, 1024, 10.0) == pytest.approx(6400 / (1 + 6400 * 0.075 / 1024))
+
+
+def test_catch_up_is_limited_to_rings_near_the_cost_per_sample_of_the_pace():
+    # 400/s instances, 50 MB gradient, batch 1,024, 10 Gb/s: ring efficiency 0.914 at 4,
+    # 0.889 at 5, 0.865 at 6, 0.842 at 7 (t_comm = 2 (n-1)/n x 0.04 s). A pace of 1,455/s
+    # takes 4 instances (1,463/s); within 1.05x of their cost per sample a ring may have
+    # 0.914 / 1.05 = 0.870 efficiency: 5 instances (1,778/s), not 6; within 1.10x: 7.
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate, ring_efficiency
+    from provisioner.plan.pacing import catch_up_rate
+    spot = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
+    cands = [Candidate(spot, 0.9, 400.0, max_count=0)]  # out of capacity: a price level
+
+    def ring(n: int) -> float:
+        return n * 400.0 * ring_efficiency(n, n * 400.0, 50.0, 1024, 10.0)
+
+    assert catch_up_rate(cands, 1455.0, 1.05, 16, 50.0, 1024, 10.0) == pytest.approx(ring(5))
+    assert catch_up_rate(cands, 1455.0, 1.10, 16, 50.0, 1024, 10.0) == pytest.approx(ring(7))
+    assert catch_up_rate(cands, 1455.0, 100.0, 16, 50.0, 1024, 10.0) == pytest.approx(ring(16))
+    assert catch_up_rate(cands, 1e9, 1.05, 16, 50.0, 1024, 10.0) is None  # no ring keeps it

@@ -427,3 +427,61 @@ def test_the_simulator_keeps_the_daemons_churn_limits(monkeypatch):
     sizes = {round(x * 3600): n for x, n in zip(r.series[0], r.series[1])}
     assert sizes[0] == 4 and sizes[30] == 8 and sizes[60] == 10
     assert r.launches == 10
+
+
+def _behind_view(deadline_s: float | None) -> "View":
+    # 3.6e6 samples; the job's own pace (1 x 100/s, the baselines' size) sets its deadline at
+    # 10 h; at 5 h only a quarter is done: 2.7e6 left in 5 h, 150/s. Ring efficiency with
+    # 100 MB, batch 256, 10 Gb/s: 0.941 at 2, 0.889 at 3, 0.842 at 4, 0.800 at 5.
+    from provisioner.sim.policies import View
+    return View(t=5 * 3600.0, start=0.0, work=3.6e6, done=0.9e6, deadline_s=deadline_s,
+                prices={A: 1.0}, held={}, failed={}, speed={"p3.2xlarge": 100.0},
+                running=False)
+
+
+def test_spotring_behind_its_own_pace_catches_up_only_on_rings_near_its_cost_per_sample():
+    # The own pace is soft: behind it, only rings within 1.05x of the cost per sample of
+    # the 1-instance ring that keeps the pace: 1 instance (2 are 1.0625x), late rather than
+    # dear; within 1.2x (up to 4), the 2 that keep 150/s. A user's deadline at the same point
+    # is hard: 250/s (its 2 h safety margin kept), 3 instances, whatever their cost per sample.
+    from provisioner.sim.policies import Spotring
+    kw = dict(model_mb=100.0, global_batch=256, size=1, default_hazard=0.0)
+    assert dict(Spotring(params(**kw)).decide(_behind_view(None)).target) == {A: 1}
+    tolerant = params(**kw, catch_up_tolerance=1.2)
+    assert dict(Spotring(tolerant).decide(_behind_view(None)).target) == {A: 2}
+    assert dict(Spotring(params(**kw)).decide(_behind_view(10 * 3600.0)).target) == {A: 3}
+
+
+def test_hindsight_pays_the_relaunches_of_the_instances_removals_revoke():
+    # A group of 16 loses half of its instances at 1 h and 2 h (16 -> 8, back to 16 just
+    # after): as a cap it never binds the 1 instance the bound holds all along (the work
+    # takes the whole 3 h), but each removal
+    # revokes it with probability 8/16, and holding it on costs a relaunch and its boot
+    # (0.1 h at $1/h): 2 x 0.5 x $0.10 over the bound without removals.
+    from tests.provisioner.sim.test_revocations import group_trace
+    counts = [16, 16, 8, 16, 8, 16, 16, 16]  # every 0.5 h: falls at 1.0 h and 2.0 h
+    world = build_world(group_trace(A, counts, 0.5), SPEED, max_size=1)
+    assert [world.reclaims[A].at(t) for t in world.reclaims[A].times] == [(8, 16), (8, 16)]
+    p = params(max_size=1, boot_s=360)
+    with_removals = hindsight(world, p, work=100 * 3600 * 3.0, horizon_h=3.0)
+    without = hindsight(world, p, work=100 * 3600 * 3.0, horizon_h=3.0, removals=False)
+    assert with_removals.status == without.status == "optimal"
+    assert with_removals.cost - without.cost == pytest.approx(2 * 0.5 * 0.1, abs=1e-6)
+
+
+def test_hindsight_pays_the_relaunches_of_drawn_lifetimes():
+    # No availability series: lifetimes drawn at 0.5/h. 3 instance-hours expect 1.5
+    # revocations; every instance revoked was launched, so the bound pays at least 1.5
+    # boots (0.1 h at $1/h each) beside the 3 instance-hours, where it paid for the launches
+    # its mean count needs (0.3 of one: 3 h spread over the 10 h) without them.
+    from pricing.model import Lifetime
+    lts = (Lifetime(A, at(-10), 3600.0, True), Lifetime(A, at(-10), 7200.0, True),
+           Lifetime(A, at(-10), 3600.0, False))
+    snap = Snapshot(quotes=(PriceQuote(A, at(0), 1.0, 4.0),), lifetimes=lts)
+    world = build_world(snap, SPEED, max_size=1, hours=10)
+    p = params(max_size=1, boot_s=360)
+    work = 100 * 3600 * 3.0
+    with_drawn = hindsight(world, p, work=work, horizon_h=10.0)
+    without = hindsight(world, p, work=work, horizon_h=10.0, removals=False)
+    assert with_drawn.cost == pytest.approx(3.0 + 1.5 * 0.1, rel=1e-6)
+    assert without.cost == pytest.approx(3.0 + 0.3 * 0.1, rel=1e-6)
