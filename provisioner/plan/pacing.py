@@ -145,7 +145,7 @@ def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max
         if s <= 0 or c.price_per_hour <= 0:
             continue
         kept = False
-        for n in range(1, max_size + 1):
+        for n in range(1, max_size // per_unit(c) + 1):  # a virtual worker counts its n
             rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
             per = n * c.price_per_hour / rate
             rings.append((rate, per))

@@ -3,6 +3,8 @@ workers of cheaper GPUs, priced as such, and turned back into instances."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pricing.model import Offering
@@ -148,3 +150,15 @@ def test_a_bad_activation_size_is_refused_naming_the_field() -> None:
 
     with pytest.raises(ConfigError, match="activation_mb"):
         parse_settings({"job": {"activation_mb": -1}})
+
+
+def test_the_pacing_estimates_count_a_virtual_worker_as_its_instances() -> None:
+    from provisioner.plan import pacing
+
+    vw, = virtual.expand([Candidate(T4, 0.2, 100.0, 0.0, 0.0, 1)], 6000.0)[0]
+    od = replace(vw, offering=replace(T4, market="on-demand"))
+    one = vw.samples_per_s
+    # max_size 5 instances: two VWs of two, never five VWs
+    assert pacing.od_capacity([od], 5, 0.0, 256, 10.0) == pytest.approx(2 * one)
+    assert pacing.per_sample_fleet([vw], 2.5 * one, 5, 0.0, 256, 10.0) is None
+    assert pacing.catch_up_rate([vw], one, 10.0, 5, 0.0, 256, 10.0) == pytest.approx(2 * one)
