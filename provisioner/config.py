@@ -53,6 +53,10 @@ class JobSettings(_Section):
                           "overrides); default: the packaged examples/digits.py")
     model_mb: float = Field(50.0, gt=0, le=1_000_000,
                             description="gradient size all-reduced each step, in MB")
+    activation_mb: float = Field(
+        1.0, ge=0, le=100_000, description="MB of activations per sample a pipeline stage "
+        "sends to the next (its gradient comes back as large); prices virtual workers' "
+        "links (1.0: a 1024-token sequence of width 512 in bf16; 0 leaves them unpriced)")
     global_batch: int = Field(1024, ge=1, le=10_000_000,
                               description="samples per step over the whole ring (constant)")
     samples_per_s_per_unit: float = Field(

@@ -1,6 +1,7 @@
 """The elastic training loop a user's job runs in (one process = one worker).
 
-Design: a worker loads its job, puts the model on its device (:mod:`trainer.devices`) and
+Design: a worker loads its job, puts the model on its device (:mod:`trainer.devices`; in the
+pipeline mode only its stage's layers, once it has one: :mod:`trainer.pipeline.placement`) and
 profiles a few steps first (hot join: the ring never waits for a joiner's slow start), then
 connects, proves the token and joins; each membership is a :class:`trainer.member.Member`
 (wait, form, step: see there and :mod:`trainer.step`). The worker holds what outlives a
@@ -142,14 +143,14 @@ class Worker:
         cfg = self.cfg
         self.device = devices.resolve(cfg.device)
         self.job = load_job(cfg.job, cfg.seed)
+        job = self.job
+        job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
+        log.info("training mode %s (%s)", job.mode, why)
         self._prepare()
         prior = self._profile()
         if cfg.boot_idle:
             normal_priority()
         signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
-        job = self.job
-        job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
-        log.info("training mode %s (%s)", job.mode, why)
         self.fingerprint = st.fingerprint(job.model, job.optimizer, job.global_batch, len(job),
                                           job.mode)
         self.prior, self.device_name = prior, devices.describe(self.device)
@@ -233,10 +234,13 @@ class Worker:
     # -- setup -----------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        """The model on the device, the scaler, the input pipeline, the minimum batch."""
+        """The model on the device, the scaler, the input pipeline, the minimum batch. In the
+        pipeline mode the model stays on the host: a member puts only its stage's layers on
+        the device once a generation has formed (:mod:`trainer.pipeline.placement`)."""
         job = self.job
         assert job is not None
-        job.model.to(self.device)
+        if job.mode != "pipeline":
+            job.model.to(self.device)
         self.scaler = make_scaler(job.precision, self.device)
         self.min_batch = job.min_batch
         self.feed = _make_feed(job, self.device, self._loader_workers())
@@ -254,17 +258,22 @@ class Worker:
         b = max(self.min_batch, min(len(job), job.global_batch // 2))
         ids = torch.arange(min(b, len(job)))
         times = []
+        from trainer.pipeline import profile as pipeline_profile
         from trainer.step import Stepper
 
         for _ in range(max(1, self.cfg.profile_steps)):
             t0 = time.perf_counter()
+            moving = 0.0  # pipeline mode: seconds moving layers to the device and back
             try:
                 batch = self.batch(ids)
-                Stepper.profile_step(job, batch, self.device, self.scaler)
+                if job.mode == "pipeline":  # one layer on the device at a time
+                    moving = pipeline_profile.profile_step(job, batch, self.device)
+                else:
+                    Stepper.profile_step(job, batch, self.device, self.scaler)
             except JobCodeError as e:
                 raise JobError(f"job {self.cfg.job!r}: {e}") from e
-            self.slow(time.perf_counter() - t0, len(ids))
-            times.append(time.perf_counter() - t0)
+            self.slow(time.perf_counter() - t0 - moving, len(ids))
+            times.append(time.perf_counter() - t0 - moving)
         job.model.zero_grad(set_to_none=True)
         best = min(times[1:] or times)
         self._samples_per_s = len(ids) / best

@@ -25,6 +25,7 @@ from scipy.sparse import coo_matrix
 
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Problem, family_of
+from provisioner.plan.virtual import per_unit
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -40,7 +41,8 @@ def prune(p: Problem) -> tuple[list[Candidate], int]:
     groups: dict[tuple, list[tuple[float, float, float, int, Candidate]]] = defaultdict(list)
     for c in p.candidates:
         cap = c.max_count
-        ub = max_size if cap is None or cap > max_size else max(cap, 0)
+        most = max_size // per_unit(c)  # a virtual worker counts its n instances
+        ub = most if cap is None or cap > most else max(cap, 0)
         u = c.useful
         price = c.price_per_hour
         if c.current == 0 and (u <= 0 or ub <= 0 or price > budget):
@@ -73,7 +75,8 @@ def prune(p: Problem) -> tuple[list[Candidate], int]:
 
 
 def _ub(p: Problem, c: Candidate) -> int:
-    ub = p.max_size if c.max_count is None else min(p.max_size, c.max_count)
+    most = p.max_size // per_unit(c)
+    ub = most if c.max_count is None else min(most, c.max_count)
     return max(ub, 0)
 
 
@@ -144,7 +147,8 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     max_size = p.max_size
     for i, c in enumerate(cands):
         cap = c.max_count
-        ub[i] = max_size if no_avail or cap is None or cap > max_size else max(cap, 0)
+        most = max_size // per_unit(c)
+        ub[i] = most if no_avail or cap is None or cap > most else max(cap, 0)
         lb[i] = min(c.min_count, ub[i])  # kept instances (Candidate.min_count)
     horizon = p.churn_horizon_hours
     cur_cost, cur_rate = current or current_fleet(cands)
@@ -168,7 +172,8 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         cost[n + j] = launch[i]
         cost[n + m + j] = remove
     rows: list[tuple[str, dict[int, float], float, float]] = []
-    every = {i: 1.0 for i in range(n)}
+    weight = [float(per_unit(c)) for c in cands]  # instances per unit (a VW's n)
+    every = dict(enumerate(weight))
     rows.append(("fleet size (min_size/max_size)", every, float(p.min_size), float(p.max_size)))
     if p.budget_per_hour is not None and "budget" not in drop:
         rows.append(("budget", dict(enumerate(prices)),
@@ -199,11 +204,11 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
         for i, c in enumerate(cands):
             if c.offering.market == "spot":
                 zones[c.zone_key].append(i)
-        others = dict.fromkeys(range(n), -p.max_zone_share)
+        others = {i: -p.max_zone_share * w for i, w in enumerate(weight)}
         for z, idx in sorted(zones.items()):
             co = others.copy()
             for i in idx:
-                co[i] = 1.0 - p.max_zone_share
+                co[i] = (1.0 - p.max_zone_share) * weight[i]
             rows.append((f"zone share {z}", co, -np.inf, float(p.zone_allowance)))
     for j, i in enumerate(held):
         x0 = float(cands[i].current)

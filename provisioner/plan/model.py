@@ -85,6 +85,7 @@ class Problem:
     family_quota_gpus: Mapping[str, int] = field(default_factory=dict)
     max_regions: int = 1000
     model_mb: float = 0.0
+    activation_mb: float = 0.0  # per sample between pipeline stages (virtual workers)
     global_batch: int = 256
     intra_zone_gbps: float = 10.0
     inter_zone_gbps: float = 5.0

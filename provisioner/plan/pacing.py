@@ -22,6 +22,7 @@ from typing import Iterable, Mapping
 
 from pricing.model import Offering
 from provisioner.plan.model import Candidate, ring_efficiency
+from provisioner.plan.virtual import per_unit
 
 
 @dataclass
@@ -117,7 +118,8 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
         s = c.useful
         if s <= 0 or c.price_per_hour <= 0:
             continue
-        most = max_size if c.max_count is None else min(max_size, c.max_count)
+        most = max_size // per_unit(c)  # a virtual worker counts its n instances
+        most = most if c.max_count is None else min(most, c.max_count)
         for n in range(1, most + 1):
             rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
             if rate >= target:
@@ -143,7 +145,7 @@ def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max
         if s <= 0 or c.price_per_hour <= 0:
             continue
         kept = False
-        for n in range(1, max_size + 1):
+        for n in range(1, max_size // per_unit(c) + 1):  # a virtual worker counts its n
             rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
             per = n * c.price_per_hour / rate
             rings.append((rate, per))
@@ -179,7 +181,8 @@ def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, glob
     for c in cands:
         if c.offering.market != "on-demand" or c.useful <= 0:
             continue
-        n = max_size if c.max_count is None else min(max_size, c.max_count)
+        n = max_size // per_unit(c)
+        n = n if c.max_count is None else min(n, c.max_count)
         if n > 0:
             raw = n * c.useful
             best = max(best, raw * ring_efficiency(n, raw, model_mb, global_batch, gbps))

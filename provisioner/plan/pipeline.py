@@ -92,7 +92,8 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         zone_allowance=fleet.zone_allowance,
         region_quota_gpus=MappingProxyType(dict(fleet.region_quota_gpus)),
         family_quota_gpus=MappingProxyType(dict(fleet.family_quota_gpus)),
-        max_regions=fleet.max_regions, model_mb=job.model_mb, global_batch=job.global_batch,
+        max_regions=fleet.max_regions, model_mb=job.model_mb, activation_mb=job.activation_mb,
+        global_batch=job.global_batch,
         intra_zone_gbps=fleet.intra_zone_gbps, inter_zone_gbps=fleet.inter_zone_gbps,
         inter_region_gbps=fleet.inter_region_gbps, boot_s=fleet.boot_s, reform_s=fleet.reform_s,
         churn_horizon_hours=fleet.churn_horizon_hours)
@@ -197,7 +198,8 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
-    out, vw_notes = virtual.expand(out, b.model_mb)  # GPUs too small: whole virtual workers
+    out, vw_notes = virtual.expand(  # GPUs too small: whole virtual workers
+        out, b.model_mb, activation_mb=b.activation_mb, gbps=b.intra_zone_gbps)
     return out, notes + vw_notes
 
 

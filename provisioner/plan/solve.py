@@ -47,9 +47,11 @@ Objectives (all minimise):
 
 Constraints:
     budget               sum c_o x_o <= budget_per_hour
-    size                 min_size <= sum x_o <= max_size
+    size                 min_size <= sum n_o x_o <= max_size
     quotas               sum_{o in region r} g_o x_o <= Q_r;  same per instance family
-    zone share           sum_{spot o in zone z} x_o <= share * sum x_o + allowance
+    zone share           sum_{spot o in zone z} n_o x_o <= share * sum n_o x_o + allowance
+                         (n_o: instances per unit, a virtual worker's n, else 1:
+                         provisioner.plan.virtual.per_unit)
     regions              sum_{o in r} x_o <= max_size * y_r,  sum y_r <= max_regions (y binary,
                          only when the offerings span more regions than allowed)
     churn                for offerings held now (x0_o > 0): a_o >= x_o - x0_o, d_o >= x0_o - x_o;

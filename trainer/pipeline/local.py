@@ -3,7 +3,8 @@
 Design. A member of a real job does much more than train (generations, moves, reports); to
 measure the pipeline itself (gradients against one process, the bubble, the partition, the
 WSP gate) :func:`run` plays one fixed layout for a few waves with the same parts a member
-uses: each rank is a thread with its own copy of the model, its stage's
+uses: each rank is a thread with its own copy of the model (only its stage's layers kept,
+:mod:`trainer.pipeline.placement`), its stage's
 :class:`~trainer.pipeline.runner.StageRunner` on a ``ProcessGroupGloo`` of all ranks, a
 stage group per stage, :class:`~trainer.pipeline.stagestate.StagePack` and
 :class:`~trainer.pipeline.agree.Agreement`, and the gate of :mod:`trainer.pipeline.wsp`.
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.pipeline import agree, partition, wsp
+from trainer.pipeline import agree, partition, placement, wsp
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.runner import Micro, StageRunner, StageStats
 from trainer.pipeline.schedule import schedule
@@ -188,9 +189,10 @@ def _rank(job: _Job, rank: int, model: torch.nn.Sequential, store: Any) -> Resul
     layout, world, waves = job.layout, job.world, job.waves
     opt = job.make_optimizer(model)
     index = ModelIndex(model, opt)
+    lo, hi = job.layout.layers_of(rank)
+    index.place(placement.decide(len(index), lo, hi), torch.device("cpu"), opt)  # as a member
     pg = _gloo(dist.PrefixStore("g/", store), rank, world, job.timeout)
     slot = layout.slot_of(rank)
-    lo, hi = layout.layers_of(rank)
     k, n_vw = layout.stages, len(layout.vws)
     stage_pg = runner = pack = None
     if slot is not None:

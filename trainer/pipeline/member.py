@@ -51,7 +51,7 @@ from trainer import ring
 from trainer import snapshot as snap
 from trainer import state as st
 from trainer.member import Member, Outcome
-from trainer.pipeline import agree, partition, profile, wsp
+from trainer.pipeline import agree, partition, placement, profile, wsp
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.runner import Micro, StageRunner, transport
@@ -132,7 +132,8 @@ class PipelineMember(Member):
             log.warning("the model's layers were not timed before joining (build the job's "
                         "settings with trainer.pipeline.virtual_workers); timing them now")
             ids = torch.arange(min(len(job), self.ps.micro_batch))
-            got = profile.measure(job.model, w.batch(ids)[0])
+            got = profile.measure(job.model, w.batch(ids)[0], device=w.device,
+                                  precision=job.precision)
             job.model.zero_grad(set_to_none=True)
         seconds, act = got
         if self.ps.layer_seconds is not None:
@@ -199,9 +200,10 @@ class PipelineMember(Member):
         abort = lambda: self._broken(gen)  # noqa: E731
         n_layers = len(self.index)
         if self.fresh and rank == 0 and plan.resume:
+            self._place_whole(placement.HOST)  # then loaded whole
             self._resume(plan)  # the whole state: this member holds every layer
             self.lo, self.hi = 0, n_layers
-        elif rank == 0 and plan.fresh_start and w.step == 0:
+        elif rank == 0 and plan.fresh_start and w.step == 0 and not self.index.released():
             self.lo, self.hi, self.fresh = 0, n_layers, False  # the freshly built model
         old = self.agree
         if old is not None:
@@ -293,6 +295,7 @@ class PipelineMember(Member):
                 if raw:
                     manifest = snap.Manifest.parse(raw)
                     tree = snap.fetch(self.store, manifest)
+                    self._place_whole(placement.HOST)  # then loaded whole
                     w.load(tree)
                     found[:] = torch.tensor([1.0, manifest.step])
             except (ValueError, KeyError, snap.SnapshotError, st.BadState) as e:
@@ -352,6 +355,9 @@ class PipelineMember(Member):
             try:
                 if _digest(data) != head[1:].tolist():
                     raise st.BadState("digest differs from the one announced")
+                if base != GATHER_TAG:  # layers this member will hold: onto its device
+                    self.index.place(placement.only(len(self.index), t.lo, t.hi,
+                                                    placement.DEVICE), self.w.device, opt)
                 meta = load(self.index, opt, st.decode(data), t.lo, t.hi)
                 if meta.get("step") != step or (plan.job and meta.get("job") != plan.job):
                     raise st.BadState(f"state of step {meta.get('step')!r} of another job, "
@@ -382,7 +388,7 @@ class PipelineMember(Member):
         self.slot = layout.slot_of(self.rank)
         self.bounds = layout.bounds
         self.lo, self.hi = layout.layers_of(self.rank)
-        self.index.keep_only(job.optimizer, self.lo, self.hi)
+        self._release()  # only this stage on the device, with its optimiser state
         self.runner = self.pack = None
         if self.slot is None:
             return
@@ -567,7 +573,8 @@ class PipelineMember(Member):
             "compute_s": round(float(me[agree.BUSY]), 6),
             "wait_s": round(float(me[agree.WALL] - me[agree.BUSY]), 6), "samples": wv.total,
             "loss": loss, "member": self.plan.keys()[self.rank], "epoch": w.cursor.epoch,
-            "slot": list(self.slot) if self.slot else None, "layers": [self.lo, self.hi]})
+            "slot": list(self.slot) if self.slot else None, "layers": [self.lo, self.hi],
+            "resident": list(self.index.resident(job.optimizer, w.device))})
         if float(rows[:, agree.SNAP].max()) > 0:
             self._snapshot()
         if w.cursor.epoch != epoch_before and job.evaluate is not None:
@@ -592,13 +599,26 @@ class PipelineMember(Member):
         if layout is None or self.rank not in layout.vws[0]:
             return False
         moves = partition.gather(layout)
+        if self._head():  # the whole model in one place, the others' layers received there
+            self._place_whole(placement.gather_target(
+                self.index.param_bytes(), self.lo, self.hi,
+                self._settings(len(self.plan.members)).optimizer_slots, self.memory))
         if moves:
             self._move(moves, self.w.step, self.plan, lambda: self._broken(self.plan.generation),
                        GATHER_TAG)
         return self._head()
 
     def _release(self) -> None:
+        """Keep only this member's layers: on its device, with their optimiser state; every
+        other layer released (:mod:`trainer.pipeline.placement`)."""
         self.index.keep_only(self.w.job.optimizer, self.lo, self.hi)
+        self.index.place(placement.decide(len(self.index), self.lo, self.hi), self.w.device,
+                         self.w.job.optimizer)
+
+    def _place_whole(self, where: str) -> None:
+        """Every layer on ``where`` (the head gathering; a whole state about to be loaded)."""
+        self.index.place(placement.decide(len(self.index), 0, 0, whole=where), self.w.device,
+                         self.w.job.optimizer)
 
     def _snapshot_due(self, step: int) -> bool:
         """Is a snapshot due once ``step`` waves are applied (the head asks, and announces it

@@ -11,12 +11,19 @@ the inputs and of the weights), the usual rule; the emulated layers of
 :mod:`trainer.pipeline.emulate` follow it exactly. A job that did not attach them is timed
 by :func:`measure` after joining (a few forward passes of one micro-batch) and says so.
 
+The whole model never goes on the device (:mod:`trainer.pipeline.placement`): both run the
+layers one at a time (:func:`stepwise`), each moved from the host to the device for its
+forward and back; the hooks time the forward alone, not the moves. The worker's profiling
+steps in the pipeline mode (:func:`profile_step`) are such forwards and the job's loss, no
+backward (a layer's cost is 3x its forward, as above).
+
 Rule for callers: share the measurement (the layout is computed from one member's, the same
 on every member); never compare costs measured on different devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -24,9 +31,14 @@ from typing import Any
 
 import torch
 
+from trainer.pipeline.stagestate import place_module
+from trainer.step import PRECISIONS, JobCodeError
+
 BACKWARD_FACTOR = 3.0  # forward + backward = 3 forwards
 
 _TIMERS: weakref.WeakKeyDictionary[torch.nn.Module, LayerTimer] = weakref.WeakKeyDictionary()
+_KNOWN: weakref.WeakKeyDictionary[torch.nn.Module, tuple[list[float], list[float]]] = (
+    weakref.WeakKeyDictionary())  # what was measured, for a later membership of the worker
 
 
 class LayerTimer:
@@ -87,25 +99,76 @@ def attach(model: torch.nn.Module) -> LayerTimer:
 
 
 def costs(model: torch.nn.Module) -> tuple[list[float], list[float]] | None:
-    """What :func:`attach`'s hooks measured (then removed), or None."""
+    """What :func:`attach`'s hooks (then removed) or :func:`measure` measured, or None."""
     timer = _TIMERS.pop(model, None)
     if timer is None:
-        return None
+        return _KNOWN.get(model)
     timer.detach()
-    return timer.costs()
+    got = timer.costs()
+    if got is not None:
+        _KNOWN[model] = got
+    return got
 
 
-def measure(model: torch.nn.Module, x: Any, repeats: int = 3
+def stepwise(model: torch.nn.Module, x: Any, device: torch.device, precision: str = "fp32"
+             ) -> tuple[Any, float]:
+    """Run ``model``'s children on ``x`` one at a time, each moved from the host to
+    ``device`` for its forward (under the job's autocast) and back to the host after it.
+    Returns the output and the seconds spent moving layers."""
+    host = torch.device("cpu")
+    dtype = PRECISIONS[precision]
+    moving = 0.0
+    for child in model._modules.values():
+        t0 = time.perf_counter()
+        place_module(child, device)
+        moving += time.perf_counter() - t0
+        with (torch.autocast(device.type, dtype=dtype) if dtype is not None
+              else contextlib.nullcontext()):
+            x = child(x)
+        if isinstance(x, torch.Tensor):
+            x = x.detach()  # the layer goes back to the host: no graph into it
+        t0 = time.perf_counter()
+        place_module(child, host)
+        moving += time.perf_counter() - t0
+    return x, moving
+
+
+def profile_step(job: Any, batch: Any, device: torch.device) -> float:
+    """One profiling step of a pipelined job before it joins: the layers' forwards one at
+    a time (:func:`stepwise`) and the job's loss, nothing applied. Returns the seconds spent
+    moving layers (not compute). Raises :class:`trainer.step.JobCodeError`."""
+    if not job.model.training:
+        job.model.train()
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    size = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 0
+    stage = "forward"
+    try:
+        x, y = batch
+        out, moving = stepwise(job.model, x, device, job.precision)
+        stage = "loss"
+        job.loss_fn(out, y)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: one clear error
+        raise JobCodeError(stage, 0, size, e) from e
+    return moving
+
+
+def measure(model: torch.nn.Module, x: Any, repeats: int = 3,
+            device: torch.device | None = None, precision: str = "fp32"
             ) -> tuple[list[float], list[float]]:
     """Time ``model``'s children on the inputs ``x`` (``repeats`` forward passes with
-    gradients on, as in training). Returns what :meth:`LayerTimer.costs` does."""
+    gradients on, as in training, one layer on ``device`` at a time: :func:`stepwise`).
+    Returns what :meth:`LayerTimer.costs` does."""
     timer = LayerTimer(model)
+    dev = device if device is not None else torch.device("cpu")
     try:
         for _ in range(max(1, repeats)):
-            model(x)
+            stepwise(model, x, dev, precision)
     finally:
         timer.detach()
     got = timer.costs()
     if got is None:
         raise ValueError("a layer of the model never ran in its forward pass")
+    _KNOWN[model] = got
     return got

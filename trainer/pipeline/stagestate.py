@@ -4,11 +4,13 @@ packed for the wave's reduction and moved between members as tensors and plain d
 Design. A pipelined job's model is an ``nn.Sequential``; its children are the *layers* the
 layout cuts into stages (:mod:`trainer.pipeline.partition`). Every member builds the whole
 model (the job is the same everywhere) but only the layers of its stage are *held*: current,
-trained and carried in its optimiser. :class:`ModelIndex` maps a layer range to its state
-dict entries, its parameters and their optimiser indices; :func:`bundle` and :func:`load`
-move a range with the small shared state (step, data cursor, metrics) as a tree for
-:mod:`trainer.state` (no pickle; the receiver checks names, shapes and dtypes against its own
-model and the step against the generation's agreement).
+trained, carried in its optimiser and resident on its device (the others are released:
+:mod:`trainer.pipeline.placement`, carried out by :meth:`ModelIndex.place`).
+:class:`ModelIndex` maps a layer range to its state dict entries, its parameters and their
+optimiser indices; :func:`bundle` and :func:`load` move a range with the small shared state
+(step, data cursor, metrics) as a tree for :mod:`trainer.state` (no pickle; the receiver
+checks names, shapes and dtypes against its own model and the step against the generation's
+agreement).
 
 :class:`StagePack` is what one stage reduces per wave, one flat float32 tensor: the
 parameters' gradients (already weighted by each micro-batch's share of the wave), one
@@ -33,6 +35,7 @@ import torch
 
 from trainer import state as st
 from trainer import sync
+from trainer.pipeline.placement import DEVICE, HOST, RELEASED
 
 
 class LayoutError(ValueError):
@@ -110,9 +113,67 @@ class ModelIndex:
         for p in [p for p in optimizer.state if id(p) not in keep]:
             del optimizer.state[p]
 
+    def place(self, where: Sequence[str | None], device: torch.device,
+              optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Put each layer's parameters and buffers where :mod:`trainer.pipeline.placement`
+        decided (``where[i]`` for layer ``i``; None leaves it), and the optimiser state of a
+        parameter that moves with it (its ``step`` stays where it is, as :func:`load` leaves
+        it). The tensors keep their identity (the optimiser, the stage's runner and pack
+        hold them): their contents are swapped. A released layer's tensors become ``meta``
+        (no storage, no gradient); one materialised from released holds garbage until
+        loaded. Release a layer's optimiser state first (:meth:`keep_only`)."""
+        targets = {DEVICE: device, HOST: torch.device("cpu"), RELEASED: torch.device("meta")}
+        for layer, w in zip(self.layers, where, strict=True):
+            if w is None:
+                continue
+            for _, t in (*layer.params, *layer.buffers):
+                _place(t, targets[w])
+                s = optimizer.state.get(t) if optimizer is not None and w != RELEASED else None
+                if s:
+                    for k, v in s.items():
+                        if isinstance(v, torch.Tensor) and k != "step":
+                            s[k] = v.to(t.device)
+
+    def released(self) -> bool:
+        """Is some layer released (the model is not whole anywhere on this member)?"""
+        return any(t.is_meta for layer in self.layers for _, t in (*layer.params,
+                                                                     *layer.buffers))
+
+    def resident(self, optimizer: torch.optim.Optimizer, device: torch.device
+                 ) -> tuple[int, int]:
+        """Bytes on ``device``: ``(weights and buffers, optimiser state)``."""
+        weights = sum(t.numel() * t.element_size() for layer in self.layers
+                      for _, t in (*layer.params, *layer.buffers) if _on(t, device))
+        opt = sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                  for v in s.values() if isinstance(v, torch.Tensor) and _on(v, device))
+        return weights, opt
+
     def checksum(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> str:
         """Checksum of layers ``[lo, hi)``: weights, buffers and optimiser state."""
         return sync.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
+
+
+def place_module(module: torch.nn.Module, device: torch.device) -> None:
+    """Put one module's parameters and buffers on ``device`` (their identity kept)."""
+    for t in (*module.parameters(), *module.buffers()):
+        _place(t, device)
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    d = t.device
+    return d.type == device.type and (d.index or 0) == (device.index or 0)
+
+
+def _place(t: torch.Tensor, target: torch.device) -> None:
+    if _on(t, target):
+        return
+    if target.type == "meta" and isinstance(t, torch.nn.Parameter):
+        t.grad = None
+    new = (torch.empty_like(t, device=target) if t.is_meta or target.type == "meta"
+           else t.detach().to(target))
+    if isinstance(t, torch.nn.Parameter):
+        new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+    torch.utils.swap_tensors(t, new)
 
 
 def bundle(index: ModelIndex, optimizer: torch.optim.Optimizer, lo: int, hi: int,

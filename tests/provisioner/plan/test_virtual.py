@@ -3,6 +3,8 @@ workers of cheaper GPUs, priced as such, and turned back into instances."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pricing.model import Offering
@@ -72,3 +74,91 @@ def test_kept_instances_pin_the_whole_virtual_workers_they_make() -> None:
     prob = keep(Problem((vw, ring), model_mb=6000.0, budget_per_hour=10.0, max_size=20),
                 {T4: 5, A100: 1}, max_regions=2)
     assert [c.min_count for c in prob.candidates] == [2, 1]  # 5 T4s: two pairs kept
+
+
+# -- activations between stages, and a VW counted as its instances (issue 19, item 4) -------
+
+T4B = Offering("aws", "us-east-1", "us-east-1b", "g4dn.xlarge", "spot")
+
+
+def test_activations_slow_a_virtual_worker_only_beyond_what_its_compute_hides() -> None:
+    full = 2 * 100.0 * virtual.efficiency(2)  # two instances of 100 samples/s, 2 stages
+    assert virtual.vw_speed(100.0, 2, 2) == pytest.approx(full)
+    # 1 MB/sample both ways over 10 Gb/s: 1.6 ms/sample on the link, 5 ms of compute: hidden
+    assert virtual.vw_speed(100.0, 2, 2, 1.0, 10.0) == pytest.approx(full)
+    # 10 MB/sample: 16 ms on the link, 11 ms beyond the 5 ms of compute per sample
+    t = 1 / full + (0.016 - 0.005)
+    assert virtual.vw_speed(100.0, 2, 2, 10.0, 10.0) == pytest.approx(1 / t)
+    # a slower link only slows it more; stages inside one instance cross no network
+    assert virtual.vw_speed(100.0, 2, 2, 10.0, 1.0) < virtual.vw_speed(100.0, 2, 2, 10.0, 10.0)
+    assert virtual.vw_speed(380.0, 1, 4, 10.0, 1.0) == pytest.approx(
+        380.0 * virtual.efficiency(4))
+
+
+def test_expand_prices_the_activations_and_says_so() -> None:
+    c = Candidate(T4, 0.2, 100.0, 0.1, 0.05, 1)
+    (fast,), _ = virtual.expand([c], 6000.0, activation_mb=1.0, gbps=10.0)
+    (slow,), notes = virtual.expand([c], 6000.0, activation_mb=10.0, gbps=1.0)
+    assert fast.samples_per_s == pytest.approx(200.0 * 8 / 9)
+    assert slow.samples_per_s == pytest.approx(virtual.vw_speed(100.0, 2, 2, 10.0, 1.0))
+    assert slow.samples_per_s < fast.samples_per_s / 5
+    assert any("activations of 10 MB/sample over 1 Gb/s" in n for n in notes), notes
+    assert virtual.per_unit(slow) == 2 and virtual.per_unit(c) == 1
+
+
+def test_the_fleet_size_cap_and_zone_shares_count_a_virtual_worker_as_its_instances() -> None:
+    from provisioner.plan.solve import solve
+
+    # a VW (2 instances, zone a) far faster than the single instances of zone b
+    vw, = virtual.expand([Candidate(T4, 0.2, 1000.0, 0.0, 0.0, 1)], 6000.0)[0]
+    one = Candidate(T4B, 0.2, 50.0, 0.0, 0.0, 1)
+    plan = solve(Problem((vw,), model_mb=6000.0, max_size=5))
+    assert plan.counts[T4] == 2  # 2 VWs = 4 instances; a third would be 6 > 5
+    plan = solve(Problem((vw, one), model_mb=6000.0, max_size=4, max_zone_share=0.5,
+                         zone_allowance=0))
+    held = virtual.instances(plan)
+    assert sum(held.values()) <= 4, plan.explain()
+    assert held.get(T4, 0) <= 0.5 * sum(held.values()), plan.explain()
+    assert held.get(T4, 0) == 2 and held.get(T4B, 0) == 2, plan.explain()
+
+
+@pytest.mark.parametrize("activation_mb, gbps, want", [
+    (1.0, 10.0, "vw"),  # small activations, fast link: pairs of T4s, as without them
+    (50.0, 1.0, "ring"),  # 50 MB a sample each way over 1 Gb/s: the A100 ring
+])
+def test_the_planner_weighs_the_activations_between_stages(activation_mb: float, gbps: float,
+                                                            want: str) -> None:
+    # $1.60/h buys one A100 (400 samples/s) or four pairs of T4s (4 x 178 without the
+    # activations' cost, 4 x 1.2 with 50 MB/sample over 1 Gb/s)
+    settings = PlanSettings(bounds=Problem((), model_mb=6000.0, budget_per_hour=1.6,
+                                           max_size=20, activation_mb=activation_mb,
+                                           intra_zone_gbps=gbps), markets=("spot",))
+    market = MarketView(prices={T4: 0.20, A100: 1.50},
+                        speeds={"g4dn.xlarge": 100.0, "a2-ultragpu-1g": 400.0},
+                        gpus={"g4dn.xlarge": 1, "a2-ultragpu-1g": 1})
+    got = Planner(settings).decide(market, FleetView(), Progress(), now=0.0)
+    assert got.plan is not None
+    if want == "vw":
+        assert got.target.get(T4, 0) >= 2 and not got.target.get(A100), got.explain()
+    else:
+        assert got.target.get(A100, 0) >= 1 and not got.target.get(T4), got.explain()
+
+
+def test_a_bad_activation_size_is_refused_naming_the_field() -> None:
+    from provisioner.config import parse_settings
+    from provisioner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="activation_mb"):
+        parse_settings({"job": {"activation_mb": -1}})
+
+
+def test_the_pacing_estimates_count_a_virtual_worker_as_its_instances() -> None:
+    from provisioner.plan import pacing
+
+    vw, = virtual.expand([Candidate(T4, 0.2, 100.0, 0.0, 0.0, 1)], 6000.0)[0]
+    od = replace(vw, offering=replace(T4, market="on-demand"))
+    one = vw.samples_per_s
+    # max_size 5 instances: two VWs of two, never five VWs
+    assert pacing.od_capacity([od], 5, 0.0, 256, 10.0) == pytest.approx(2 * one)
+    assert pacing.per_sample_fleet([vw], 2.5 * one, 5, 0.0, 256, 10.0) is None
+    assert pacing.catch_up_rate([vw], one, 10.0, 5, 0.0, 256, 10.0) == pytest.approx(2 * one)

@@ -10,7 +10,9 @@ and restored from the durable snapshot with one.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import pytest
 from tests.trainer.jobs import pipe
 from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
 from trainer import snapshot as snap
+from trainer.pipeline.stagestate import ModelIndex
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -164,6 +167,8 @@ def test_the_only_replica_of_a_stage_hands_it_over_when_it_leaves_with_notice(
         assert ring.procs["a"].wait(30) == 0 and ring.procs["b"].wait(30) == 0
         assert "took over layers" in (tmp_path / "a.log").read_text()
         assert all(f["identical"] for f in ring.formed())
+        held = _resident_is_the_stage(tmp_path)  # a: its stage, then both (handed over)
+        assert held["a"][0] != held["a"][-1] == (0, len(ModelIndex(*_model())))
     finally:
         ring.close()
 
@@ -184,5 +189,72 @@ def test_a_lost_stage_comes_back_from_the_durable_snapshot(tmp_path: Path) -> No
         assert 3 <= stats["steps_lost"] <= 4, (stats, ring.formed())
         assert stats["metrics"]["r2"] > 0.7, stats
         assert all(f["identical"] for f in ring.formed())
+        held = _resident_is_the_stage(tmp_path)  # the state loaded whole, then placed
+        assert held["c"], held
+    finally:
+        ring.close()
+
+
+def _model() -> tuple[Any, Any]:
+    job = pipe.make_job(0)
+    return job.model, job.optimizer
+
+
+def _resident_is_the_stage(tmp: Path) -> dict[str, list[tuple[int, int]]]:
+    """Every wave each member applied: the bytes resident on its device are those of the
+    layers it holds (weights and buffers; Adam's two moments and step), never the whole
+    model's. Returns each member's layers, wave by wave."""
+    index = ModelIndex(*_model())
+    held: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for f in sorted(tmp.glob("*.metrics.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            lo, hi = r["layers"]
+            weights = sum(t.numel() * t.element_size() for t in index.state(lo, hi).values())
+            adam = sum(2 * p.numel() * 4 + 4 for p in index.params(lo, hi))
+            assert r["resident"] == [weights, adam], (f.name, r)
+            held[f.name.split(".")[0]].append((lo, hi))
+    return held
+
+
+def test_a_member_keeps_only_its_stage_on_its_device(story: dict[str, Any]) -> None:
+    """Stage-only placement (issue 19, item 1), every wave of every member: after each
+    forming, on the replacement (its stage received from another VW), on the joiner."""
+    held = _resident_is_the_stage(story["tmp"])
+    n = len(ModelIndex(*_model()))
+    assert set(held) >= {"a", "d", "e", "f"}, sorted(held)
+    for name in ("e", "f"):  # joined later: their stage only, never the whole model
+        assert held[name] and all(hi - lo < n for lo, hi in held[name]), held[name]
+
+
+def test_a_stage_handed_to_a_spare_is_all_the_spare_then_keeps_resident(tmp_path: Path
+                                                                        ) -> None:
+    """One VW of two stages and a spare (``c``, 4x slower: the slowest member is the spare);
+    ``b`` leaves with notice and its stage goes to the spare, which then keeps that stage
+    resident (received onto its device as it arrived), not the whole model."""
+    ring = Ring(tmp_path, job=JOB, env={"PIPE_EPOCHS": "4", "PIPE_LAYER_MS": "0.3"},
+                initial_world=3, heartbeat_timeout_s=3.0)
+    try:
+        out = ["--output", str(tmp_path / "model.pt")]  # written by the head at the end
+        ring.worker("a", *out)
+        ring.worker("b", "--fault", "term@10", *out)
+        ring.worker("c", "--slowdown", "4", *out)
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
+        stats = ring.coord.stats()
+        assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
+        assert all(p.wait(30) == 0 for p in ring.procs.values())
+        assert "took over layers" in (tmp_path / "c.log").read_text(), ring.logs()
+        held = _resident_is_the_stage(tmp_path)
+        n = len(ModelIndex(*_model()))
+        assert held["c"][0] == (0, 0), held["c"]  # the spare: nothing resident
+        stage = [(lo, hi) for lo, hi in held["c"] if hi > lo]
+        assert stage and all(hi - lo < n for lo, hi in stage), held["c"]
+        # the head gathered the whole model (its released layers received) for --output
+        import torch
+
+        got = torch.load(tmp_path / "model.pt", weights_only=True)
+        want = _model()[0].state_dict()
+        assert list(got) == list(want)
+        assert all(not t.is_meta and t.shape == want[k].shape for k, t in got.items())
     finally:
         ring.close()
