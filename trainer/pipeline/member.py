@@ -51,7 +51,7 @@ from trainer import ring
 from trainer import snapshot as snap
 from trainer import state as st
 from trainer.member import Member, Outcome
-from trainer.pipeline import agree, partition, profile, wsp
+from trainer.pipeline import agree, complete, partition, profile, wsp
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.runner import Micro, StageRunner, transport
@@ -79,8 +79,14 @@ class _Wave:
     wave: int
     cursor: CursorState
     total: int
-    ids: list[int]  # the samples of this member's VW (recorded by stage 0 when applied)
+    ids: list[int]  # the samples of this member's pack at stage 0 (recorded when applied)
     deltas: list[torch.Tensor] | None = None  # this member's own buffer changes
+    cover: tuple[int, ...] = ()  # the micro-batches this member's pack covers
+    local: torch.Tensor | None = None  # its pack before the reduction (kept for a failure)
+    loss: float = 0.0  # the last stage's loss sum over its pack's samples, and how many
+    loss_n: int = 0
+    parts: tuple[tuple[int, list[int]], ...] = ()  # (member id, ids) of every stage-0 pack
+    reduced: torch.Tensor | None = None  # the stage's reduced pack, when kept (not agreed)
 
 
 class PipelineMember(Member):
@@ -121,6 +127,9 @@ class PipelineMember(Member):
         self.newest = 0
         self.source = 0  # the rank this member last received state from
         self._orders: dict[int, torch.Tensor] = {}
+        self.kept: dict[int, _Wave] = {}  # started, not agreed, kept through a failure
+        self.completion: dict[int, complete.WavePlan] = {}
+        self.history: list[_Wave] = []  # the newest waves applied (the dead's records)
         self._snap_at = (-1, time.monotonic())
 
     # -- setup ------------------------------------------------------------------------------
@@ -209,15 +218,19 @@ class PipelineMember(Member):
             old.join(2.0)
         started = w.step + len(self.pending)
         reach, agreed = self._kept(old)
+        dims = (self.ps.stages, n_layers, self.ps.staleness + 1, self._settings(world).max_micro)
         mine = tb.Row(w.prior, self.memory, self.lo, self.hi, w.step, reach, agreed, started,
-                      self.fresh, self.slot, self.layout_gen, self.bounds, *self.measured)
-        width = tb.width(self.ps.stages, n_layers)
-        table = torch.zeros(world, width, dtype=torch.float64)
-        table[rank] = tb.encode(mine, self.ps.stages, n_layers)
+                      self.fresh, self.slot, self.layout_gen, self.bounds, *self.measured,
+                      kept=self._kept_waves(old))
+        table = torch.zeros(world, tb.width(*dims), dtype=torch.float64)
+        table[rank] = tb.encode(mine, *dims)
         ring.allreduce(self.group.ctl, table, abort)
-        rows = tb.decode(table, self.ps.stages, n_layers)
+        rows = tb.decode(table, *dims)
         target = tb.agreed_wave(rows)
         self._roll_forward(old, target)
+        self.completion = {}
+        end = max([target, *(r.started for r in rows if not r.fresh)])
+        lost = end - target  # every started wave is computed again, unless completed
         self.agree = None
         costs = tb.costs(rows, self.index.param_bytes())
         layout = None if costs is None else partition.decide(
@@ -235,8 +248,13 @@ class PipelineMember(Member):
                                                  self.index.param_bytes())
             if missing:
                 target, moves = self._from_snapshot(plan, layout, missing, abort)
+                lost = max(0, started - target) if started else 0
+                self.kept, self.history = {}, []  # every wave after the snapshot is undone
             nbytes = self._move(moves, target, plan, abort, MOVE_TAG)
             self._take_slot(plan, layout, abort)
+            if not missing:
+                self._record_for_the_dead(plan, target)
+                lost = self._plan_completion(rows, layout, target, end)
             if self._head():
                 w.start_snapshots(self.store)
         checksum = self._checksum(abort)
@@ -244,8 +262,8 @@ class PipelineMember(Member):
         self.was_member = True
         self.layout_gen = gen
         self.ccursor, self.stop_at, self.newest = w.cursor, None, gen
-        report = mb.Formed(checksum, w.step, max(0, started - target) if started else 0,
-                           self.source, nbytes, round((time.perf_counter() - t0) * 1000, 2))
+        report = mb.Formed(checksum, w.step, lost, self.source, nbytes,
+                           round((time.perf_counter() - t0) * 1000, 2))
         self.store.set(mb.k_formed(gen, self.id), report.to_json())
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d: slot %s, layers %d..%d", gen, rank,
@@ -263,9 +281,18 @@ class PipelineMember(Member):
             reach += 1
         return reach, max(w.step, old.newest + 1)
 
+    def _kept_waves(self, old: Agreement | None) -> tuple[complete.Kept, ...]:
+        """What this member kept of each wave it started (wave ``step + i`` at ``i``)."""
+        held = old is not None and self.hi > self.lo
+        return tuple(complete.Kept(wv.cover, wv.local is not None,
+                                   held and old.reduced.get(wv.wave) is not None)
+                     for wv in self.pending)
+
     def _roll_forward(self, old: Agreement | None, target: int) -> None:
         """Apply the kept reduced packs up to ``target`` (the newest wave agreed anywhere);
-        drop every later wave. A member that cannot reach it stops holding its layers."""
+        keep what this member computed of every later wave (its own pack, and its stage's
+        reduced pack where that reduction completed) for :meth:`_plan_completion`. A member
+        that cannot reach it stops holding its layers."""
         w = self.w
         while old is not None and w.step < target and self.pending:
             pack = old.reduced.get(w.step)
@@ -276,9 +303,50 @@ class PipelineMember(Member):
             log.warning("layers %d..%d are behind (step %d, agreed %d): taking them from a "
                         "peer", self.lo, self.hi - 1, w.step, target)
             self.lo = self.hi = 0
+        self.kept = {}
+        if w.step == target:
+            for wv in self.pending:
+                if old is not None and self.hi > self.lo:
+                    wv.reduced = old.reduced.get(wv.wave)
+                self.kept[wv.wave] = wv
         self.pending.clear()
         if self.pack is not None:
             self.pack.restore()
+
+    def _plan_completion(self, rows: list[tb.Row], layout: partition.Layout, target: int,
+                         end: int) -> int:
+        """The waves ``target .. end - 1`` started before the failure and not agreed are
+        completed in this generation from what the survivors kept
+        (:func:`trainer.pipeline.complete.plan`). Returns the waves of work lost."""
+        w, job = self.w, self.w.job
+        cur, sizes = w.cursor, []
+        for _ in range(target, end):
+            total = cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+            sizes.append(partition.micro_sizes(total, self.ps.micro_batch))
+            cur = cur.advance(len(job), total)
+        done = complete.plan(tb.holders(rows, target), layout, target, end, sizes)
+        self.completion = {wp.wave: wp for wp in done.waves}
+        if end > target:
+            log.info("waves %d..%d were started and not agreed: completed from the kept packs, "
+                     "%d samples computed before are computed again, %d were in flight (%s)",
+                     target, end - 1, done.lost_samples, done.in_flight_samples, ", ".join(
+                         f"wave {wp.wave}: {len(wp.recompute)} micro-batches again"
+                         for wp in done.waves))
+        return done.lost
+
+    def _record_for_the_dead(self, plan: mb.Plan, target: int) -> None:
+        """A stage-0 member that died may not have applied (nor recorded) the waves the
+        survivors rolled forward through: each surviving stage-0 member records the dead
+        ones' samples of the newest waves it applied (from ``target - D - 1``, the oldest the
+        dead may have missed; a sample recorded twice there is the same wave's, the same
+        record, not trained twice)."""
+        alive = {*plan.members, *plan.drained}  # a drained member applied every wave
+        for wv in self.history:
+            if wv.wave < target - self.ps.staleness - 1 or not wv.ids:
+                continue
+            for mid, ids in wv.parts:
+                if mid not in alive and ids:
+                    self._record_ids(wv, ids, mid)
 
     def _from_snapshot(self, plan: mb.Plan, layout: partition.Layout, missing: tuple[int, ...],
                        abort: Any) -> tuple[int, tuple[partition.Transfer, ...]]:
@@ -486,21 +554,30 @@ class PipelineMember(Member):
         total = cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
         ids = self._order(cur.epoch)[cur.cursor:cur.cursor + total]
         sizes = partition.micro_sizes(total, ps.micro_batch)
-        counts = partition.split_micro(len(sizes), layout.rates, layout.stages)
+        wp = self.completion.pop(wave, None)  # a wave started before a failure
+        kw = self.kept.pop(wave, None)
+        todo = list(range(len(sizes))) if wp is None else list(wp.recompute)
+        counts = partition.split_micro(len(todo), layout.rates, layout.stages)
+        offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        members = self.plan.members
+        heads = complete.parts(wp, layout, todo, counts, len(sizes), 0)
+        parts = tuple((members[r], [int(i) for m in p for i in ids[offs[m]:offs[m + 1]]])
+                      for r, p in heads.items())
         world = len(self.plan.members)
         rows = torch.zeros(world, agree.ROW, dtype=torch.float64)
         me = rows[self.rank]
         me[agree.LATEST] = self.hb.latest
         mine: list[int] = []
         w.maybe_fault()
-        self.pending.append(_Wave(wave, cur, total, mine))
+        self.pending.append(_Wave(wave, cur, total, mine, parts=parts))
         flat = None
         if self.slot is not None:
             v, j = self.slot
-            first = sum(counts[:v])
-            offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-            mids = [ids[offs[first + i]:offs[first + i + 1]] for i in range(counts[v])]
-            mine += [int(i) for m in mids for i in m]
+            mids = [ids[offs[m]:offs[m + 1]] for m in complete.split(todo, counts, v)]
+            if j == 0:
+                mine += dict(parts)[members[self.rank]]
+            self.pending[-1].cover = complete.parts(wp, layout, todo, counts, len(sizes),
+                                                    j)[self.rank]
             micros = [Micro(i, len(m), len(m) / total) for i, m in enumerate(mids)]
             cache: dict[int, Any] = {}
 
@@ -516,16 +593,40 @@ class PipelineMember(Member):
                 (lambda i: part(i, 1)) if j == layout.stages - 1 else None,
                 lambda: self._broken(self.plan.generation))
             flat, self.pending[-1].deltas = self.pack.pack(before, w.device)
+            loss, loss_n = stats.loss_sum, sum(len(m) for m in mids)
+            if wp is not None:
+                flat, loss, loss_n = self._complete(wp, kw, flat, loss, loss_n)
+            wv = self.pending[-1]
+            wv.local, wv.loss, wv.loss_n = flat.clone(), loss, loss_n
             me[agree.SAMPLES] = len(mine) if j == 0 else 0
             me[agree.BUSY], me[agree.WALL] = stats.busy_s, stats.wall_s
-            me[agree.LOSS] = stats.loss_sum
+            me[agree.LOSS] = loss
+            me[agree.LOSS_N] = loss_n if j == layout.stages - 1 else 0
             me[agree.STAGE0] = 1.0 if j == 0 else 0.0
-            w.note_speed(len(mine), stats.busy_s)
+            w.note_speed(sum(len(m) for m in mids), stats.busy_s)
         if self._head():
             me[agree.EVAL] = w.eval_s
             me[agree.SNAP] = 1.0 if self._snapshot_due(wave + 1) else 0.0
         self.agree_or_start().submit(wave, flat, rows)
         self.ccursor = cur.advance(len(job), total)
+
+    def _complete(self, wp: complete.WavePlan, kw: _Wave | None, flat: torch.Tensor,
+                  loss: float, loss_n: int) -> tuple[torch.Tensor, float, int]:
+        """This member's pack of a wave completed after a failure: its recomputed part plus
+        its kept contribution, or its stage's kept reduced pack, or zeros (see
+        :mod:`trainer.pipeline.complete`)."""
+        role, _ = wp.role(self.rank, self.slot[1])
+        if role == "zero":
+            return torch.zeros_like(flat), 0.0, 0
+        if role == "none":
+            return flat, loss, loss_n
+        got = None if kw is None else (kw.reduced if role == "reduced" else kw.local)
+        if got is None or got.numel() != flat.numel():
+            raise ring.RingBroken(f"wave {wp.wave}: the kept pack the completion counts on "
+                                  "is not here")
+        if role == "reduced":
+            return got.to(flat.device).clone(), kw.loss, kw.loss_n
+        return flat + got.to(flat.device), loss + kw.loss, loss_n + kw.loss_n
 
     def agree_or_start(self) -> Agreement:
         if self.agree is None:
@@ -548,14 +649,16 @@ class PipelineMember(Member):
         if self.pack is not None and pack is not None:
             self.pack.apply(pack, job.optimizer, [p.deltas for p in self.pending if p.deltas])
         if wv.ids and self.slot is not None and self.slot[1] == 0:
-            self._record_ids(wv)
+            self._record_ids(wv, wv.ids, self.id)
+        wv.local = wv.reduced = wv.deltas = None
+        self.history = [*self.history[-self.ps.staleness - 1:], wv]
         w.step += 1
         epoch_before = w.cursor.epoch
         w.cursor = wv.cursor.advance(len(job), wv.total)
         w.samples_done += wv.total
         if rows is None:
             return
-        loss = float(rows[:, agree.LOSS].sum()) / wv.total
+        loss = float(rows[:, agree.LOSS].sum()) / max(1.0, float(rows[:, agree.LOSS_N].sum()))
         newest = int(rows[:, agree.LATEST].max())
         gen = self.plan.generation
         if newest > gen and self.stop_at is None:
@@ -578,10 +681,11 @@ class PipelineMember(Member):
             self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done,
                                         len(self.plan.members), loss, w.metrics).to_json()
 
-    def _record_ids(self, wv: _Wave) -> None:
+    def _record_ids(self, wv: _Wave, ids: list[int], member: int) -> None:
         if self.w.cfg.record_samples is not None:
             self.w.append(self.w.cfg.record_samples, {
-                "epoch": wv.cursor.epoch, "step": wv.wave, "member": self.id, "ids": wv.ids})
+                "epoch": wv.cursor.epoch, "step": wv.wave, "member": member, "ids": ids,
+                **({"by": self.id} if member != self.id else {})})
 
     # -- the whole model on the head: evaluation, snapshots, the trained model -------------------
 
