@@ -55,7 +55,9 @@ class Kept:
 @dataclass(frozen=True)
 class Holder:
     """A member as the plan sees it: its rank, the stage and boundaries its kept packs are
-    of (None: none), whether it reached the agreed wave, and ``kept[i]``: wave ``first + i``."""
+    of (None: none), whether it reached the agreed wave, ``kept[i]``: its own pack of wave
+    ``first + i``, and ``backup[i]``: the pack of that wave the same stage of the previous VW
+    sent it (``reduced`` unused)."""
 
     rank: int
     stage: int | None
@@ -63,32 +65,37 @@ class Holder:
     current: bool
     first: int
     kept: tuple[Kept, ...] = ()
+    backup: tuple[Kept, ...] = ()
 
-    def at(self, wave: int) -> Kept | None:
+    def at(self, wave: int, backup: bool = False) -> Kept | None:
         i = wave - self.first
-        return self.kept[i] if 0 <= i < len(self.kept) else None
+        got = self.backup if backup else self.kept
+        return got[i] if 0 <= i < len(got) else None
 
 
 @dataclass(frozen=True)
 class WavePlan:
     """One wave to complete: the micro-batches to compute again, and per stage either the
-    rank that posts the reduced pack (``reduced[j]``) or the ranks whose kept contribution is
-    summed (``kept[j]``, with what each covers)."""
+    rank that posts the reduced pack (``reduced[j]``) or the kept packs summed (``kept[j]``:
+    the rank that adds it, whether it is the backup it holds, what it covers)."""
 
     wave: int
     recompute: tuple[int, ...]
     reduced: tuple[int | None, ...]
-    kept: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    kept: tuple[tuple[tuple[int, bool, tuple[int, ...]], ...], ...]
 
-    def role(self, rank: int, stage: int) -> tuple[str, tuple[int, ...]]:
-        """``("reduced", all)`` / ``("zero", ())`` on a complete stage, ``("kept", cover)`` or
-        ``("none", ())`` otherwise: what ``rank`` at ``stage`` adds to its recomputed part."""
+    def role(self, rank: int, stage: int) -> tuple[str, tuple[int, ...], tuple[bool, ...]]:
+        """What ``rank`` at ``stage`` adds to its recomputed part: ``("reduced", ...)`` /
+        ``("zero", ...)`` on a complete stage; else ``("kept", cover, which)`` (its own pack
+        when ``which`` has False, its backup when it has True; ``cover``: both's) or
+        ``("none", (), ())``."""
         if self.reduced[stage] is not None:
-            return ("reduced", ()) if self.reduced[stage] == rank else ("zero", ())
-        for r, cover in self.kept[stage]:
-            if r == rank:
-                return "kept", cover
-        return "none", ()
+            return ("reduced" if self.reduced[stage] == rank else "zero"), (), ()
+        mine = [(b, c) for r, b, c in self.kept[stage] if r == rank]
+        if not mine:
+            return "none", (), ()
+        return ("kept", tuple(sorted({m for _, c in mine for m in c})),
+                tuple(b for b, _ in mine))
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,11 @@ def plan(holders: Sequence[Holder], layout: Layout | None, target: int, end: int
         done: set[int] = set()
         started: set[int] = set()
         for h in holders:
-            k = h.at(w)
-            if k is not None:
-                started |= set(k.cover)
-                if k.done:
-                    done |= set(k.cover)
+            for k in (h.at(w), h.at(w, backup=True)):
+                if k is not None:
+                    started |= set(k.cover)
+                    if k.done:
+                        done |= set(k.cover)
         wp = _wave(holders, layout, w, u) if layout is not None else None
         again = set(wp.recompute) if wp is not None else u
         gone = sum(sizes[i][m] for m in again & done)
@@ -135,39 +142,45 @@ def _usable(h: Holder, layout: Layout, stage: int) -> bool:
 def _wave(holders: Sequence[Holder], layout: Layout, wave: int, u: set[int]) -> WavePlan:
     k = layout.stages
     reduced: list[int | None] = [None] * k
-    kept: list[list[tuple[int, frozenset[int]]]] = [[] for _ in range(k)]
+    kept: list[list[tuple[int, bool, frozenset[int]]]] = [[] for _ in range(k)]
     for h in sorted(holders, key=lambda h: h.rank):
         kw = h.at(wave)
-        if kw is None or h.stage is None or not 0 <= h.stage < k or not _usable(h, layout,
-                                                                               h.stage):
+        if h.stage is None or not 0 <= h.stage < k or not _usable(h, layout, h.stage):
             continue
-        if kw.reduced and reduced[h.stage] is None:
+        if kw is not None and kw.reduced and reduced[h.stage] is None:
             reduced[h.stage] = h.rank
-        if kw.done and kw.cover and set(kw.cover) <= u:
-            kept[h.stage].append((h.rank, frozenset(kw.cover)))
+        for backup, got in ((False, kw), (True, h.at(wave, backup=True))):
+            if got is not None and got.done and got.cover and set(got.cover) <= u:
+                kept[h.stage].append((h.rank, backup, frozenset(got.cover)))
     open_ = [j for j in range(k) if reduced[j] is None]
-    for j in open_:  # overlapping contributions cannot both be summed: neither is
+    for j in open_:
+        # a pack and its backup cover the same micro-batches: one of them is summed (its
+        # owner's first); packs that overlap otherwise cannot both be: neither is
+        once: dict[frozenset[int], tuple[int, bool, frozenset[int]]] = {}
+        for c in sorted(kept[j], key=lambda c: (c[1], c[0])):
+            once.setdefault(c[2], c)
         seen: dict[int, int] = {}
-        for r, c in kept[j]:
+        for _, _, c in once.values():
             for m in c:
                 seen[m] = seen.get(m, 0) + 1
-        kept[j] = [(r, c) for r, c in kept[j] if all(seen[m] == 1 for m in c)]
+        kept[j] = sorted(c for c in once.values() if all(seen[m] == 1 for m in c[2]))
     again: set[int] = set() if not open_ else set(u)
     while open_:
         covered = set(u)
         for j in open_:
-            covered &= set().union(*[c for _, c in kept[j]])
+            covered &= set().union(*[c for _, _, c in kept[j]])
         again = u - covered
         changed = False
         for j in open_:
-            keep = [(r, c) for r, c in kept[j] if not c & again]
+            keep = [x for x in kept[j] if not x[2] & again]
             changed |= len(keep) != len(kept[j])
             kept[j] = keep
         if not changed:
             break
     return WavePlan(wave, tuple(sorted(again)), tuple(reduced),
                     tuple(() if reduced[j] is not None else
-                          tuple((r, tuple(sorted(c))) for r, c in kept[j]) for j in range(k)))
+                          tuple((r, b, tuple(sorted(c))) for r, b, c in kept[j])
+                          for j in range(k)))
 
 
 def split(todo: Sequence[int], counts: Sequence[int], vw: int) -> tuple[int, ...]:
@@ -187,7 +200,7 @@ def parts(wp: WavePlan | None, layout: Layout, todo: Sequence[int], counts: Sequ
         r = row[stage]
         mine = set(split(todo, counts, v))
         if wp is not None:
-            role, cover = wp.role(r, stage)
+            role, cover, _ = wp.role(r, stage)
             if role == "reduced":
                 mine = set(range(n_micro))
             elif role == "zero":

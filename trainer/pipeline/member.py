@@ -37,6 +37,7 @@ Rule for callers: as for :class:`trainer.member.Member`; the job's model must be
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import logging
 import math
@@ -64,6 +65,8 @@ from trainer.store_client import ControlLost, ControlTimeout
 log = logging.getLogger(__name__)
 
 MOVE_TAG, GATHER_TAG, HANDOVER_TAG = 1 << 30, (1 << 30) | (1 << 24), (1 << 30) | (2 << 24)
+BACKUP_TAG = (1 << 30) | (3 << 24)  # + wave % 64
+_POLL = datetime.timedelta(milliseconds=1)
 # (above every wave's tags)
 OPTIMIZER_SLOTS = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}  # else 2 (Adam's)
 
@@ -130,6 +133,10 @@ class PipelineMember(Member):
         self.kept: dict[int, _Wave] = {}  # started, not agreed, kept through a failure
         self.completion: dict[int, complete.WavePlan] = {}
         self.history: list[_Wave] = []  # the newest waves applied (the dead's records)
+        self.backups_in: dict[int, tuple[torch.Tensor, Any]] = {}  # posted receives
+        self.backups_out: dict[int, tuple[torch.Tensor, Any]] = {}  # posted sends
+        self.backup_kept: dict[int, tuple[torch.Tensor, float, int]] = {}
+        self._recv_upto = 0
         self._snap_at = (-1, time.monotonic())
 
     # -- setup ------------------------------------------------------------------------------
@@ -218,10 +225,11 @@ class PipelineMember(Member):
             old.join(2.0)
         started = w.step + len(self.pending)
         reach, agreed = self._kept(old)
-        dims = (self.ps.stages, n_layers, self.ps.staleness + 1, self._settings(world).max_micro)
+        window = 2 * (self.ps.staleness + 1)  # own: D + 1 started; backups: see _backups_held
+        dims = (self.ps.stages, n_layers, window, self._settings(world).max_micro)
         mine = tb.Row(w.prior, self.memory, self.lo, self.hi, w.step, reach, agreed, started,
                       self.fresh, self.slot, self.layout_gen, self.bounds, *self.measured,
-                      kept=self._kept_waves(old))
+                      kept=self._kept_waves(old), backup=self._backups_held(dims[3]))
         table = torch.zeros(world, tb.width(*dims), dtype=torch.float64)
         table[rank] = tb.encode(mine, *dims)
         ring.allreduce(self.group.ctl, table, abort)
@@ -255,6 +263,7 @@ class PipelineMember(Member):
             if not missing:
                 self._record_for_the_dead(plan, target)
                 lost = self._plan_completion(rows, layout, target, end)
+            self._start_backups()
             if self._head():
                 w.start_snapshots(self.store)
         checksum = self._checksum(abort)
@@ -288,6 +297,88 @@ class PipelineMember(Member):
                                    held and old.reduced.get(wv.wave) is not None)
                      for wv in self.pending)
 
+    def _backups_held(self, micro: int) -> tuple[complete.Kept, ...]:
+        """The backups received of waves ``step .. step + 2D + 1`` (slot ``i``: ``step + i``;
+        a member applies agreed waves lazily, up to D + 1 behind what is agreed, and a VW
+        starts at most D waves beyond that), each with the micro-batches its pack covers;
+        kept in :attr:`backup_kept`."""
+        w, out = self.w, []
+        self.backup_kept = {}
+        for wave in range(w.step, w.step + 2 * (self.ps.staleness + 1)):
+            buf, work = self.backups_in.get(wave, (None, None))
+            if buf is None or not _received(work):
+                out.append(complete.Kept())
+                continue
+            n = buf.numel() - micro - 2
+            flags = buf[n:n + micro].tolist()
+            cover = tuple(m for m, f in enumerate(flags) if f > 0)
+            self.backup_kept[wave] = (buf[:n], float(buf[n + micro]), int(buf[n + micro + 1]))
+            out.append(complete.Kept(cover, True, False))
+        self.backups_in = {}
+        return tuple(out)
+
+    def _backup_peers(self) -> tuple[int, int] | None:
+        """``(from, to)``: the same stage of the previous and the next VW, when this member
+        backs up its packs: with V VWs a VW may hold up to D + 1 finished waves nobody
+        reduced; when that is more than V waves' shares (D + 1 > V) each pack is also sent
+        to the next VW as it is computed, so a kill loses at most the dead VW's wave in
+        flight and its last finished one."""
+        layout = self.layout
+        if layout is None or self.slot is None or self.pack is None:
+            return None
+        n = len(layout.vws)
+        if n < 2 or self.ps.staleness + 1 <= n or self.ps.staleness + 2 >= 64:
+            return None  # (the tags tell 64 waves apart)
+        v, j = self.slot
+        return layout.vws[(v - 1) % n][j], layout.vws[(v + 1) % n][j]
+
+    def _start_backups(self) -> None:
+        self.backups_in, self.backups_out = {}, {}
+        self._recv_upto = self.w.step
+        self._post_backups(self.w.step + self.ps.staleness + 2)
+
+    def _post_backups(self, upto: int) -> None:
+        """Post the receives of the previous VW's backups of the waves up to ``upto`` (a VW
+        is at most D + 1 waves beyond what this member applied)."""
+        peers = self._backup_peers()
+        if peers is None:
+            return
+        n = self.pack.numel + self._settings(len(self.plan.members)).max_micro + 2
+        for wave in range(self._recv_upto, upto):
+            buf = torch.zeros(n, dtype=torch.float32, device=self.w.device)
+            with transport(f"recv from rank {peers[0]}"):
+                work = self.group.pg.recv([buf], peers[0], BACKUP_TAG + wave % 64)
+            self.backups_in[wave] = (buf, work)
+        self._recv_upto = max(self._recv_upto, upto)
+
+    def _send_backup(self, wave: int, flat: torch.Tensor, cover: tuple[int, ...],
+                     loss: float, loss_n: int) -> None:
+        peers = self._backup_peers()
+        if peers is None:
+            return
+        micro = self._settings(len(self.plan.members)).max_micro
+        tail = torch.zeros(micro + 2, dtype=torch.float32, device=flat.device)
+        for m in cover:
+            tail[m] = 1.0
+        tail[micro], tail[micro + 1] = loss, loss_n
+        msg = torch.cat([flat, tail])
+        with transport(f"send to rank {peers[1]}"):
+            work = self.group.pg.send([msg], peers[1], BACKUP_TAG + wave % 64)
+        self.backups_out[wave] = (msg, work)
+        self._post_backups(wave + self.ps.staleness + 2)
+
+    def _backups_done(self, wave: int) -> None:
+        """Wave ``wave`` is applied: its backups (sent and received) are waited for and
+        dropped (both were posted: every member computed the wave)."""
+        posted = []
+        peers = self._backup_peers()
+        for got, peer in ((self.backups_out.pop(wave, None), peers[1] if peers else 0),
+                          (self.backups_in.pop(wave, None), peers[0] if peers else 0)):
+            if got is not None:
+                posted.append((got[1], peer))
+        if posted:
+            ring.wait_posted(posted, lambda: self._broken(self.plan.generation))
+
     def _roll_forward(self, old: Agreement | None, target: int) -> None:
         """Apply the kept reduced packs up to ``target`` (the newest wave agreed anywhere);
         keep what this member computed of every later wave (its own pack, and its stage's
@@ -304,6 +395,8 @@ class PipelineMember(Member):
                         "peer", self.lo, self.hi - 1, w.step, target)
             self.lo = self.hi = 0
         self.kept = {}
+        self.backup_kept = {wave: b for wave, b in self.backup_kept.items()
+                            if w.step == target <= wave}
         if w.step == target:
             for wv in self.pending:
                 if old is not None and self.hi > self.lo:
@@ -557,6 +650,7 @@ class PipelineMember(Member):
         sizes = partition.micro_sizes(total, ps.micro_batch)
         wp = self.completion.pop(wave, None)  # a wave started before a failure
         kw = self.kept.pop(wave, None)
+        bk = self.backup_kept.pop(wave, None)
         todo = list(range(len(sizes))) if wp is None else list(wp.recompute)
         counts = partition.split_micro(len(todo), layout.rates, layout.stages)
         offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
@@ -596,9 +690,10 @@ class PipelineMember(Member):
             flat, self.pending[-1].deltas = self.pack.pack(before, w.device)
             loss, loss_n = stats.loss_sum, sum(len(m) for m in mids)
             if wp is not None:
-                flat, loss, loss_n = self._complete(wp, kw, flat, loss, loss_n)
+                flat, loss, loss_n = self._complete(wp, kw, bk, flat, loss, loss_n)
             wv = self.pending[-1]
             wv.local, wv.loss, wv.loss_n = flat.clone(), loss, loss_n
+            self._send_backup(wave, flat, wv.cover, loss, loss_n)
             me[agree.SAMPLES] = len(mine) if j == 0 else 0
             me[agree.BUSY], me[agree.WALL] = stats.busy_s, stats.wall_s
             me[agree.LOSS] = loss
@@ -611,23 +706,29 @@ class PipelineMember(Member):
         self.agree_or_start().submit(wave, flat, rows)
         self.ccursor = cur.advance(len(job), total)
 
-    def _complete(self, wp: complete.WavePlan, kw: _Wave | None, flat: torch.Tensor,
+    def _complete(self, wp: complete.WavePlan, kw: _Wave | None,
+                  bk: tuple[torch.Tensor, float, int] | None, flat: torch.Tensor,
                   loss: float, loss_n: int) -> tuple[torch.Tensor, float, int]:
         """This member's pack of a wave completed after a failure: its recomputed part plus
-        its kept contribution, or its stage's kept reduced pack, or zeros (see
-        :mod:`trainer.pipeline.complete`)."""
-        role, _ = wp.role(self.rank, self.slot[1])
+        its kept contributions (its own, the backup it holds), or its stage's kept reduced
+        pack, or zeros (see :mod:`trainer.pipeline.complete`)."""
+        role, _, which = wp.role(self.rank, self.slot[1])
         if role == "zero":
             return torch.zeros_like(flat), 0.0, 0
         if role == "none":
             return flat, loss, loss_n
-        got = None if kw is None else (kw.reduced if role == "reduced" else kw.local)
-        if got is None or got.numel() != flat.numel():
-            raise ring.RingBroken(f"wave {wp.wave}: the kept pack the completion counts on "
-                                  "is not here")
+        own = (None, 0.0, 0) if kw is None else (kw.local, kw.loss, kw.loss_n)
         if role == "reduced":
-            return got.to(flat.device).clone(), kw.loss, kw.loss_n
-        return flat + got.to(flat.device), loss + kw.loss, loss_n + kw.loss_n
+            got = [(None if kw is None else kw.reduced, own[1], own[2])]
+            flat, loss, loss_n = torch.zeros_like(flat), 0.0, 0
+        else:
+            got = [(bk or (None, 0.0, 0)) if backup else own for backup in which]
+        for pack, extra, extra_n in got:
+            if pack is None or pack.numel() != flat.numel():
+                raise ring.RingBroken(f"wave {wp.wave}: a kept pack the completion counts "
+                                      "on is not here")
+            flat, loss, loss_n = flat + pack.to(flat.device), loss + extra, loss_n + extra_n
+        return flat, loss, loss_n
 
     def agree_or_start(self) -> Agreement:
         if self.agree is None:
@@ -642,6 +743,7 @@ class PipelineMember(Member):
         while self.w.step < count:
             got = self.agree_or_start().wait(self.w.step)
             self._commit(self.pending[0], got.pack, got.rows)
+            self._backups_done(got.wave)
 
     def _commit(self, wv: _Wave, pack: torch.Tensor | None, rows: torch.Tensor | None) -> None:
         """Apply wave ``wv`` (its reduced pack; its control rows when agreed here)."""
@@ -736,3 +838,15 @@ class PipelineMember(Member):
 def _digest(payload: torch.Tensor) -> list[int]:
     d = hashlib.sha256(payload.numpy().tobytes()).digest()
     return [int.from_bytes(d[i:i + 8], "big", signed=True) for i in range(0, 32, 8)]
+
+
+def _received(work: Any) -> bool:
+    """Did a posted receive complete, without error? (A gloo receive tells only when waited
+    for: a short wait that runs out leaves it posted.)"""
+    if work is None:
+        return False
+    try:
+        work.wait(_POLL)
+    except Exception:  # noqa: BLE001 - ran out, or failed (gloo: RuntimeError and kin)
+        return False
+    return True

@@ -9,8 +9,9 @@ samples/s) and memory, the layers it holds and at which step, how far it can rol
 it started, its previous slot and boundaries (the layout's hysteresis), and its per-layer
 measurement, and what it kept of the waves it started and nobody agreed
 (:class:`trainer.pipeline.complete.Kept`: wave ``step + i`` in slot ``i``, up to ``waves``
-of them, each ``3 + micro`` numbers). :func:`agreed_wave`, :func:`holding`, :func:`costs`,
-:func:`hint` and :func:`holders` read the decoded rows (pure).
+of them, each ``3 + micro`` numbers; then the same for the backups it received).
+:func:`agreed_wave`, :func:`holding`, :func:`costs`, :func:`hint` and :func:`holders` read
+the decoded rows (pure).
 
 Rule for callers: fill only your own row; decode the reduced table with the same ``stages``
 and ``layers`` every member used.
@@ -51,10 +52,11 @@ class Row:
     seconds: tuple[float, ...] | None = None
     act: tuple[float, ...] | None = None
     kept: tuple[Kept, ...] = ()
+    backup: tuple[Kept, ...] = ()
 
 
 def width(stages: int, layers: int, waves: int = 0, micro: int = 0) -> int:
-    return _FIXED + stages + 1 + 2 * layers + waves * (3 + micro)
+    return _FIXED + stages + 1 + 2 * layers + 2 * waves * (3 + micro)
 
 
 def encode(row: Row, stages: int, layers: int, waves: int = 0, micro: int = 0
@@ -78,12 +80,15 @@ def encode(row: Row, stages: int, layers: int, waves: int = 0, micro: int = 0
     else:
         v[o:o + 2 * layers] = -1.0
     o += 2 * layers
-    for k in row.kept[:waves]:
-        v[o:o + 3] = torch.tensor([1.0, float(k.done), float(k.reduced)], dtype=torch.float64)
-        for m in k.cover:
-            if 0 <= m < micro:
-                v[o + 3 + m] = 1.0
-        o += 3 + micro
+    for block in (row.kept, row.backup):
+        for i, k in enumerate(block[:waves]):
+            at = o + i * (3 + micro)
+            v[at:at + 3] = torch.tensor([1.0, float(k.done), float(k.reduced)],
+                                        dtype=torch.float64)
+            for m in k.cover:
+                if 0 <= m < micro:
+                    v[at + 3 + m] = 1.0
+        o += waves * (3 + micro)
     return v
 
 
@@ -93,13 +98,15 @@ def decode(table: torch.Tensor, stages: int, layers: int, waves: int = 0, micro:
     out = []
     for v in table.tolist():
         o = _FIXED + stages + 1 + 2 * layers
-        kept = []
-        for _ in range(waves):
-            if v[o] <= 0:
-                break
-            kept.append(Kept(tuple(m for m in range(micro) if v[o + 3 + m] > 0), v[o + 1] > 0,
-                             v[o + 2] > 0))
-            o += 3 + micro
+        blocks: list[list[Kept]] = [[], []]
+        for block in blocks:
+            for i in range(waves):
+                at = o + i * (3 + micro)
+                if v[at] <= 0:
+                    break
+                block.append(Kept(tuple(m for m in range(micro) if v[at + 3 + m] > 0),
+                                  v[at + 1] > 0, v[at + 2] > 0))
+            o += waves * (3 + micro)
         f = v[:_FIXED]
         o = _FIXED
         b = [int(x) for x in v[o:o + stages + 1] if x >= 0]
@@ -112,7 +119,7 @@ def decode(table: torch.Tensor, stages: int, layers: int, waves: int = 0, micro:
             fresh=f[8] > 0, slot=(int(f[9]), int(f[10])) if f[9] >= 0 else None,
             layout_gen=int(f[11]), bounds=tuple(b) if len(b) >= 2 else None,
             seconds=tuple(sec) if has else None, act=tuple(act) if has else None,
-            kept=tuple(kept)))
+            kept=tuple(blocks[0]), backup=tuple(blocks[1])))
     return out
 
 
@@ -165,5 +172,5 @@ def holders(rows: Sequence[Row], target: int) -> list[Holder]:
         ok = newest > 0 and r.layout_gen == newest and r.slot is not None
         out.append(Holder(rank, r.slot[1] if ok and r.slot else None, r.bounds if ok else None,
                           not r.fresh and r.hi > r.lo and r.step <= target <= r.reach,
-                          r.step, r.kept))
+                          r.step, r.kept, r.backup))
     return out

@@ -17,8 +17,9 @@ VW0, VW1 = (0, 1, 2, 3), (4, 5, 6, 7)
 
 
 def _h(rank: int, stage: int | None, *kept: cp.Kept, current: bool = True,
-       bounds: tuple[int, ...] | None = BOUNDS, first: int = 10) -> cp.Holder:
-    return cp.Holder(rank, stage, bounds, current, first, kept)
+       bounds: tuple[int, ...] | None = BOUNDS, first: int = 10,
+       backup: tuple[cp.Kept, ...] = ()) -> cp.Holder:
+    return cp.Holder(rank, stage, bounds, current, first, kept, backup)
 
 
 def _done(cover: tuple[int, ...], reduced: bool = False) -> cp.Kept:
@@ -35,7 +36,8 @@ def test_the_dead_vw_s_share_is_computed_again_the_rest_kept() -> None:
     got = cp.plan(holders, new, 10, 13, SIZES)
     assert [wp.recompute for wp in got.waves] == [VW1] * 3
     for wp in got.waves:
-        assert wp.role(0, 0) == ("kept", VW0) and wp.role(1, 1) == ("kept", VW0)
+        assert wp.role(0, 0) == ("kept", VW0, (False,))
+        assert wp.role(1, 1) == ("kept", VW0, (False,))
         assert wp.reduced == (None, None)
     # VW 1 had computed wave 10 (lost) and started 11 (in flight when its member died)
     assert (got.lost_samples, got.in_flight_samples, got.lost) == (32, 32, 1)
@@ -51,10 +53,27 @@ def test_a_stage_reduced_before_the_failure_is_complete_and_its_share_kept() -> 
     (wp,) = got.waves
     assert wp.recompute == () and got.lost == 0
     assert wp.reduced == (None, 1)
-    assert wp.role(1, 1) == ("reduced", ()) and wp.role(4, 1) == ("zero", ())
-    assert wp.role(0, 0) == ("kept", VW0) and wp.role(2, 0) == ("kept", VW1)
+    assert wp.role(1, 1) == ("reduced", (), ()) and wp.role(4, 1) == ("zero", (), ())
+    assert wp.role(0, 0) == ("kept", VW0, (False,)) and wp.role(2, 0) == ("kept", VW1, (False,))
     parts = cp.parts(wp, new, wp.recompute, (0, 0), 8, 0)
     assert parts == {0: VW0, 2: VW1}  # every micro-batch recorded once at stage 0
+
+
+def test_the_dead_vw_s_finished_packs_come_from_the_backups_the_next_vw_holds() -> None:
+    # at D = 2 with 2 VWs each pack is also sent to the same stage of the next VW: rank 3
+    # (VW 1, stage 1) died after finishing waves 10 and 11 (VW 0 was behind), its backups
+    # are on rank 1, its partner's on rank 0 (and on rank 2 itself, now a spare)
+    new = Layout(((0, 1),), BOUNDS, (1.0,), spares=(2,))
+    holders = [_h(0, 0, _done(VW0), cp.Kept(VW0), backup=(_done(VW1), _done(VW1))),
+               _h(1, 1, _done(VW0), cp.Kept(VW0), backup=(_done(VW1), _done(VW1))),
+               _h(2, 0, _done(VW1), _done(VW1), cp.Kept(VW1), backup=(_done(VW0),))]
+    got = cp.plan(holders, new, 10, 13, SIZES)
+    w10, w11, w12 = got.waves
+    assert w10.recompute == () and w10.role(0, 0) == ("kept", tuple(range(8)), (False, True))
+    assert w10.role(1, 1) == ("kept", tuple(range(8)), (False, True))
+    assert w11.recompute == VW0 and w11.role(1, 1) == ("kept", VW1, (True,))
+    assert w12.recompute == tuple(range(8))
+    assert got.lost == 0 and got.in_flight_samples == 32 + 32  # VW 0 in 11, VW 1 in 12
 
 
 def test_kept_packs_of_other_boundaries_or_members_behind_are_not_used() -> None:
@@ -89,13 +108,14 @@ def test_without_a_layout_every_started_wave_is_lost() -> None:
 def test_the_kept_waves_travel_through_the_table() -> None:
     row = tb.Row(1.0, lo=0, hi=3, step=10, reach=11, agreed=10, started=12, fresh=False,
                  slot=(1, 0), layout_gen=4, bounds=BOUNDS,
-                 kept=(_done(VW1, reduced=True), cp.Kept((4, 5))))
+                 kept=(_done(VW1, reduced=True), cp.Kept((4, 5))),
+                 backup=(cp.Kept(), _done(VW0)))
     dims = (2, 6, 3, 8)
     table = torch.stack([tb.encode(row, *dims), tb.encode(tb.Row(2.0), *dims)])
     got = tb.decode(table, *dims)
     assert got[0] == row and got[1] == tb.Row(2.0)
     (h, j) = tb.holders(got, 10)
-    assert h == cp.Holder(0, 0, BOUNDS, True, 10, row.kept)
+    assert h == cp.Holder(0, 0, BOUNDS, True, 10, row.kept, row.backup)
     assert j.stage is None and not j.current
 
 
