@@ -19,11 +19,11 @@ of each wave must really be computed again:
   contribution that covers a recomputed micro-batch is dropped (its micro-batches join the
   recomputed ones) until the kept ones cover exactly what is not recomputed, so every
   micro-batch's gradient is in the wave exactly once at every stage;
-* the work lost is the recomputed micro-batches some survivor had computed (a complete pack
-  covering them: its VW had run them through every stage), counted in samples as a fraction
-  of each wave, summed and rounded up (``Completion.lost``). The passes in flight when the
-  member died (started, not finished; at most one wave per VW) are counted apart
-  (``in_flight_samples``): they were not done, and are done once.
+* the work lost is the recomputed micro-batches some member had computed (a complete pack
+  covering them: its VW had run them through every stage; ``lost_samples``) or started
+  (its pass was in flight when the generation broke, at most one wave's share per VW:
+  ``in_flight_samples``, as the ring counts the step in flight), each as a fraction of its
+  wave, summed and rounded up (``Completion.lost``, waves).
 
 With the layout's boundaries changed nothing is usable and every wave is computed again in
 full (what dropping the waves did before; its started work is counted as lost).
@@ -101,7 +101,7 @@ class WavePlan:
 @dataclass(frozen=True)
 class Completion:
     waves: tuple[WavePlan, ...]
-    lost: int  # waves of computed work computed again (rounded up)
+    lost: int  # waves of work computed again, finished or in flight (rounded up)
     lost_samples: int
     in_flight_samples: int = 0
 
@@ -125,9 +125,10 @@ def plan(holders: Sequence[Holder], layout: Layout | None, target: int, end: int
         wp = _wave(holders, layout, w, u) if layout is not None else None
         again = set(wp.recompute) if wp is not None else u
         gone = sum(sizes[i][m] for m in again & done)
-        lost += gone / (sum(sizes[i]) or 1)
+        flying = sum(sizes[i][m] for m in (again & started) - done)
+        lost += (gone + flying) / (sum(sizes[i]) or 1)
         lost_samples += gone
-        in_flight += sum(sizes[i][m] for m in (again & started) - done)
+        in_flight += flying
         if wp is not None:
             waves.append(wp)
     return Completion(tuple(waves), math.ceil(lost - 1e-9), lost_samples, in_flight)

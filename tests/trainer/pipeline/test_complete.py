@@ -73,7 +73,8 @@ def test_the_dead_vw_s_finished_packs_come_from_the_backups_the_next_vw_holds() 
     assert w10.role(1, 1) == ("kept", tuple(range(8)), (False, True))
     assert w11.recompute == VW0 and w11.role(1, 1) == ("kept", VW1, (True,))
     assert w12.recompute == tuple(range(8))
-    assert got.lost == 0 and got.in_flight_samples == 32 + 32  # VW 0 in 11, VW 1 in 12
+    assert got.lost_samples == 0 and got.in_flight_samples == 32 + 32  # VW 0 in 11, VW 1 in 12
+    assert got.lost == 1  # the passes in flight count, as the ring's step in flight
 
 
 def test_kept_packs_of_other_boundaries_or_members_behind_are_not_used() -> None:
@@ -101,7 +102,7 @@ def test_a_kept_pack_is_dropped_when_part_of_it_must_be_computed_again() -> None
 def test_without_a_layout_every_started_wave_is_lost() -> None:
     holders = [_h(0, 0, _done(VW0), cp.Kept(VW0)), _h(2, 0, _done(VW1))]
     got = cp.plan(holders, None, 10, 12, SIZES[:2])
-    assert got.waves == () and got.lost == 1  # wave 10 computed whole, wave 11 half started
+    assert got.waves == () and got.lost == 2  # wave 10 computed whole, wave 11 half started
     assert (got.lost_samples, got.in_flight_samples) == (64, 32)
 
 
