@@ -28,7 +28,10 @@ generation.
   at the same wave) and writes the trained model.
 * **Changes.** A newer generation seen in the control reduction of wave ``t`` stops every
   member after wave ``t + D``, every started wave applied: a join or a drain loses nothing.
-  A failure loses the waves not agreed anywhere (one at D = 0).
+  After a failure the next generation completes the waves started and not agreed anywhere
+  from the packs the survivors kept (:mod:`trainer.pipeline.complete`): only the micro-batches
+  no kept pack covers run again. When a VW may hold more than one wave's work unreduced
+  (D + 1 > V), each member also sends its packs to the same stage of the next VW as backups.
 
 Rule for callers: as for :class:`trainer.member.Member`; the job's model must be an
 ``nn.Sequential`` and ``Job.pipeline`` a :class:`trainer.pipeline.PipelineSettings`.
