@@ -86,6 +86,8 @@ class Agreement:
                     raise ring.RingBroken(f"wave {wave}: aborted (the generation was "
                                           "declared broken)")
                 self._cond.wait(ring.WAIT_SLICE_S)
+            for done in [w for w in self.reduced if w < wave]:  # applied: not needed to
+                del self.reduced[done]  # roll forward (kept, they held every wave's pack)
             return self.agreed.pop(wave)
 
     def stop(self) -> None:

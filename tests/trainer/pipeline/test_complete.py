@@ -144,3 +144,26 @@ def test_survivors_record_the_dead_stage_0_member_s_part_of_the_waves_it_may_hav
     # waves 7..9 (target - D - 1 on); wave 7's part is not this member's (it held no stage 0)
     assert [(r["step"], r["member"], r["ids"], r["by"]) for r in got] == [
         (8, 5, [8, 3], 1), (9, 5, [9, 3], 1)]
+
+
+def test_the_reduced_packs_are_kept_only_until_their_wave_is_applied() -> None:
+    """A stage's reduced pack of a wave not applied is kept (a failure rolls forward with it,
+    or completes the wave from it); once the wave is applied it is dropped: a generation that
+    lasts the whole job kept every wave's pack before."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from trainer.pipeline.agree import ROW, Agreement
+
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+    a = Agreement(pg, pg, 1, lambda: False)
+    try:
+        for w in range(4):
+            a.submit(w, torch.full((3,), float(w)), torch.zeros(1, ROW, dtype=torch.float64))
+        for w in range(4):
+            assert float(a.wait(w).pack[0]) == w
+            assert min(a.reduced) == w
+    finally:
+        a.stop()
+        a.join(5.0)
