@@ -28,6 +28,9 @@ line on stdout):
   kill -> the survivors' first wave), a replacement (its admission -> its first wave in the
   dead member's slot, its stage moved from the other virtual worker), then a SIGTERM (waves
   lost, goal 0). ``wave_s``: the median wave before the kill.
+  ``stage_revoke_waves_lost_wsp``: the same kill at staleness ``--staleness`` (the worst of
+  ``--trials`` runs, each in ``stage_revoke_wsp_runs``): the waves of computed work the
+  completion of the waves started and not agreed computes again (goal <= 1).
 * ``ttt_*``: time to a target loss (``--target`` x the first wave's) of the same small real
   model (emulated per-sample compute) on 4 members ``--ttt-slowdowns`` times slower: the
   ring with heterogeneity-aware batches (sizes in proportion to speed) against two virtual
@@ -304,9 +307,9 @@ def _records(ring: Ring, name: str) -> list[dict[str, Any]]:
     return ring.metrics(name) if ring.metrics_path(name).exists() else []
 
 
-def revoke(workdir: Path, layer_ms: float, settle: int) -> dict[str, Any]:
+def revoke(workdir: Path, layer_ms: float, settle: int, staleness: int = 0) -> dict[str, Any]:
     env = {"PIPE_EPOCHS": "200", "PIPE_LAYER_MS": str(layer_ms), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), "PIPE_D": str(staleness)}
     with Ring(workdir, job=JOB, env=env, initial_world=4, heartbeat_timeout_s=2.0) as ring:
         names = ["a", "b", "c", "d"]
         for n in names:
@@ -394,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     out["ttt_ratio"] = out["ttt_pipeline_s"] / out["ttt_ring_s"]
     if not a.skip_revoke:
         work = a.workdir or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-        out.update(revoke(work, a.revoke_layer_ms, a.settle))
+        out.update(revoke(work / "sync", a.revoke_layer_ms, a.settle))
+        wsp_runs = [revoke(work / f"wsp{i}", a.revoke_layer_ms, a.settle, a.staleness)
+                    for i in range(n)]
+        out["stage_revoke_waves_lost_wsp"] = max(r["stage_revoke_waves_lost"] for r in wsp_runs)
+        out["stage_revoke_wsp_runs"] = [r["stage_revoke_waves_lost"] for r in wsp_runs]
     out["emulated"] = ["bubble_excess", "bubble_excess_gpipe", "partition_step_ratio",
                        "wsp_max_ahead", "stage_revoke_recover_s", "stage_replace_s", "wave_s",
                        "ttt_*: per-sample compute (the model and its losses are real)"]

@@ -4,10 +4,12 @@ Design. After computing wave ``t`` a member posts its stage's pack to the all-re
 stage group (the same stage of every virtual worker) and hands the wave to
 :class:`Agreement`, whose thread waits for that reduction and only then joins the wave's
 *control* reduction over the whole generation: one row per member (samples, busy and wall
-seconds, the newest generation it saw, the last stage's loss, flags). So the control
-reduction of wave ``t`` completes on a member only when every member's stage reduction of
-``t`` had completed: an agreed wave's reduced pack exists on every member of every stage
-(that is what lets survivors of a failure roll forward to the newest wave agreed anywhere).
+seconds, the newest generation it saw, the last stage's loss and its samples, flags). So
+the control reduction of wave ``t`` completes on a member only when every member's stage
+reduction of ``t`` had completed: an agreed wave's reduced pack exists on every member of
+every stage (that is what lets survivors of a failure roll forward to the newest wave
+agreed anywhere; a stage's reduced pack of a wave not agreed is kept too, for completing
+it: :mod:`trainer.pipeline.complete`).
 The main thread meanwhile computes the next waves (up to the staleness bound) and applies
 agreed waves in order.
 
@@ -33,8 +35,8 @@ from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
-ROW = 8  # the control row of one member
-SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0 = range(ROW)
+ROW = 9  # the control row of one member
+SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N = range(ROW)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class Agreement:
                     raise ring.RingBroken(f"wave {wave}: aborted (the generation was "
                                           "declared broken)")
                 self._cond.wait(ring.WAIT_SLICE_S)
+            for done in [w for w in self.reduced if w < wave]:  # applied: not needed to
+                del self.reduced[done]  # roll forward (kept, they held every wave's pack)
             return self.agreed.pop(wave)
 
     def stop(self) -> None:

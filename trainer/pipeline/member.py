@@ -28,7 +28,10 @@ generation.
   at the same wave) and writes the trained model.
 * **Changes.** A newer generation seen in the control reduction of wave ``t`` stops every
   member after wave ``t + D``, every started wave applied: a join or a drain loses nothing.
-  A failure loses the waves not agreed anywhere (one at D = 0).
+  After a failure the next generation completes the waves started and not agreed anywhere
+  from the packs the survivors kept (:mod:`trainer.pipeline.complete`): only the micro-batches
+  no kept pack covers run again. When a VW may hold more than one wave's work unreduced
+  (D + 1 > V), each member also sends its packs to the same stage of the next VW as backups.
 
 Rule for callers: as for :class:`trainer.member.Member`; the job's model must be an
 ``nn.Sequential`` and ``Job.pipeline`` a :class:`trainer.pipeline.PipelineSettings`.
@@ -37,6 +40,7 @@ Rule for callers: as for :class:`trainer.member.Member`; the job's model must be
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import logging
 import math
@@ -51,7 +55,7 @@ from trainer import ring
 from trainer import snapshot as snap
 from trainer import state as st
 from trainer.member import Member, Outcome
-from trainer.pipeline import agree, partition, placement, profile, wsp
+from trainer.pipeline import agree, complete, partition, placement, profile, wsp
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.runner import Micro, StageRunner, transport
@@ -64,6 +68,8 @@ from trainer.store_client import ControlLost, ControlTimeout
 log = logging.getLogger(__name__)
 
 MOVE_TAG, GATHER_TAG, HANDOVER_TAG = 1 << 30, (1 << 30) | (1 << 24), (1 << 30) | (2 << 24)
+BACKUP_TAG = (1 << 30) | (3 << 24)  # + wave % 64
+_POLL = datetime.timedelta(milliseconds=1)
 # (above every wave's tags)
 OPTIMIZER_SLOTS = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}  # else 2 (Adam's)
 
@@ -79,8 +85,14 @@ class _Wave:
     wave: int
     cursor: CursorState
     total: int
-    ids: list[int]  # the samples of this member's VW (recorded by stage 0 when applied)
+    ids: list[int]  # the samples of this member's pack at stage 0 (recorded when applied)
     deltas: list[torch.Tensor] | None = None  # this member's own buffer changes
+    cover: tuple[int, ...] = ()  # the micro-batches this member's pack covers
+    local: torch.Tensor | None = None  # its pack before the reduction (kept for a failure)
+    loss: float = 0.0  # the last stage's loss sum over its pack's samples, and how many
+    loss_n: int = 0
+    parts: tuple[tuple[int, list[int]], ...] = ()  # (member id, ids) of every stage-0 pack
+    reduced: torch.Tensor | None = None  # the stage's reduced pack, when kept (not agreed)
 
 
 class PipelineMember(Member):
@@ -121,6 +133,13 @@ class PipelineMember(Member):
         self.newest = 0
         self.source = 0  # the rank this member last received state from
         self._orders: dict[int, torch.Tensor] = {}
+        self.kept: dict[int, _Wave] = {}  # started, not agreed, kept through a failure
+        self.completion: dict[int, complete.WavePlan] = {}
+        self.history: list[_Wave] = []  # the newest waves applied (the dead's records)
+        self.backups_in: dict[int, tuple[torch.Tensor, Any]] = {}  # posted receives
+        self.backups_out: dict[int, tuple[torch.Tensor, Any]] = {}  # posted sends
+        self.backup_kept: dict[int, tuple[torch.Tensor, float, int]] = {}
+        self._recv_upto = 0
         self._snap_at = (-1, time.monotonic())
 
     # -- setup ------------------------------------------------------------------------------
@@ -211,15 +230,20 @@ class PipelineMember(Member):
             old.join(2.0)
         started = w.step + len(self.pending)
         reach, agreed = self._kept(old)
+        window = 2 * (self.ps.staleness + 1)  # own: D + 1 started; backups: see _backups_held
+        dims = (self.ps.stages, n_layers, window, self._settings(world).max_micro)
         mine = tb.Row(w.prior, self.memory, self.lo, self.hi, w.step, reach, agreed, started,
-                      self.fresh, self.slot, self.layout_gen, self.bounds, *self.measured)
-        width = tb.width(self.ps.stages, n_layers)
-        table = torch.zeros(world, width, dtype=torch.float64)
-        table[rank] = tb.encode(mine, self.ps.stages, n_layers)
+                      self.fresh, self.slot, self.layout_gen, self.bounds, *self.measured,
+                      kept=self._kept_waves(old), backup=self._backups_held(dims[3]))
+        table = torch.zeros(world, tb.width(*dims), dtype=torch.float64)
+        table[rank] = tb.encode(mine, *dims)
         ring.allreduce(self.group.ctl, table, abort)
-        rows = tb.decode(table, self.ps.stages, n_layers)
+        rows = tb.decode(table, *dims)
         target = tb.agreed_wave(rows)
         self._roll_forward(old, target)
+        self.completion = {}
+        end = max([target, *(r.started for r in rows if not r.fresh)])
+        lost = end - target  # every started wave is computed again, unless completed
         self.agree = None
         costs = tb.costs(rows, self.index.param_bytes())
         layout = None if costs is None else partition.decide(
@@ -237,8 +261,14 @@ class PipelineMember(Member):
                                                  self.index.param_bytes())
             if missing:
                 target, moves = self._from_snapshot(plan, layout, missing, abort)
+                lost = max(0, started - target) if started else 0
+                self.kept, self.history = {}, []  # every wave after the snapshot is undone
             nbytes = self._move(moves, target, plan, abort, MOVE_TAG)
             self._take_slot(plan, layout, abort)
+            if not missing:
+                self._record_for_the_dead(plan, target)
+                lost = self._plan_completion(rows, layout, target, end)
+            self._start_backups()
             if self._head():
                 w.start_snapshots(self.store)
         checksum = self._checksum(abort)
@@ -246,8 +276,8 @@ class PipelineMember(Member):
         self.was_member = True
         self.layout_gen = gen
         self.ccursor, self.stop_at, self.newest = w.cursor, None, gen
-        report = mb.Formed(checksum, w.step, max(0, started - target) if started else 0,
-                           self.source, nbytes, round((time.perf_counter() - t0) * 1000, 2))
+        report = mb.Formed(checksum, w.step, lost, self.source, nbytes,
+                           round((time.perf_counter() - t0) * 1000, 2))
         self.store.set(mb.k_formed(gen, self.id), report.to_json())
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d: slot %s, layers %d..%d", gen, rank,
@@ -265,9 +295,100 @@ class PipelineMember(Member):
             reach += 1
         return reach, max(w.step, old.newest + 1)
 
+    def _kept_waves(self, old: Agreement | None) -> tuple[complete.Kept, ...]:
+        """What this member kept of each wave it started (wave ``step + i`` at ``i``)."""
+        held = old is not None and self.hi > self.lo
+        return tuple(complete.Kept(wv.cover, wv.local is not None,
+                                   held and old.reduced.get(wv.wave) is not None)
+                     for wv in self.pending)
+
+    def _backups_held(self, micro: int) -> tuple[complete.Kept, ...]:
+        """The backups received of waves ``step .. step + 2D + 1`` (slot ``i``: ``step + i``;
+        a member applies agreed waves lazily, up to D + 1 behind what is agreed, and a VW
+        starts at most D waves beyond that), each with the micro-batches its pack covers;
+        kept in :attr:`backup_kept`."""
+        w, out = self.w, []
+        self.backup_kept = {}
+        for wave in range(w.step, w.step + 2 * (self.ps.staleness + 1)):
+            buf, work = self.backups_in.get(wave, (None, None))
+            if buf is None or not _received(work):
+                out.append(complete.Kept())
+                continue
+            n = buf.numel() - micro - 2
+            flags = buf[n:n + micro].tolist()
+            cover = tuple(m for m, f in enumerate(flags) if f > 0)
+            self.backup_kept[wave] = (buf[:n], float(buf[n + micro]), int(buf[n + micro + 1]))
+            out.append(complete.Kept(cover, True, False))
+        self.backups_in = {}
+        return tuple(out)
+
+    def _backup_peers(self) -> tuple[int, int] | None:
+        """``(from, to)``: the same stage of the previous and the next VW, when this member
+        backs up its packs: with V VWs a VW may hold up to D + 1 finished waves nobody
+        reduced; when that is more than V waves' shares (D + 1 > V) each pack is also sent
+        to the next VW as it is computed, so a kill loses at most the dead VW's wave in
+        flight and its last finished one."""
+        layout = self.layout
+        if layout is None or self.slot is None or self.pack is None:
+            return None
+        n = len(layout.vws)
+        if n < 2 or self.ps.staleness + 1 <= n or self.ps.staleness + 2 >= 64:
+            return None  # (the tags tell 64 waves apart)
+        v, j = self.slot
+        return layout.vws[(v - 1) % n][j], layout.vws[(v + 1) % n][j]
+
+    def _start_backups(self) -> None:
+        self.backups_in, self.backups_out = {}, {}
+        self._recv_upto = self.w.step
+        self._post_backups(self.w.step + self.ps.staleness + 2)
+
+    def _post_backups(self, upto: int) -> None:
+        """Post the receives of the previous VW's backups of the waves up to ``upto`` (a VW
+        is at most D + 1 waves beyond what this member applied)."""
+        peers = self._backup_peers()
+        if peers is None:
+            return
+        n = self.pack.numel + self._settings(len(self.plan.members)).max_micro + 2
+        for wave in range(self._recv_upto, upto):
+            buf = torch.zeros(n, dtype=torch.float32, device=self.w.device)
+            with transport(f"recv from rank {peers[0]}"):
+                work = self.group.pg.recv([buf], peers[0], BACKUP_TAG + wave % 64)
+            self.backups_in[wave] = (buf, work)
+        self._recv_upto = max(self._recv_upto, upto)
+
+    def _send_backup(self, wave: int, flat: torch.Tensor, cover: tuple[int, ...],
+                     loss: float, loss_n: int) -> None:
+        peers = self._backup_peers()
+        if peers is None:
+            return
+        micro = self._settings(len(self.plan.members)).max_micro
+        tail = torch.zeros(micro + 2, dtype=torch.float32, device=flat.device)
+        for m in cover:
+            tail[m] = 1.0
+        tail[micro], tail[micro + 1] = loss, loss_n
+        msg = torch.cat([flat, tail])
+        with transport(f"send to rank {peers[1]}"):
+            work = self.group.pg.send([msg], peers[1], BACKUP_TAG + wave % 64)
+        self.backups_out[wave] = (msg, work)
+        self._post_backups(wave + self.ps.staleness + 2)
+
+    def _backups_done(self, wave: int) -> None:
+        """Wave ``wave`` is applied: its backups (sent and received) are waited for and
+        dropped (both were posted: every member computed the wave)."""
+        posted = []
+        peers = self._backup_peers()
+        for got, peer in ((self.backups_out.pop(wave, None), peers[1] if peers else 0),
+                          (self.backups_in.pop(wave, None), peers[0] if peers else 0)):
+            if got is not None:
+                posted.append((got[1], peer))
+        if posted:
+            ring.wait_posted(posted, lambda: self._broken(self.plan.generation))
+
     def _roll_forward(self, old: Agreement | None, target: int) -> None:
         """Apply the kept reduced packs up to ``target`` (the newest wave agreed anywhere);
-        drop every later wave. A member that cannot reach it stops holding its layers."""
+        keep what this member computed of every later wave (its own pack, and its stage's
+        reduced pack where that reduction completed) for :meth:`_plan_completion`. A member
+        that cannot reach it stops holding its layers."""
         w = self.w
         while old is not None and w.step < target and self.pending:
             pack = old.reduced.get(w.step)
@@ -278,9 +399,53 @@ class PipelineMember(Member):
             log.warning("layers %d..%d are behind (step %d, agreed %d): taking them from a "
                         "peer", self.lo, self.hi - 1, w.step, target)
             self.lo = self.hi = 0
+        self.kept = {}
+        self.backup_kept = {wave: b for wave, b in self.backup_kept.items()
+                            if w.step == target <= wave}
+        if w.step == target:
+            for wv in self.pending:
+                if old is not None and self.hi > self.lo:
+                    wv.reduced = old.reduced.get(wv.wave)
+                self.kept[wv.wave] = wv
         self.pending.clear()
         if self.pack is not None:
             self.pack.restore()
+
+    def _plan_completion(self, rows: list[tb.Row], layout: partition.Layout, target: int,
+                         end: int) -> int:
+        """The waves ``target .. end - 1`` started before the failure and not agreed are
+        completed in this generation from what the survivors kept
+        (:func:`trainer.pipeline.complete.plan`). Returns the waves of work lost."""
+        w, job = self.w, self.w.job
+        cur, sizes = w.cursor, []
+        for _ in range(target, end):
+            total = cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+            sizes.append(partition.micro_sizes(total, self.ps.micro_batch))
+            cur = cur.advance(len(job), total)
+        done = complete.plan(tb.holders(rows, target), layout, target, end, sizes)
+        self.completion = {wp.wave: wp for wp in done.waves}
+        if end > target:
+            log.warning("waves %d..%d were started and not agreed: completed from the kept "
+                        "packs, %d samples computed before are computed again, %d were in "
+                        "flight (%s)", target, end - 1, done.lost_samples,
+                        done.in_flight_samples, ", ".join(
+                            f"wave {wp.wave}: {len(wp.recompute)} micro-batches again"
+                            for wp in done.waves))
+        return done.lost
+
+    def _record_for_the_dead(self, plan: mb.Plan, target: int) -> None:
+        """A stage-0 member that died may not have applied (nor recorded) the waves the
+        survivors rolled forward through: each surviving stage-0 member records the dead
+        ones' samples of the newest waves it applied (from ``target - D - 1``, the oldest the
+        dead may have missed; a sample recorded twice there is the same wave's, the same
+        record, not trained twice)."""
+        alive = {*plan.members, *plan.drained}  # a drained member applied every wave
+        for wv in self.history:
+            if wv.wave < target - self.ps.staleness - 1 or not wv.ids:
+                continue
+            for mid, ids in wv.parts:
+                if mid not in alive and ids:
+                    self._record_ids(wv, ids, mid)
 
     def _from_snapshot(self, plan: mb.Plan, layout: partition.Layout, missing: tuple[int, ...],
                        abort: Any) -> tuple[int, tuple[partition.Transfer, ...]]:
@@ -492,21 +657,31 @@ class PipelineMember(Member):
         total = cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
         ids = self._order(cur.epoch)[cur.cursor:cur.cursor + total]
         sizes = partition.micro_sizes(total, ps.micro_batch)
-        counts = partition.split_micro(len(sizes), layout.rates, layout.stages)
+        wp = self.completion.pop(wave, None)  # a wave started before a failure
+        kw = self.kept.pop(wave, None)
+        bk = self.backup_kept.pop(wave, None)
+        todo = list(range(len(sizes))) if wp is None else list(wp.recompute)
+        counts = partition.split_micro(len(todo), layout.rates, layout.stages)
+        offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        members = self.plan.members
+        heads = complete.parts(wp, layout, todo, counts, len(sizes), 0)
+        parts = tuple((members[r], [int(i) for m in p for i in ids[offs[m]:offs[m + 1]]])
+                      for r, p in heads.items())
         world = len(self.plan.members)
         rows = torch.zeros(world, agree.ROW, dtype=torch.float64)
         me = rows[self.rank]
         me[agree.LATEST] = self.hb.latest
         mine: list[int] = []
         w.maybe_fault()
-        self.pending.append(_Wave(wave, cur, total, mine))
+        self.pending.append(_Wave(wave, cur, total, mine, parts=parts))
         flat = None
         if self.slot is not None:
             v, j = self.slot
-            first = sum(counts[:v])
-            offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-            mids = [ids[offs[first + i]:offs[first + i + 1]] for i in range(counts[v])]
-            mine += [int(i) for m in mids for i in m]
+            mids = [ids[offs[m]:offs[m + 1]] for m in complete.split(todo, counts, v)]
+            if j == 0:
+                mine += dict(parts)[members[self.rank]]
+            self.pending[-1].cover = complete.parts(wp, layout, todo, counts, len(sizes),
+                                                    j)[self.rank]
             micros = [Micro(i, len(m), len(m) / total) for i, m in enumerate(mids)]
             cache: dict[int, Any] = {}
 
@@ -522,16 +697,47 @@ class PipelineMember(Member):
                 (lambda i: part(i, 1)) if j == layout.stages - 1 else None,
                 lambda: self._broken(self.plan.generation))
             flat, self.pending[-1].deltas = self.pack.pack(before, w.device)
+            loss, loss_n = stats.loss_sum, sum(len(m) for m in mids)
+            if wp is not None:
+                flat, loss, loss_n = self._complete(wp, kw, bk, flat, loss, loss_n)
+            wv = self.pending[-1]
+            wv.local, wv.loss, wv.loss_n = flat.clone(), loss, loss_n
+            self._send_backup(wave, flat, wv.cover, loss, loss_n)
             me[agree.SAMPLES] = len(mine) if j == 0 else 0
             me[agree.BUSY], me[agree.WALL] = stats.busy_s, stats.wall_s
-            me[agree.LOSS] = stats.loss_sum
+            me[agree.LOSS] = loss
+            me[agree.LOSS_N] = loss_n if j == layout.stages - 1 else 0
             me[agree.STAGE0] = 1.0 if j == 0 else 0.0
-            w.note_speed(len(mine), stats.busy_s)
+            w.note_speed(sum(len(m) for m in mids), stats.busy_s)
         if self._head():
             me[agree.EVAL] = w.eval_s
             me[agree.SNAP] = 1.0 if self._snapshot_due(wave + 1) else 0.0
         self.agree_or_start().submit(wave, flat, rows)
         self.ccursor = cur.advance(len(job), total)
+
+    def _complete(self, wp: complete.WavePlan, kw: _Wave | None,
+                  bk: tuple[torch.Tensor, float, int] | None, flat: torch.Tensor,
+                  loss: float, loss_n: int) -> tuple[torch.Tensor, float, int]:
+        """This member's pack of a wave completed after a failure: its recomputed part plus
+        its kept contributions (its own, the backup it holds), or its stage's kept reduced
+        pack, or zeros (see :mod:`trainer.pipeline.complete`)."""
+        role, _, which = wp.role(self.rank, self.slot[1])
+        if role == "zero":
+            return torch.zeros_like(flat), 0.0, 0
+        if role == "none":
+            return flat, loss, loss_n
+        own = (None, 0.0, 0) if kw is None else (kw.local, kw.loss, kw.loss_n)
+        if role == "reduced":
+            got = [(None if kw is None else kw.reduced, own[1], own[2])]
+            flat, loss, loss_n = torch.zeros_like(flat), 0.0, 0
+        else:
+            got = [(bk or (None, 0.0, 0)) if backup else own for backup in which]
+        for pack, extra, extra_n in got:
+            if pack is None or pack.numel() != flat.numel():
+                raise ring.RingBroken(f"wave {wp.wave}: a kept pack the completion counts "
+                                      "on is not here")
+            flat, loss, loss_n = flat + pack.to(flat.device), loss + extra, loss_n + extra_n
+        return flat, loss, loss_n
 
     def agree_or_start(self) -> Agreement:
         if self.agree is None:
@@ -546,6 +752,7 @@ class PipelineMember(Member):
         while self.w.step < count:
             got = self.agree_or_start().wait(self.w.step)
             self._commit(self.pending[0], got.pack, got.rows)
+            self._backups_done(got.wave)
 
     def _commit(self, wv: _Wave, pack: torch.Tensor | None, rows: torch.Tensor | None) -> None:
         """Apply wave ``wv`` (its reduced pack; its control rows when agreed here)."""
@@ -554,14 +761,16 @@ class PipelineMember(Member):
         if self.pack is not None and pack is not None:
             self.pack.apply(pack, job.optimizer, [p.deltas for p in self.pending if p.deltas])
         if wv.ids and self.slot is not None and self.slot[1] == 0:
-            self._record_ids(wv)
+            self._record_ids(wv, wv.ids, self.id)
+        wv.local = wv.reduced = wv.deltas = None
+        self.history = [*self.history[-self.ps.staleness - 1:], wv]
         w.step += 1
         epoch_before = w.cursor.epoch
         w.cursor = wv.cursor.advance(len(job), wv.total)
         w.samples_done += wv.total
         if rows is None:
             return
-        loss = float(rows[:, agree.LOSS].sum()) / wv.total
+        loss = float(rows[:, agree.LOSS].sum()) / max(1.0, float(rows[:, agree.LOSS_N].sum()))
         newest = int(rows[:, agree.LATEST].max())
         gen = self.plan.generation
         if newest > gen and self.stop_at is None:
@@ -585,10 +794,11 @@ class PipelineMember(Member):
             self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done,
                                         len(self.plan.members), loss, w.metrics).to_json()
 
-    def _record_ids(self, wv: _Wave) -> None:
+    def _record_ids(self, wv: _Wave, ids: list[int], member: int) -> None:
         if self.w.cfg.record_samples is not None:
             self.w.append(self.w.cfg.record_samples, {
-                "epoch": wv.cursor.epoch, "step": wv.wave, "member": self.id, "ids": wv.ids})
+                "epoch": wv.cursor.epoch, "step": wv.wave, "member": member, "ids": ids,
+                **({"by": self.id} if member != self.id else {})})
 
     # -- the whole model on the head: evaluation, snapshots, the trained model -------------------
 
@@ -651,3 +861,15 @@ class PipelineMember(Member):
 def _digest(payload: torch.Tensor) -> list[int]:
     d = hashlib.sha256(payload.numpy().tobytes()).digest()
     return [int.from_bytes(d[i:i + 8], "big", signed=True) for i in range(0, 32, 8)]
+
+
+def _received(work: Any) -> bool:
+    """Did a posted receive complete, without error? (A gloo receive tells only when waited
+    for: a short wait that runs out leaves it posted.)"""
+    if work is None:
+        return False
+    try:
+        work.wait(_POLL)
+    except Exception:  # noqa: BLE001 - ran out, or failed (gloo: RuntimeError and kin)
+        return False
+    return True

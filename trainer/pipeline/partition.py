@@ -16,7 +16,10 @@ member holds the same bits and :func:`decide` (pure, no I/O) returns the same
   stages): an expensive layer, a language model's head, belongs on a fast tier. Survivors of
   the previous layout keep their ``(vw, stage)`` slot when the VW count is unchanged and the
   kept layout's throughput is within ``keep_within`` of the fresh one: a replacement then
-  takes the dead member's slot, and its layers come from the same stage of another VW.
+  takes the dead member's slot, and its layers come from the same stage of another VW. With
+  fewer VWs, the old VWs with the most members left stay (renumbered in order), so the packs
+  their members kept of the waves a failure left unagreed line up
+  (:mod:`trainer.pipeline.complete`).
 * **Boundaries.** The stages of every VW hold the same layers (so the replicas of a layer
   are reduced in one group of ``V`` members per stage). The boundaries minimise the
   bottleneck ``max_j C_j / S_j``, ``C_j`` the stage's summed layer cost and ``S_j`` the
@@ -261,10 +264,19 @@ def _tiered(members: Sequence[Candidate], v_count: int, k: int
 
 def _kept(members: Sequence[Candidate], v_count: int, k: int
           ) -> tuple[list[list[Candidate]], list[int]] | None:
+    held = [m for m in sorted(members, key=lambda m: m.rank) if m.slot is not None
+            and m.slot[1] < k]
+    old = sorted({m.slot[0] for m in held})
+    if old and old[-1] >= v_count:  # fewer VWs: the fullest old ones stay (their members'
+        full = sorted(old, key=lambda v: (-sum(m.slot[0] == v for m in held), v))  # packs
+        renumber = {v: i for i, v in enumerate(sorted(full[:v_count]))}  # line up)
+    else:
+        renumber = {v: v for v in old}
     slots: dict[tuple[int, int], Candidate] = {}
-    for m in sorted(members, key=lambda m: m.rank):
-        if m.slot is not None and m.slot[0] < v_count and m.slot[1] < k and m.slot not in slots:
-            slots[m.slot] = m
+    for m in held:
+        slot = (renumber.get(m.slot[0], v_count), m.slot[1])
+        if slot[0] < v_count and slot not in slots:
+            slots[slot] = m
     if not slots:
         return None
     taken = {m.rank for m in slots.values()}

@@ -7,8 +7,11 @@ a measurement, so it travels exactly. A row says: the member's speed (its profil
 samples/s) and memory, the layers it holds and at which step, how far it can roll forward
 (``reach``: the waves whose reduced packs it kept), the newest wave agreed on it, the waves
 it started, its previous slot and boundaries (the layout's hysteresis), and its per-layer
-measurement. :func:`agreed_wave`, :func:`holding`, :func:`costs` and :func:`hint` read the
-decoded rows (pure).
+measurement, and what it kept of the waves it started and nobody agreed
+(:class:`trainer.pipeline.complete.Kept`: wave ``step + i`` in slot ``i``, up to ``waves``
+of them, each ``3 + micro`` numbers; then the same for the backups it received).
+:func:`agreed_wave`, :func:`holding`, :func:`costs`, :func:`hint` and :func:`holders` read
+the decoded rows (pure).
 
 Rule for callers: fill only your own row; decode the reduced table with the same ``stages``
 and ``layers`` every member used.
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.pipeline.complete import Holder, Kept
 from trainer.pipeline.partition import Costs, Holding
 
 _FIXED = 12
@@ -47,15 +51,19 @@ class Row:
     bounds: tuple[int, ...] | None = None
     seconds: tuple[float, ...] | None = None
     act: tuple[float, ...] | None = None
+    kept: tuple[Kept, ...] = ()
+    backup: tuple[Kept, ...] = ()
 
 
-def width(stages: int, layers: int) -> int:
-    return _FIXED + stages + 1 + 2 * layers
+def width(stages: int, layers: int, waves: int = 0, micro: int = 0) -> int:
+    return _FIXED + stages + 1 + 2 * layers + 2 * waves * (3 + micro)
 
 
-def encode(row: Row, stages: int, layers: int) -> torch.Tensor:
-    """``row`` as one float64 vector of :func:`width` entries."""
-    v = torch.zeros(width(stages, layers), dtype=torch.float64)
+def encode(row: Row, stages: int, layers: int, waves: int = 0, micro: int = 0
+           ) -> torch.Tensor:
+    """``row`` as one float64 vector of :func:`width` entries (the first ``waves`` kept
+    waves, covers within ``micro`` micro-batches)."""
+    v = torch.zeros(width(stages, layers, waves, micro), dtype=torch.float64)
     v[:_FIXED] = torch.tensor([
         row.speed, -1.0 if math.isinf(row.memory) else row.memory, row.lo, row.hi, row.step,
         row.reach, row.agreed, row.started, 1.0 if row.fresh else 0.0,
@@ -71,13 +79,34 @@ def encode(row: Row, stages: int, layers: int) -> torch.Tensor:
         v[o + layers:o + 2 * layers] = torch.tensor(row.act, dtype=torch.float64)
     else:
         v[o:o + 2 * layers] = -1.0
+    o += 2 * layers
+    for block in (row.kept, row.backup):
+        for i, k in enumerate(block[:waves]):
+            at = o + i * (3 + micro)
+            v[at:at + 3] = torch.tensor([1.0, float(k.done), float(k.reduced)],
+                                        dtype=torch.float64)
+            for m in k.cover:
+                if 0 <= m < micro:
+                    v[at + 3 + m] = 1.0
+        o += waves * (3 + micro)
     return v
 
 
-def decode(table: torch.Tensor, stages: int, layers: int) -> list[Row]:
+def decode(table: torch.Tensor, stages: int, layers: int, waves: int = 0, micro: int = 0
+           ) -> list[Row]:
     """The rows of a reduced ``(world, width)`` table, in rank order."""
     out = []
     for v in table.tolist():
+        o = _FIXED + stages + 1 + 2 * layers
+        blocks: list[list[Kept]] = [[], []]
+        for block in blocks:
+            for i in range(waves):
+                at = o + i * (3 + micro)
+                if v[at] <= 0:
+                    break
+                block.append(Kept(tuple(m for m in range(micro) if v[at + 3 + m] > 0),
+                                  v[at + 1] > 0, v[at + 2] > 0))
+            o += waves * (3 + micro)
         f = v[:_FIXED]
         o = _FIXED
         b = [int(x) for x in v[o:o + stages + 1] if x >= 0]
@@ -89,7 +118,8 @@ def decode(table: torch.Tensor, stages: int, layers: int) -> list[Row]:
             step=int(f[4]), reach=int(f[5]), agreed=int(f[6]), started=int(f[7]),
             fresh=f[8] > 0, slot=(int(f[9]), int(f[10])) if f[9] >= 0 else None,
             layout_gen=int(f[11]), bounds=tuple(b) if len(b) >= 2 else None,
-            seconds=tuple(sec) if has else None, act=tuple(act) if has else None))
+            seconds=tuple(sec) if has else None, act=tuple(act) if has else None,
+            kept=tuple(blocks[0]), backup=tuple(blocks[1])))
     return out
 
 
@@ -130,3 +160,17 @@ def hint(rows: Sequence[Row]) -> tuple[int, ...] | None:
         if best and r.layout_gen == best and r.bounds is not None:
             return r.bounds
     return None
+
+
+def holders(rows: Sequence[Row], target: int) -> list[Holder]:
+    """The rows as :func:`trainer.pipeline.complete.plan` sees them: a member's kept packs
+    are of its stage in the newest layout any member formed, and usable when it reached the
+    agreed wave ``target`` with its layers."""
+    newest = max((r.layout_gen for r in rows), default=0)
+    out = []
+    for rank, r in enumerate(rows):
+        ok = newest > 0 and r.layout_gen == newest and r.slot is not None
+        out.append(Holder(rank, r.slot[1] if ok and r.slot else None, r.bounds if ok else None,
+                          not r.fresh and r.hi > r.lo and r.step <= target <= r.reach,
+                          r.step, r.kept, r.backup))
+    return out

@@ -106,6 +106,17 @@ def test_a_replacement_takes_the_dead_members_slot_and_the_boundaries_stay() -> 
     assert lay.slot_of(3) == first.slot_of(2)
 
 
+def test_with_fewer_virtual_workers_the_whole_one_stays_in_its_slots() -> None:
+    # VW 0 lost its stage-0 member and nobody replaced it yet: one VW of the three survivors;
+    # VW 1 is whole and stays (its members' kept packs of the unagreed waves line up)
+    c = costs([1.0] * 8)
+    members = [Candidate(0, 1.0, slot=(0, 1)), Candidate(1, 1.0, slot=(1, 0)),
+               Candidate(2, 1.0, slot=(1, 1))]
+    lay = pt.decide(members, c, S, hint=(0, 4, 8))
+    assert lay is not None and lay.vws == ((1, 2),) and lay.spares == (0,)
+    assert lay.bounds == (0, 4, 8)
+
+
 def test_a_much_better_fresh_layout_beats_keeping_the_slots() -> None:
     c = costs([1.0] * 8)
     # kept, each stage pairs a fast member with a slow one: the boundaries cannot favour
