@@ -147,7 +147,8 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
            "the same work; a run that did not finish is compared per sample of unequal work and "
            "marked so. Hindsight is an offline bound: it knows the whole trace, keeps max_size "
            "and max_zone_share, pays the boots of the fewest launches its fleet needs (its "
-           "launches column) but no restart or revocation loss; its status: "
+           "launches column), the relaunches of what the trace revokes in expectation, no "
+           "restart and no lost step; its status: "
            + (results["hindsight"].status if "hindsight" in results else "not run") + ".",
            "", "## Model", "",
            f"- boot {params.boot_s:g} s, restart from checkpoint {params.restart_s:g} s, "
