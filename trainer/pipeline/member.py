@@ -31,7 +31,7 @@ generation.
   After a failure the next generation completes the waves started and not agreed anywhere
   from the packs the survivors kept (:mod:`trainer.pipeline.complete`): only the micro-batches
   no kept pack covers run again. When a VW may hold more than one wave's work unreduced
-  (D + 1 > V), each member also sends its packs to the same stage of the next VW as backups.
+  (D > 0), each member also sends its packs to the same stage of the next VW as backups.
 
 Rule for callers: as for :class:`trainer.member.Member`; the job's model must be an
 ``nn.Sequential`` and ``Job.pipeline`` a :class:`trainer.pipeline.PipelineSettings`.
@@ -324,15 +324,16 @@ class PipelineMember(Member):
 
     def _backup_peers(self) -> tuple[int, int] | None:
         """``(from, to)``: the same stage of the previous and the next VW, when this member
-        backs up its packs: with V VWs a VW may hold up to D + 1 finished waves nobody
-        reduced; when that is more than V waves' shares (D + 1 > V) each pack is also sent
-        to the next VW as it is computed, so a kill loses at most the dead VW's wave in
-        flight and its last finished one."""
+        backs up its packs: at D > 0 a VW may hold up to D + 1 finished waves nobody
+        reduced (their shares, (D + 1) / V of a wave, would be computed again besides the
+        passes in flight, up to two waves in all), so each pack is also sent to the next VW
+        as it is computed, and a kill loses at most the passes in flight and the dead VW's
+        last finished pack if its backup had not arrived."""
         layout = self.layout
         if layout is None or self.slot is None or self.pack is None:
             return None
         n = len(layout.vws)
-        if n < 2 or self.ps.staleness + 1 <= n or self.ps.staleness + 2 >= 64:
+        if n < 2 or self.ps.staleness == 0 or self.ps.staleness + 2 >= 64:
             return None  # (the tags tell 64 waves apart)
         v, j = self.slot
         return layout.vws[(v - 1) % n][j], layout.vws[(v + 1) % n][j]
