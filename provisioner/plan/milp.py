@@ -25,7 +25,7 @@ from scipy.sparse import coo_matrix
 
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Problem, family_of
-from provisioner.plan.virtual import per_unit
+from provisioner.plan.virtual import most_units, per_unit
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -40,9 +40,7 @@ def prune(p: Problem) -> tuple[list[Candidate], int]:
     # loop is a few ms of a 1,000-offering solve, so it avoids repeated property calls)
     groups: dict[tuple, list[tuple[float, float, float, int, Candidate]]] = defaultdict(list)
     for c in p.candidates:
-        cap = c.max_count
-        most = max_size // per_unit(c)  # a virtual worker counts its n instances
-        ub = most if cap is None or cap > most else max(cap, 0)
+        ub = most_units(c, max_size)
         u = c.useful
         price = c.price_per_hour
         if c.current == 0 and (u <= 0 or ub <= 0 or price > budget):
@@ -75,9 +73,7 @@ def prune(p: Problem) -> tuple[list[Candidate], int]:
 
 
 def _ub(p: Problem, c: Candidate) -> int:
-    most = p.max_size // per_unit(c)
-    ub = most if c.max_count is None else min(most, c.max_count)
-    return max(ub, 0)
+    return most_units(c, p.max_size)
 
 
 # ----------------------------------------------------------------------------- the MILP
@@ -146,9 +142,7 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     no_avail = "availability" in drop
     max_size = p.max_size
     for i, c in enumerate(cands):
-        cap = c.max_count
-        most = max_size // per_unit(c)
-        ub[i] = most if no_avail or cap is None or cap > most else max(cap, 0)
+        ub[i] = most_units(c, max_size, capped=not no_avail)
         lb[i] = min(c.min_count, ub[i])  # kept instances (Candidate.min_count)
     horizon = p.churn_horizon_hours
     cur_cost, cur_rate = current or current_fleet(cands)

@@ -152,3 +152,9 @@ def ring_efficiency(n: int, raw_samples_per_s: float, model_mb: float, global_ba
         return 1.0
     t_comm = 2.0 * (n - 1) / n * model_mb * 8e6 / (gbps * 1e9)
     return 1.0 / (1.0 + raw_samples_per_s * t_comm / global_batch)
+
+
+def ring_rate(n: int, speed: float, model_mb: float, global_batch: int, gbps: float) -> float:
+    """Useful samples/s of a ring of ``n`` workers of ``speed`` samples/s each."""
+    raw = n * speed
+    return raw * ring_efficiency(n, raw, model_mb, global_batch, gbps)

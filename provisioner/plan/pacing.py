@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from pricing.model import Offering
-from provisioner.plan.model import Candidate, ring_efficiency
-from provisioner.plan.virtual import per_unit
+from provisioner.plan.model import Candidate, ring_efficiency, ring_rate
+from provisioner.plan.virtual import most_units
 
 
 @dataclass
@@ -118,10 +118,8 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
         s = c.useful
         if s <= 0 or c.price_per_hour <= 0:
             continue
-        most = max_size // per_unit(c)  # a virtual worker counts its n instances
-        most = most if c.max_count is None else min(most, c.max_count)
-        for n in range(1, most + 1):
-            rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
+        for n in range(1, most_units(c, max_size) + 1):  # a VW counts its n instances
+            rate = ring_rate(n, s, model_mb, global_batch, gbps)
             if rate >= target:
                 per_sample = n * c.price_per_hour / rate
                 if best is None or per_sample < best[0]:
@@ -145,8 +143,8 @@ def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max
         if s <= 0 or c.price_per_hour <= 0:
             continue
         kept = False
-        for n in range(1, max_size // per_unit(c) + 1):  # a virtual worker counts its n
-            rate = n * s * ring_efficiency(n, n * s, model_mb, global_batch, gbps)
+        for n in range(1, most_units(c, max_size, capped=False) + 1):
+            rate = ring_rate(n, s, model_mb, global_batch, gbps)
             per = n * c.price_per_hour / rate
             rings.append((rate, per))
             if not kept and rate >= pace:
@@ -181,11 +179,9 @@ def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, glob
     for c in cands:
         if c.offering.market != "on-demand" or c.useful <= 0:
             continue
-        n = max_size // per_unit(c)
-        n = n if c.max_count is None else min(n, c.max_count)
+        n = most_units(c, max_size)
         if n > 0:
-            raw = n * c.useful
-            best = max(best, raw * ring_efficiency(n, raw, model_mb, global_batch, gbps))
+            best = max(best, ring_rate(n, c.useful, model_mb, global_batch, gbps))
     return best
 
 

@@ -154,6 +154,16 @@ def per_unit(c: Candidate) -> int:
     return c.instances if isinstance(c, VirtualWorkers) else 1
 
 
+def most_units(c: Candidate, max_size: int, *, capped: bool = True) -> int:
+    """The most units of ``c`` a fleet of at most ``max_size`` instances holds (a VW counts
+    its ``n`` instances), and with ``capped`` no more than its known capacity
+    (``max_count``)."""
+    most = max_size // per_unit(c)
+    if capped and c.max_count is not None:
+        most = min(most, c.max_count)
+    return max(most, 0)
+
+
 def units(c: Candidate, instances: int) -> int:
     """The whole units of ``c`` that ``instances`` instances make (``instances // n`` for a
     VW of ``n`` instances; the instances themselves otherwise)."""

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
-from provisioner.plan.model import Problem, ring_efficiency
+from provisioner.plan.model import Problem, ring_rate
 from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
 
 log = logging.getLogger(__name__)
@@ -254,8 +254,7 @@ class Spotring:
         p = self.p
         deadline_s, hard = v.deadline_s, True
         if deadline_s is None:
-            nominal = p.size * v.speed[p.itype]
-            nominal *= ring_efficiency(p.size, nominal, p.model_mb, p.global_batch, 10.0)
+            nominal = ring_rate(p.size, v.speed[p.itype], p.model_mb, p.global_batch, 10.0)
             deadline_s, hard = v.work / (nominal * (1.0 - p.rate_tolerance)), False
         market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards)
         blocked = frozenset(o for o, when in v.failed.items()
