@@ -94,7 +94,8 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     n_o, n_t, n_s = len(offs), len(types), len(segs)
     n_u = n_o if boots and params.boot_s > 0 else 0
     per_seg = n_o + n_t * jmax + n_u
-    nv = per_seg * n_s
+    n_seg_vars = per_seg * n_s  # the per-segment columns; the drawn-revocation ones follow
+    nv = n_seg_vars
     c = np.zeros(nv)
     ub = np.full(nv, np.inf)
     wk = np.zeros(nv)
@@ -187,10 +188,10 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
         status = ("infeasible" if res.status == 2 else f"not solved ({res.message})")
         return Result("hindsight", math.inf, 0.0, work, None, None,
                       status=f"{status} within {horizon_h:.1f} h")
-    x = res.x[:per_seg * n_s].reshape(n_s, per_seg)
-    w_seg = (x * wk[:per_seg * n_s].reshape(n_s, per_seg)).sum(axis=1)
-    c_seg = (x * c[:per_seg * n_s].reshape(n_s, per_seg)).sum(axis=1)
-    spread = float(res.x[per_seg * n_s:] @ c[per_seg * n_s:])  # drawn revocations' boots
+    x = res.x[:n_seg_vars].reshape(n_s, per_seg)
+    w_seg = (x * wk[:n_seg_vars].reshape(n_s, per_seg)).sum(axis=1)
+    c_seg = (x * c[:n_seg_vars].reshape(n_s, per_seg)).sum(axis=1)
+    spread = float(res.x[n_seg_vars:] @ c[n_seg_vars:])  # drawn revocations' boots
     if spread > 0:  # spread over the segments in proportion to their instance-hours
         hours_seg = x[:, :n_o].sum(axis=1)
         c_seg = c_seg + spread * hours_seg / max(float(hours_seg.sum()), 1e-12)
@@ -206,7 +207,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     fleet.append(0.0)  # the series end where the bound's horizon does
     rate.append(0.0)
     launched = int(round(float(x[:, n_o + n_t * jmax:].sum())
-                         + res.x[per_seg * n_s:].sum())) if n_u else 0
+                         + res.x[n_seg_vars:].sum())) if n_u else 0
     lengths = np.array([(b - a) / 3600.0 for a, b in segs])
     by = {o: (xs, [float(v) for v in x[:, a] / lengths] + [0.0])
           for a, o in enumerate(offs) if x[:, a].sum() > 1e-9}
