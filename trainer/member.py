@@ -221,9 +221,12 @@ class Member:
             if self.id in plan.drained:
                 log.info("drained at generation %d; leaving", plan.generation)
                 return Outcome.DRAINED
-            if not plan.members:
+            if not plan.members and not plan.resume:
                 log.error("the ring lost every member holding the state: %s", plan.reason)
                 return Outcome.LOST
+            # an empty plan with a snapshot to resume is not the end: the coordinator waits
+            # for members (a joiner that reads it before its admission is published waits
+            # on; a member dropped from it joins again and resumes the snapshot)
             if self.was_member:
                 if self._drained_between(current, plan.generation):
                     return Outcome.DRAINED

@@ -22,6 +22,7 @@ from tests.trainer.ringutil import Ring
 from trainer import membership as mb
 from trainer import plans as pl
 from trainer.member import Member as _Member
+from trainer.member import Outcome
 from trainer.store import StoreServer
 from trainer.store_client import ControlStore
 
@@ -85,3 +86,31 @@ def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining
     y = _Member(None, store, 2, None)  # type: ignore[arg-type]
     assert not y._drained_between(4, 7)  # lost, not drained: it must join again
     server.stop()
+
+
+def test_an_empty_plan_with_a_snapshot_to_resume_does_not_end_a_joiner() -> None:
+    """Every holder gone, a snapshot kept: the coordinator publishes an empty plan and
+    waits. A replacement that reads it before its own admission is published (the race
+    that made a CI run's replacements exit) waits on; only an empty plan with nothing to
+    resume ends it."""
+    server = StoreServer("127.0.0.1", 0, b"t")
+    server.start()
+    try:
+        store = ControlStore(*server.address, b"t")
+        store.set(mb.k_plan(4), mb.Plan(4, (), (), lost=(2,), resume='{"step": 10}',
+                                        reason="no member holding the state is left"
+                                        ).to_json())
+        store.set(mb.LATEST, "4")
+        joiner = _Member(None, store, 7, None)  # type: ignore[arg-type]
+        assert joiner._wait_and_form() is None and joiner.seen == 4
+        dropped = _Member(None, store, 3, None)  # type: ignore[arg-type]
+        dropped.was_member, dropped.plan = True, mb.Plan(3, (3,), ("x",))
+        assert dropped._wait_and_form() is Outcome.REFUSED  # joins again and resumes
+        store.set(mb.k_plan(5), mb.Plan(5, (), (), lost=(2,),
+                                        reason="no member holding the state is left"
+                                        ).to_json())
+        store.set(mb.LATEST, "5")
+        assert _Member(None, store, 8, None)._wait_and_form(  # type: ignore[arg-type]
+            ) is Outcome.LOST
+    finally:
+        server.stop()
