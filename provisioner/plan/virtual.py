@@ -120,7 +120,7 @@ def expand(cands: Sequence[Candidate], model_mb: float,
         k, n = got
         as_vw[itype] = got
         speed = vw_speed(c.samples_per_s, n, k, activation_mb, gbps)
-        unhidden = c.samples_per_s * n * efficiency(k)
+        unhidden = vw_speed(c.samples_per_s, n, k)  # the same VW, its activations free
         if speed < unhidden * (1 - 1e-9):
             slowed[itype] = speed / unhidden
         out.append(VirtualWorkers(
