@@ -681,8 +681,9 @@ class PipelineMember(Member):
             mids = [ids[offs[m]:offs[m + 1]] for m in complete.split(todo, counts, v)]
             if j == 0:
                 mine += dict(parts)[members[self.rank]]
-            self.pending[-1].cover = complete.parts(wp, layout, todo, counts, len(sizes),
-                                                    j)[self.rank]
+            at_stage = heads if j == 0 else complete.parts(wp, layout, todo, counts,
+                                                           len(sizes), j)
+            self.pending[-1].cover = at_stage[self.rank]
             micros = [Micro(i, len(m), len(m) / total) for i, m in enumerate(mids)]
             cache: dict[int, Any] = {}
 
