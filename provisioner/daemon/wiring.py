@@ -29,7 +29,8 @@ from provisioner.daemon.telemetry import Telemetry
 from provisioner.drivers import DRIVERS
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import ConfigError, DriverError, UserError
-from provisioner.plan.pipeline import Planner, plan_settings
+from provisioner.plan.objective import planner_input
+from provisioner.plan.pipeline import Planner
 from provisioner.plan.throughput import ThroughputModel
 from provisioner.timing import Intervals
 
@@ -56,7 +57,7 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
                                   metrics=metrics, launch_env=launch_env, stopping=stopping)
     telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)
     return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
-                  market=market, planner=Planner(plan_settings(settings)), actuator=actuator,
+                  market=market, planner=Planner.of(planner_input(settings)), actuator=actuator,
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
-from provisioner.plan import virtual
+from provisioner.plan import budget, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
@@ -49,6 +49,7 @@ from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
+    from provisioner.plan.objective import Goal, PlannerInput
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class PlanSettings:
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
     max_launches: int = 4  # the churn limit per round and the round's period: how long a
     plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
+    max_removals: int = 2  # (and to take down: a budget's reserve)
+    max_spot_price: float | None = None  # a spot offering priced above is not held
 
     @property
     def ramp_h(self) -> float:
@@ -85,9 +88,11 @@ def plan_settings(settings: "Settings") -> PlanSettings:
     """The :class:`PlanSettings` of validated settings (the only place that maps them)."""
     job, obj, fleet, opt, pace = (settings.job, settings.objective, settings.fleet,
                                   settings.optimizer, settings.pacing)
+    caps = [c for c in (obj.budget_per_hour, job.max_hourly_cost) if c is not None]
     bounds = Problem(
         (), objective="max-throughput" if obj.kind == "deadline" else obj.kind,
-        target_samples_per_s=obj.target_samples_per_s, budget_per_hour=obj.budget_per_hour,
+        target_samples_per_s=obj.target_samples_per_s,
+        budget_per_hour=min(caps) if caps else None,
         min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
         zone_allowance=fleet.zone_allowance,
         region_quota_gpus=MappingProxyType(dict(fleet.region_quota_gpus)),
@@ -105,7 +110,8 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         ahead_tolerance=pace.ahead_tolerance, catch_up_tolerance=pace.catch_up_tolerance,
         bank_hours=pace.bank_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
-        max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s)
+        max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s,
+        max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price)
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ class Progress:
     done: float = 0.0
     deadline_s: float | None = None  # from ``start``
     hard: bool = True  # the user's deadline (hard) or the job's own pace (soft)
+    spent: float = 0.0  # USD spent since ``start``
+    budget_usd: float | None = None  # the job's total budget (None: none)
 
     @property
     def paced(self) -> bool:
@@ -153,11 +161,16 @@ class Decision:
     plan: Plan | None = None
     notes: tuple[str, ...] = field(default=())
     wake_at: float | None = None  # decide again by then even if nothing happens: the
-    # on-demand floor starts (a caller that decides on a long period must not miss it)
+    # on-demand floor starts, the budget's reserve is reached (a caller that decides on a
+    # long period must not miss it)
+    stop: str | None = None  # the job must stop buying for good (its budget is spent)
 
     def explain(self) -> str:
+        if self.stop is not None:
+            return self.stop
         if self.plan is None:
-            return "ahead of the progress line: keeping the cheapest hardware held"
+            return "\n".join(["ahead of the progress line: keeping the cheapest hardware held"]
+                             + [f"note: {n}" for n in self.notes])
         return self.plan.explain()
 
 
@@ -176,9 +189,14 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     n_ref = max(1, sum(fleet.held.values()), b.min_size)
     loss_h = (b.boot_s + (s.step_s + b.reform_s) * n_ref) / 3600.0
     unknown: set[str] = set()
+    priced_out = 0
     out: list[Candidate] = []
     for o in sorted(market.prices):
         if o.market not in s.markets or (s.regions and o.region not in s.regions):
+            continue
+        if (o.market == "spot" and s.max_spot_price is not None
+                and market.prices[o] > s.max_spot_price):
+            priced_out += 1
             continue
         if s.gpus:
             spec = gpu_spec(o.instance_type)
@@ -198,6 +216,9 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
+    if priced_out:
+        notes.append(f"skipped {priced_out} spot offerings priced above job.max_spot_price "
+                     f"(${s.max_spot_price:g}/h)")
     out, vw_notes = virtual.expand(  # GPUs too small: whole virtual workers
         out, b.model_mb, activation_mb=b.activation_mb, gbps=b.intra_zone_gbps)
     return out, notes + vw_notes
@@ -229,24 +250,56 @@ def keep(prob: Problem, pins: Mapping[Offering, int], max_regions: int) -> Probl
 
 
 class Planner:
-    """Turns the views of one moment into a target fleet (see the module docstring)."""
+    """Turns the views of one moment into a target fleet (see the module docstring).
+    Build it from :func:`provisioner.plan.objective.planner_input` (:meth:`of`)."""
 
-    def __init__(self, settings: PlanSettings) -> None:
+    def __init__(self, settings: PlanSettings, goal: "Goal | None" = None) -> None:
+        from provisioner.plan.objective import Goal, PlannerInput
+
         self.s = settings
+        self.goal = goal if goal is not None else Goal()
+        self.input = PlannerInput(settings, self.goal)
         self.outages = OutageLog()
         self.launches = LaunchLog()
 
+    @classmethod
+    def of(cls, inp: "PlannerInput") -> "Planner":
+        """The planner of one job's :class:`~provisioner.plan.objective.PlannerInput`."""
+        return cls(inp.settings, inp.goal)
+
     def decide(self, market: MarketView, fleet: FleetView, progress: Progress,
                now: float) -> Decision:
-        """The target fleet now. Static mode raises InfeasibleError naming the constraint."""
+        """The target fleet now. Static mode raises InfeasibleError naming the constraint.
+        With a budget, the decision stops buying (``Decision.stop``, an empty target) while
+        enough is left to take the fleet held down (:mod:`provisioner.plan.budget`)."""
+        wake = None
+        note = None
+        if progress.budget_usd is not None:
+            held = {o: n for o, n in fleet.held.items() if n > 0}
+            burn = sum(market.prices.get(o, 0.0) * n for o, n in held.items())
+            left = progress.budget_usd - progress.spent
+            reserve = budget.reserve_usd(burn, sum(held.values()), self.s.plan_s,
+                                         self.s.max_removals)
+            if left <= reserve:
+                return Decision({}, stop=f"budget spent: ${progress.spent:,.2f} of "
+                                f"job.budget_usd ${progress.budget_usd:,.2f} (the rest pays "
+                                f"for the fleet while it is taken down)")
+            wake = budget.stop_time(now, left, burn, reserve)
+            if progress.work is not None:
+                cands, _ = candidates(market, FleetView(), self.s)
+                note = budget.budget_note(cands, max(progress.work - progress.done, 0.0), left)
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
-            plan = solve(problem_of(cands, self.s, notes), time_limit_s=self.s.time_limit_s)
-            return Decision(virtual.instances(plan), plan)
-        return self._paced(market, fleet, progress, now)
+            plan = solve(problem_of(cands, self.s, notes + ([note] if note else [])),
+                         time_limit_s=self.s.time_limit_s)
+            return Decision(virtual.instances(plan), plan, wake_at=wake)
+        d = self._paced(market, fleet, progress, now, note)
+        if wake is not None and (d.wake_at is None or wake < d.wake_at):
+            d = replace(d, wake_at=wake)
+        return d
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
-               now: float) -> Decision:
+               now: float, budget_warning: str | None = None) -> Decision:
         s, b = self.s, self.s.bounds
         assert pr.work is not None and pr.deadline_s is not None
         horizon_s = b.churn_horizon_hours * 3600
@@ -261,6 +314,8 @@ class Planner:
             main = max(zones.values())
             young = {o: n for o, n in young.items() if zones[(o.region, o.zone)] == main}
         cands, notes = candidates(market, fleet, s)
+        if budget_warning:
+            notes.append(budget_warning)
         deadline_s = pr.deadline_s
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
@@ -318,7 +373,8 @@ class Planner:
             # slack (no on-demand floor) a few minutes at the survivors' rate cost only time:
             # always so for the job's own pace (late, not dear), for a user's deadline only
             # while the survivors keep its pace within the tolerance.
-            return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake)
+            return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
+                            notes=tuple(notes))
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
@@ -356,7 +412,7 @@ class Planner:
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
-            return Decision(kept, wake_at=wake)  # ahead, nothing good reachable: keep
+            return Decision(kept, wake_at=wake, notes=tuple(notes))  # ahead, nothing good: keep
         if floor <= 0.0:
             plan = self._per_dollar(prob if not pins else keep(prob, pins, b.max_regions),
                                     plan, target)

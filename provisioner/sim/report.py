@@ -26,9 +26,10 @@ from typing import Mapping, Sequence
 from pricing.model import Offering
 from provisioner import plots
 from provisioner.errors import UserError
-from provisioner.sim.engine import Result, simulate_policy
+from provisioner.sim.engine import simulate_policy
 from provisioner.sim.hindsight import hindsight
 from provisioner.sim.policies import POLICIES, Params
+from provisioner.sim.result import Result
 from provisioner.sim.world import World, iso
 
 log = logging.getLogger(__name__)

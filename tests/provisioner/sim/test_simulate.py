@@ -25,12 +25,44 @@ def at(hours: float) -> datetime:
     return T0 + timedelta(hours=hours)
 
 
+#: Where each knob of the simulated job lives in the daemon's settings (the simulator reads
+#: them there, whole); the others are the baselines' own (Params fields).
+SETTING = {"boot_s": ("fleet", "boot_s"), "reform_s": ("fleet", "reform_s"),
+           "step_s": ("fleet", "step_s"), "max_size": ("fleet", "max_size"),
+           "max_zone_share": ("fleet", "max_zone_share"),
+           "churn_horizon_hours": ("fleet", "churn_horizon_hours"),
+           "model_mb": ("job", "model_mb"), "global_batch": ("job", "global_batch"),
+           "avoid_s": ("daemon", "zone_avoid_ttl_s"), "plan_s": ("daemon", "plan_s"),
+           "bank_hours": ("pacing", "bank_hours"),
+           "catch_up_tolerance": ("pacing", "catch_up_tolerance"),
+           "ahead_tolerance": ("pacing", "ahead_tolerance"),
+           "default_hazard": ("optimizer", "default_spot_hazard_per_hour"),
+           "safety_hours": ("objective", "safety_hours"),
+           "budget_usd": ("job", "budget_usd"), "max_spot_price": ("job", "max_spot_price"),
+           "max_hourly_cost": ("job", "max_hourly_cost")}
+
+
 def params(**kw) -> Params:
+    """A simulated job: settings validated as a config file's (``parse_settings``), the
+    tests' small figures (no boot, no re-form, no ring cost, 4 instances at most)."""
+    from provisioner.config import parse_settings
+
     base = dict(itype="p3.2xlarge", size=1, boot_s=0, restart_s=0, checkpoint_s=1800,
                 step_s=1, reform_s=0, model_mb=0, max_size=4, max_zone_share=1.0,
-                backoff_s=60, avoid_s=600)
+                backoff_s=60, avoid_s=600, global_batch=256)
     base.update(kw)
-    return Params(**base)
+    data: dict = {}
+    for k in [k for k in base if k in SETTING]:
+        section, name = SETTING[k]
+        data.setdefault(section, {})[name] = base.pop(k)
+    return Params(parse_settings(data), **base)
+
+
+def spotring(p: Params, v) -> "Spotring":
+    """The spotring policy of the job a view shows (its work and deadline)."""
+    from provisioner.sim.policies import Spotring
+    return Spotring.for_job(p, work=v.work, deadline_h=None if v.deadline_s is None
+                            else v.deadline_s / 3600, speed=v.speed)
 
 
 def two_zone_world(a_gone: tuple[float, float] | None, end_h: float = 10.0):
@@ -286,16 +318,16 @@ def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
     # of the price, so the fastest fleet, 4 spot in A (max_size), not on-demand. (It bought
     # 3 on-demand: the all-or-nothing soft floor at slack 0, at a quarter of a target that
     # no fleet reaches.)
-    from provisioner.sim.policies import Spotring
-    d = Spotring(params()).decide(_late_view({}))
+    v = _late_view({})
+    d = spotring(params(), v).decide(v)
     assert dict(d.target) == {A: 4}
 
 
 def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
     # Same, but A failed a launch 240 s ago (within avoid_s, 600 s): spot cannot be had now,
     # so on-demand covers the gap, the fastest fleet: 4 on-demand.
-    from provisioner.sim.policies import Spotring
-    d = Spotring(params()).decide(_late_view({A: 3000.0}))
+    v = _late_view({A: 3000.0})
+    d = spotring(params(), v).decide(v)
     assert dict(d.target) == {A.with_market("on-demand"): 4}
 
 
@@ -331,9 +363,10 @@ def test_spotring_ahead_of_its_line_waits_for_the_cheapest_per_sample_instead_of
     # 200,000 done at 0.5 h: ahead of the line (180,000), so the work due is done and waiting
     # for A is free: nothing bought (p2.xlarge would cost 1.5x per sample). 150,000 done:
     # behind; 210,000 left in 1,800 s needs 116.7/s: 2 p2.xlarge.
-    from provisioner.sim.policies import Spotring
-    assert dict(Spotring(params()).decide(_ahead_view(200_000, {})).target) == {}
-    assert dict(Spotring(params()).decide(_ahead_view(150_000, {})).target) == {SMALL_B: 2}
+    v = _ahead_view(200_000, {})
+    assert dict(spotring(params(), v).decide(v).target) == {}
+    v = _ahead_view(150_000, {})
+    assert dict(spotring(params(), v).decide(v).target) == {SMALL_B: 2}
 
 
 def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line():
@@ -341,10 +374,11 @@ def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line
     # (0.1 h = 360 s) ahead of the line, 360,000 x 2,160 / 3,600 = 216,000 at 0.5 h, else it
     # would be dropped at the line and booted again at the next tick. 200,000 done: kept
     # (160,000 left in 1,800 s: 88.9/s, one); 220,000 done: dropped.
-    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.1)
-    assert dict(Spotring(p).decide(_ahead_view(200_000, {SMALL_B: 1})).target) == {SMALL_B: 1}
-    assert dict(Spotring(p).decide(_ahead_view(220_000, {SMALL_B: 1})).target) == {}
+    v = _ahead_view(200_000, {SMALL_B: 1})
+    assert dict(spotring(p, v).decide(v).target) == {SMALL_B: 1}
+    v = _ahead_view(220_000, {SMALL_B: 1})
+    assert dict(spotring(p, v).decide(v).target) == {}
 
 
 class _Swap:
@@ -380,12 +414,11 @@ def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_f
     # (1,800 + 1,800) / 3,600) = 360,000, 160,000 short, within the churn horizon (0.25 h =
     # 900 s): 177.8/s, two A. With A the only hardware there is nothing to bank against: one.
     from dataclasses import replace as dc_replace
-    from provisioner.sim.policies import Spotring
     p = params(bank_hours=0.5, churn_horizon_hours=0.25)
     v = dc_replace(_ahead_view(200_000, {}), failed={})
-    assert dict(Spotring(p).decide(v).target) == {A: 2}
+    assert dict(spotring(p, v).decide(v).target) == {A: 2}
     only_a = dc_replace(v, prices={A: 1.0})
-    assert dict(Spotring(p).decide(only_a).target) == {A: 1}
+    assert dict(spotring(p, v).decide(only_a).target) == {A: 1}
 
 
 def test_spotring_learns_the_bank_from_the_outages_it_saw():
@@ -393,12 +426,11 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     # there is nothing to bank for: one A keeps the pace. After a 0.5 h outage the learned
     # bank is 0.5 h (1,800^2 / 1,800 s) and the decision is the fixed 0.5 h one above: two A.
     from dataclasses import replace as dc_replace
-    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.25)
-    assert p.bank_hours is None
+    assert p.plan.bank_hours is None
     v = dc_replace(_ahead_view(200_000, {}), failed={})
-    assert dict(Spotring(p).decide(v).target) == {A: 1}
-    seen = Spotring(p)
+    assert dict(spotring(p, v).decide(v).target) == {A: 1}
+    seen = spotring(p, v)
     seen.planner.outages.lengths.append(1800.0)
     assert dict(seen.decide(v).target) == {A: 2}
 
@@ -444,12 +476,13 @@ def test_spotring_behind_its_own_pace_catches_up_only_on_rings_near_its_cost_per
     # the 1-instance ring that keeps the pace: 1 instance (2 are 1.0625x), late rather than
     # dear; within 1.2x (up to 4), the 2 that keep 150/s. A user's deadline at the same point
     # is hard: 250/s (its 2 h safety margin kept), 3 instances, whatever their cost per sample.
-    from provisioner.sim.policies import Spotring
     kw = dict(model_mb=100.0, global_batch=256, size=1, default_hazard=0.0)
-    assert dict(Spotring(params(**kw)).decide(_behind_view(None)).target) == {A: 1}
+    v = _behind_view(None)
+    assert dict(spotring(params(**kw), v).decide(v).target) == {A: 1}
     tolerant = params(**kw, catch_up_tolerance=1.2)
-    assert dict(Spotring(tolerant).decide(_behind_view(None)).target) == {A: 2}
-    assert dict(Spotring(params(**kw)).decide(_behind_view(10 * 3600.0)).target) == {A: 3}
+    assert dict(spotring(tolerant, v).decide(v).target) == {A: 2}
+    v = _behind_view(10 * 3600.0)
+    assert dict(spotring(params(**kw), v).decide(v).target) == {A: 3}
 
 
 def test_hindsight_pays_the_relaunches_of_the_instances_removals_revoke():
