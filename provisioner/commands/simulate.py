@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any, Iterator
 
-from provisioner.clio import add_json_flag, dumps, print_json
+from provisioner.clio import add_json_flag, print_json
 from provisioner.errors import UserError
 
 
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
     from provisioner.sim.policies import Params
-    from provisioner.sim.report import figures, run_all, write_report
+    from provisioner.sim.report import figures, money, run_all, summary, write_report
     from provisioner.sim.world import build_world
     from provisioner.plan.throughput import ThroughputModel
 
@@ -187,14 +187,17 @@ def run(args: argparse.Namespace) -> int:
     with quiet_stdout():
         results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
                           tick_s=args.tick, seed=args.seed)
+    figs = figures(results)
+    m = money(results, world, params)
+    if m is not None:
+        figs["spotring"]["money"] = m
     if args.report:
         path = write_report(args.report, world, results, params=params, work=args.work,
                             deadline_h=args.deadline, traces=args.trace)
-        if not args.json:
-            print(f"report written to {path}")
     if args.json:
-        print_json(figures(results), sort_keys=True)
-    elif not args.report:
-        for n, f in figures(results).items():
-            print(n, dumps(f))
+        print_json(figs, sort_keys=True)
+    else:
+        print(summary(figs, m))
+        if args.report:
+            print(f"report written to {path}")
     return 0

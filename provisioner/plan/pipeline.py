@@ -272,31 +272,51 @@ class Planner:
         """The target fleet now. Static mode raises InfeasibleError naming the constraint.
         With a budget, the decision stops buying (``Decision.stop``, an empty target) while
         enough is left to take the fleet held down (:mod:`provisioner.plan.budget`)."""
-        wake = None
         note = None
         if progress.budget_usd is not None:
-            held = {o: n for o, n in fleet.held.items() if n > 0}
-            burn = sum(market.prices.get(o, 0.0) * n for o, n in held.items())
-            left = progress.budget_usd - progress.spent
-            reserve = budget.reserve_usd(burn, sum(held.values()), self.s.plan_s,
-                                         self.s.max_removals)
-            if left <= reserve:
-                return Decision({}, stop=f"budget spent: ${progress.spent:,.2f} of "
-                                f"job.budget_usd ${progress.budget_usd:,.2f} (the rest pays "
-                                f"for the fleet while it is taken down)")
-            wake = budget.stop_time(now, left, burn, reserve)
+            if self._budget_stop(market.prices, fleet.held, progress, now)[0]:
+                return self._stopped(progress)
             if progress.work is not None:
                 cands, _ = candidates(market, FleetView(), self.s)
-                note = budget.budget_note(cands, max(progress.work - progress.done, 0.0), left)
+                note = budget.budget_note(cands, max(progress.work - progress.done, 0.0),
+                                          progress.budget_usd - progress.spent)
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
             plan = solve(problem_of(cands, self.s, notes + ([note] if note else [])),
                          time_limit_s=self.s.time_limit_s)
-            return Decision(virtual.instances(plan), plan, wake_at=wake)
-        d = self._paced(market, fleet, progress, now, note)
+            d = Decision(virtual.instances(plan), plan)
+        else:
+            d = self._paced(market, fleet, progress, now, note)
+        if progress.budget_usd is None:
+            return d
+        # the fleet after this round costs more than the one held while launches are in it:
+        # its burn sets the reserve and when to decide again
+        after = {o: max(n, fleet.held.get(o, 0)) for o, n in d.target.items()}
+        for o, n in fleet.held.items():
+            after.setdefault(o, n)
+        stop, wake = self._budget_stop(market.prices, after, progress, now)
+        if stop:
+            return self._stopped(progress)
         if wake is not None and (d.wake_at is None or wake < d.wake_at):
             d = replace(d, wake_at=wake)
         return d
+
+    def _budget_stop(self, prices: Mapping[Offering, float], fleet: Mapping[Offering, int],
+                     pr: Progress, now: float) -> tuple[bool, float | None]:
+        """(stop now, when the reserve will be reached) for a ``fleet`` held at ``prices``."""
+        assert pr.budget_usd is not None
+        burn = sum(prices.get(o, 0.0) * n for o, n in fleet.items() if n > 0)
+        left = pr.budget_usd - pr.spent
+        reserve = budget.reserve_usd(burn, sum(n for n in fleet.values() if n > 0),
+                                     self.s.plan_s, self.s.max_removals)
+        # (within a second of the reserve is there: a wake-up cannot come sooner)
+        return left <= reserve + burn / 3600.0, budget.stop_time(now, left, burn, reserve)
+
+    @staticmethod
+    def _stopped(pr: Progress) -> Decision:
+        return Decision({}, stop=f"budget spent: ${pr.spent:,.2f} of job.budget_usd "
+                        f"${pr.budget_usd:,.2f} (the rest pays for the fleet while it is "
+                        f"taken down)")
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
                now: float, budget_warning: str | None = None) -> Decision:

@@ -84,3 +84,13 @@ def test_event_log_with_a_start_and_on_demand_for_a_zone_star_region(tmp_path, c
     figs = json.loads(capsys.readouterr().out)
     assert figs["on-demand"]["finished"] and figs["spotring"]["finished"]
     assert figs["on-demand"]["total_cost_usd"] > figs["spotring"]["total_cost_usd"]
+
+
+def test_without_json_a_summary_table_and_the_money_line_are_printed(trace, capsys):
+    assert main(["simulate", "--trace", str(trace), "--work", "1e6",
+                 "--policy", "spotring", "on-demand"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["policy", "cost", "USD"]
+    assert lines[1].startswith("spotring") and lines[2].startswith("on-demand")
+    assert "spotring spent $" in out and "saved" in out and "{" not in out

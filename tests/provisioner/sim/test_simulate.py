@@ -518,3 +518,20 @@ def test_hindsight_pays_the_relaunches_of_drawn_lifetimes():
     without = hindsight(world, p, work=work, horizon_h=10.0, removals=False)
     assert with_drawn.cost == pytest.approx(3.0 + 1.5 * 0.1, rel=1e-6)
     assert without.cost == pytest.approx(3.0 + 0.3 * 0.1, rel=1e-6)
+
+
+def test_spotring_stops_within_its_budget_and_the_report_says_what_is_left():
+    # Spot a at $1/h, 100/s per instance; 1e7 samples cost ~$28 at the cheapest, and the
+    # budget is $2: spotring stops buying while the fleet can still be paid down (overshoot
+    # at most 1%), and says how far it got; the money line states spent, saved, left.
+    from provisioner.sim.report import money, money_line, run_all
+    world = two_zone_world(None)
+    p = params(size=2, budget_usd=2.0)
+    r = run_all(world, ["spotring", "on-demand"], p, work=1e7, deadline_h=None)
+    ours = r["spotring"]
+    assert ours.cost <= 2.0 * 1.01 and ours.cost > 1.9
+    assert ours.status.startswith("stopped: budget spent") and not ours.finished
+    m = money(r, world, p)
+    assert m["budget_left_usd"] >= -0.02 and m["on_demand_usd"] == pytest.approx(
+        4.0 / 100 / 3600 * ours.done, abs=1e-4)  # $4/h per 100/s: on-demand alone
+    assert "budget $2.00" in money_line(m) and "saved" in money_line(m)
