@@ -57,6 +57,14 @@ class OutageLog:
         total = sum(self.lengths)
         return sum(d * d for d in self.lengths) / total if total > 0 else 0.0
 
+    def expected_left_s(self, t: float) -> float:
+        """How much longer the outage going on at ``t`` is expected to last: the mean
+        residual of the outages seen that lasted longer than it has so far (inf when none
+        did: longer than any seen, spot that never came first of all)."""
+        r = self.running_s(t)
+        longer = [d - r for d in self.lengths if d > r]
+        return sum(longer) / len(longer) if longer else float("inf")
+
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
         outages seen (the one still running counted at its length so far): the expected

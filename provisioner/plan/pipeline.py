@@ -361,13 +361,36 @@ class Planner:
             # their last spot instance 2 h before the deadline with plenty of spot). The
             # floor is Uniform Progress' net for when spot cannot be had.
             floor = 0.0
-        if floor > 0.0 and not pr.hard and (
-                self.outages.running_s(now) <= self.outages.typical_s()):
-            # The job's own deadline is soft: on-demand covers an outage longer than those
-            # seen so far (spot that never came, first of all: then it finishes no later
-            # than plain on-demand), not one like those spot came back from (on the 16-node
-            # trace 16 on-demand bought at every late outage cost 1.6x the bound).
-            floor = 0.0
+        if not pr.hard:
+            # The job's own deadline is soft: late, not dear. Behind it the job catches up
+            # only on rings whose cost per sample is within catch_up_tolerance of the ring
+            # that keeps its pace, whether spot or, once its slack is gone and spot cannot be
+            # had, on-demand (uncapped, 16 on-demand instances at ring efficiency 0.68 were
+            # bought for the last hours of the V100 10-minute-probe trace: 1.77x the bound;
+            # the floor had been dropped instead during outages like those seen before,
+            # leaving the fleet empty while late). A user's deadline keeps its catch-up.
+            cap = catch_up_rate(cands, pr.work / deadline_s, s.catch_up_tolerance,
+                                b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
+            if cap is not None:
+                target = min(target, cap)
+                floor = min(floor, target)
+            od_cap = catch_up_rate([c for c in cands if c.offering.market == "on-demand"],
+                                   pr.work / deadline_s, s.catch_up_tolerance, b.max_size,
+                                   b.model_mb, b.global_batch, b.intra_zone_gbps)
+            if od_cap is not None and floor > 0.0:  # spot cannot be had: on-demand rings
+                # near on-demand's own cost per sample (not the spot rings' rate)
+                target = min(target, od_cap)
+                floor = min(floor, target)
+            if floor > 0.0 and s.catch_up_tolerance > 1.0 and (
+                    self.outages.expected_left_s(now) * (1.0 - 1.0 / s.catch_up_tolerance)
+                    < b.boot_s):
+                # ... but on-demand bought for an outage that ends before it pays back its
+                # boot costs more per sample than the tolerance allows (on the 16-node trace
+                # 7 on-demand bought for two late outages of 15 minutes: 1.109x the bound
+                # against 1.032x waiting): it is bought once the outage is expected to last
+                # long enough (the outages seen that lasted longer than this one so far),
+                # at once when it outlasts every one seen
+                floor = 0.0
         pins = dict(young)
         if floor > 0.0:  # on-demand beside the spot held, never instead of it
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
@@ -398,14 +421,6 @@ class Planner:
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
-            if not pr.hard:
-                # Behind its own (soft) pace the job catches up only on rings whose cost per
-                # sample is within catch_up_tolerance of the ring that keeps its pace: late,
-                # not dear (a user's deadline is hard and keeps its catch-up)
-                cap = catch_up_rate(cands, pr.work / deadline_s, s.catch_up_tolerance,
-                                    b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
-                if cap is not None and target > cap:
-                    target = cap
             line_s = deadline_s - safety * 3600
             good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
                                    line_s, horizon_s)
@@ -448,9 +463,13 @@ class Planner:
         if ahead:
             scales = (1.0, 0.75, 0.5, 0.25)
         for scale in scales:
-            if scale == 0.0:  # nothing reachable: the most throughput the caps allow
+            if scale == 0.0:  # nothing reachable: the most throughput the caps allow (for
+                # the job's own pace, late not dear: on spot, and the on-demand held)
                 q = replace(prob, objective="max-throughput", target_samples_per_s=None,
                             ondemand_floor_samples_per_s=0.0)
+                if not hard:
+                    q = replace(q, candidates=tuple(c for c in q.candidates if c.current or
+                                                    c.offering.market == "spot"))
             else:
                 q = replace(prob, target_samples_per_s=target * scale,
                             ondemand_floor_samples_per_s=floor * scale)
