@@ -180,6 +180,7 @@ class RiskEstimate:
     events: int = 0
     low: float | None = None
     high: float | None = None
+    co_fraction: float | None = None  # share of its pool one interruption event takes
 
     @property
     def mean_lifetime_hours(self) -> float:

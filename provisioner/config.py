@@ -152,6 +152,14 @@ class FleetSettings(_Section):
     inter_zone_gbps: float = Field(5.0, gt=0, le=1e5, description="link bandwidth across zones")
     inter_region_gbps: float = Field(1.0, gt=0, le=1e5,
                                      description="link bandwidth across regions")
+    max_half_ring_loss: float = Field(
+        0.05, ge=0, le=1, description="most chance that one 3-minute window revokes half the "
+        "ring or more (interruptions of one type in one zone come together): a fleet above it "
+        "is spread over more pools when that costs at most spread_cost_tolerance more per "
+        "useful sample (1: never spread for it)")
+    spread_cost_tolerance: float = Field(
+        1.05, ge=1.0, le=100.0, description="a fleet spread to keep max_half_ring_loss may "
+        "cost at most this factor of the cheapest one per useful sample")
 
     @model_validator(mode="after")
     def _bounds(self) -> "FleetSettings":

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
-from provisioner.plan import budget, virtual
+from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
@@ -74,6 +74,8 @@ class PlanSettings:
     plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
     max_removals: int = 2  # (and to take down: a budget's reserve)
     max_spot_price: float | None = None  # a spot offering priced above is not held
+    max_half_ring_loss: float = 0.05  # most chance one 3-minute window takes half the ring
+    spread_cost_tolerance: float = 1.05  # what spreading for it may cost per useful sample
 
     @property
     def ramp_h(self) -> float:
@@ -111,7 +113,9 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         bank_hours=pace.bank_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
         max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s,
-        max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price)
+        max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price,
+        max_half_ring_loss=fleet.max_half_ring_loss,
+        spread_cost_tolerance=fleet.spread_cost_tolerance)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ class MarketView:
     caps: Mapping[Offering, int] = field(default_factory=dict)  # instances available, where known
     gpus: Mapping[str, int] = field(default_factory=dict)  # GPUs per instance type (quotas), default 1
     notes: tuple[str, ...] = ()
+    co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of its pool
+    # one interruption event takes (pricing.risk.co_fractions; else the cloud's default)
 
 
 @dataclass(frozen=True)
@@ -282,8 +288,8 @@ class Planner:
                                           progress.budget_usd - progress.spent)
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
-            plan = solve(problem_of(cands, self.s, notes + ([note] if note else [])),
-                         time_limit_s=self.s.time_limit_s)
+            prob = problem_of(cands, self.s, notes + ([note] if note else []))
+            plan = self._spread(prob, solve(prob, time_limit_s=self.s.time_limit_s), market)
             d = Decision(virtual.instances(plan), plan)
         else:
             d = self._paced(market, fleet, progress, now, note)
@@ -448,10 +454,42 @@ class Planner:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
             return Decision(kept, wake_at=wake, notes=tuple(notes))  # ahead, nothing good: keep
+        base = prob if not pins else keep(prob, pins, b.max_regions)
         if floor <= 0.0:
-            plan = self._per_dollar(prob if not pins else keep(prob, pins, b.max_regions),
-                                    plan, target)
+            plan = self._per_dollar(base, plan, target)
+        plan = self._spread(base, plan, market)
         return Decision(virtual.instances(plan), plan, wake_at=wake)
+
+    def _spread(self, prob: Problem, plan: Plan, market: MarketView) -> Plan:
+        """``plan``, or the same problem's fleet with every zone below half the ring when
+        ``plan`` may lose half its ring in one 3-minute window more often than
+        ``max_half_ring_loss`` and the spread fleet does not, at no more than
+        ``spread_cost_tolerance`` times the cost per useful sample
+        (:mod:`provisioner.plan.spread`); the risk kept is noted."""
+        s = self.s
+        if s.max_half_ring_loss >= 1.0 or plan.size == 0:
+            return plan
+        risk = spread.half_loss(plan, market.co_fraction)
+        if risk <= s.max_half_ring_loss:
+            return plan
+        why = "no fleet spread below half a ring per zone meets the target"
+        try:
+            alt = solve(spread.spread_problem(prob), time_limit_s=s.time_limit_s)
+            alt_risk = spread.half_loss(alt, market.co_fraction)
+            ratio = spread.per_sample(alt) / spread.per_sample(plan)
+            if alt.size > 0 and alt_risk <= s.max_half_ring_loss and (
+                    ratio <= s.spread_cost_tolerance):
+                return replace(alt, notes=alt.notes + (
+                    f"spread over zones: a {risk:.1%} chance that one 3-minute window revokes "
+                    f"half the ring in one zone is {alt_risk:.1%} spread, for {ratio:.3f}x the "
+                    f"cost per useful sample",))
+            why = (f"the spread fleet's chance is {alt_risk:.1%} at {ratio:.3f}x the cost per "
+                   f"useful sample (fleet.spread_cost_tolerance {s.spread_cost_tolerance:g})")
+        except InfeasibleError:
+            pass
+        return replace(plan, notes=plan.notes + (
+            f"ring-loss risk: a {risk:.1%} chance that one 3-minute window revokes half the "
+            f"ring (fleet.max_half_ring_loss {s.max_half_ring_loss:.0%}), kept: {why}",))
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
                    ahead: bool) -> Plan | None:

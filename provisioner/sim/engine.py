@@ -31,10 +31,10 @@ import random
 from pricing.model import Offering
 from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
 from provisioner.sim.execution import model_for
-from provisioner.sim.fleet import Inst, SimActuator, SimFleet, drawn_lifetime
+from provisioner.sim.fleet import Inst, SimActuator, SimFleet, drawn_deaths
 from provisioner.sim.policies import Params, View, make_policy
 from provisioner.sim.result import Life, Result
-from provisioner.sim.revocations import hits, learned_hazards
+from provisioner.sim.revocations import hits, learned_co_fractions, learned_hazards
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,13 @@ class Engine:
         self.done = self.lost = 0.0
         self.revocations = 0
         self.fleet = SimFleet(world, self.t)
+        self.deaths = drawn_deaths(world, self.rng, seed)
         self.limits = (ChurnLimits(params.max_launches, params.max_removals) if self.hot
                        else ChurnLimits(10 ** 9, 10 ** 9))  # the baselines model other systems
         self.next_tick, self.wake = self.t + tick_s, None
         self.fail_wake: float | None = None  # a launch failed: decide again
         self.hazards: dict[Offering, float] = {}
+        self.co: dict[Offering, float] = {}  # the share of a pool one event takes, learned
         self.hz_at = -math.inf
         self.spot = [o for o in world.price if o.market == "spot"]
         self.stopped: str | None = None  # the policy stopped buying for good
@@ -85,17 +87,17 @@ class Engine:
         f.t = t
         if self.hot and t - self.hz_at >= HAZARD_REFRESH_S:
             self.hazards = learned_hazards(world.lifetimes, self.spot, t)
+            self.co = learned_co_fractions(world.lifetimes, self.spot, t)
             self.hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
         alternatives = sorted(prices, key=lambda o: (prices[o], o)) if self.hot else ()
-        act = SimActuator(f, self.p.boot_s, drawn_lifetime(world, self.rng),
-                          self._on_capacity_failure)
+        act = SimActuator(f, self.p.boot_s, self.deaths, self._on_capacity_failure)
         decisions = []
 
         def plan(attempt: int) -> RoundInput:
             view = View(t, world.start, self.work, self.done, self.deadline_s, prices,
                         f.held(), dict(f.failed), world.speed, self._running, self.hazards,
-                        revoked or attempt > 0, f.cost(t))
+                        revoked or attempt > 0, f.cost(t), self.co)
             d = self.policy.decide(view)
             decisions.append(d)
             blocked = frozenset(o for o, when in f.failed.items()

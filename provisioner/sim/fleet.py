@@ -84,15 +84,16 @@ class SimFleet:
 class SimActuator:
     """The simulator's :class:`~provisioner.plan.reconcile.Actuator` over a :class:`SimFleet`.
 
-    ``lifetime(offering)`` draws the seconds a new spot instance of an offering without an
-    availability series will live (inf otherwise); ``on_capacity_failure(offering)`` is told
+    ``death(offering, launched)`` says when a new instance will be revoked by a drawn event
+    (inf: never, or by its availability series); ``on_capacity_failure(offering)`` is told
     of every launch the world had no room for."""
 
-    def __init__(self, fleet: SimFleet, boot_s: float, lifetime: Callable[[Offering], float],
+    def __init__(self, fleet: SimFleet, boot_s: float,
+                 death: Callable[[Offering, float], float],
                  on_capacity_failure: Callable[[Offering], None]) -> None:
         self.fleet = fleet
         self.boot_s = boot_s
-        self.lifetime = lifetime
+        self.death = death
         self.on_capacity_failure = on_capacity_failure
         self.changed = False
 
@@ -102,7 +103,7 @@ class SimActuator:
         room = max(0, f.world.available(o, f.t) - f.held().get(o, 0))
         k = min(n, room)
         for _ in range(k):
-            f.add(o, self.boot_s, f.t + self.lifetime(o))
+            f.add(o, self.boot_s, self.death(o, f.t))
         self.changed = self.changed or k > 0
         if k < n:
             f.failed[o] = f.t
@@ -119,13 +120,20 @@ class SimActuator:
         self.terminate([removal])
 
 
-def drawn_lifetime(world: World, rng: random.Random) -> Callable[[Offering], float]:
-    """Lifetimes of new instances: exponential at the world's hazard for spot offerings
-    without an availability series (inf for the others: their revocations are the series')."""
-    from provisioner.sim.revocations import lifetime_s
+def drawn_deaths(world: World, rng: random.Random, seed: int
+                 ) -> Callable[[Offering, float], float]:
+    """When a new instance of an offering launched at a time dies: for spot offerings
+    without an availability series, at the first interruption event of their pool that takes
+    them (:class:`provisioner.sim.revocations.PoolEvents`: one seeded stream of events per
+    pool, so a run's instances of one pool go together); never for the others (their
+    revocations are the series')."""
+    from pricing.risk import CO_WINDOW_S
+    from provisioner.sim.revocations import PoolEvents
 
-    def draw(o: Offering) -> float:
+    events = PoolEvents(world.hazard, world.co_fraction, seed, CO_WINDOW_S, world.start)
+
+    def death(o: Offering, launched: float) -> float:
         if o.market == "spot" and world.avail.get(o) is None:
-            return lifetime_s(rng, world.hazard.get(o, 0.0))
+            return events.death(rng, o, launched, world.end)
         return math.inf
-    return draw
+    return death

@@ -69,6 +69,8 @@ class View:
     hazards: Mapping[Offering, float] = field(default_factory=dict)
     revoked: bool = False  # this decision follows a revocation or failed launch
     spent: float = 0.0  # USD spent so far
+    co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of a pool
+    # one interruption event takes, learned as the hazards are
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,8 @@ class Spotring:
 
     def decide(self, v: View) -> Decision:
         p = self.p
-        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards)
+        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards,
+                            co_fraction=v.co_fraction)
         blocked = frozenset(o for o, when in v.failed.items()
                             if o.market == "spot" and v.t - when < p.avoid_s)
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
