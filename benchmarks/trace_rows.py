@@ -118,10 +118,20 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     r = run_all(world, list(policies), p, work=work, deadline_h=deadline, seed=seed)
     ours = r["spotring"]
     out = {"row": row.name, "family": row.family, "multi": row.multi,
-           "cost": round(ours.cost, 4), "hours": ours.completion_h and round(ours.completion_h, 3),
+           "cost": round(ours.cost, 4),
+           "hours": None if ours.completion_h is None else round(float(ours.completion_h), 3),
            "launches": ours.launches, "revocations": ours.revocations}
     if "hindsight" in r and r["hindsight"].cost > 0:
         out["bound"] = round(r["hindsight"].cost, 4)
         out["vs_bound"] = round(ours.cost_per_m / r["hindsight"].cost_per_m, 4)
     out.update(check(r, world, p, deadline_h=deadline))
-    return out
+    return {k: plain(v) for k, v in out.items()}
+
+
+def plain(v: Any) -> Any:
+    """A JSON-able Python value of ``v`` (numpy scalars become float, int or bool)."""
+    if v is None or isinstance(v, (str, list, dict)):
+        return v
+    if hasattr(v, "item"):  # a numpy scalar
+        v = v.item()
+    return v

@@ -19,6 +19,11 @@ only. The exact 95% interval for a Poisson rate is
    (:func:`advisor_hazard` documents the conversion);
 4. ``default``: :data:`DEFAULT_HAZARD_PER_HOUR` for the cloud, itself an MLE over real traces.
 
+What the clouds say refines the priors (:func:`with_signals`): GCP ``capacityHistory``
+preemption rates, AWS spot placement scores, AWS rebalance recommendations. How much of a
+pool one interruption takes (:func:`co_fractions`) and the chance a ring loses half of
+itself in one 3-minute window (:func:`half_ring_loss`) price correlated revocations.
+
 On-demand offerings get hazard 0 (basis ``default``): they are not revoked.
 
 Rule for callers: give ``availability`` only for offerings whose lifetimes you did not also
@@ -31,10 +36,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from pricing.catalog import gpu_for
-from pricing.model import Availability, Lifetime, Offering, RiskEstimate
+from pricing.model import Availability, Lifetime, Offering, RiskEstimate, Signals
 
 #: A basis is used only with at least this many revocations (one event gives an interval
 #: spanning two orders of magnitude; below that the next basis is better informed).
@@ -307,3 +313,65 @@ def half_ring_loss(pools: Mapping[Any, tuple[int, float, float]],
                 nb, qb, need - i) for i in range(0, na + 1) if need - i > 0)
             p += both * max(0.0, joint - _binom_tail(na, qa, need) - _binom_tail(nb, qb, need))
     return min(1.0, p)
+
+
+# --- what the clouds say: placement scores, capacity history, rebalance recommendations -------
+
+#: A GCP ``capacityHistory`` preemption rate ``f`` is the share of the spot VMs that stopped
+#: in an interval which were preempted; the others ran until their user stopped them. With a
+#: VM run this long when not preempted, the hazard that gives ``f`` is ``f / ((1 - f) D)``
+#: (preemption and the user's stop competing). D is the 24 h GCP preemptible cap, the runs of
+#: the 2019 lifetimes in ../shared/data: an assumption, so the zone's own observations
+#: outrank it.
+GCP_RUN_HOURS = 24.0
+
+#: Bases a cloud signal may refine: the zone's own observations ("mle") are never replaced.
+_PRIOR_BASES = ("pooled", "spot-advisor", "default")
+
+
+def with_signals(risks: Mapping[Offering, RiskEstimate], signals: Signals, *,
+                 now: datetime, horizon_h: float) -> dict[Offering, RiskEstimate]:
+    """``risks`` refined by what the clouds say (pure; each change names its basis):
+
+    - GCP ``capacityHistory``: a spot offering whose hazard is a prior takes the hazard its
+      zone's (else region's) preemption rate implies (:data:`GCP_RUN_HOURS`), basis
+      ``capacity-history``;
+    - AWS spot placement scores: a prior hazard (one figure for the type in every zone) is
+      shared out between the region's zones in inverse proportion to the type's scores
+      there (the mean score kept: a zone scored 9 gets a third of what one scored 3 gets),
+      ``+placement-score``;
+    - an AWS rebalance recommendation within ``horizon_h`` hours: the offering is expected
+      to be revoked within the planning horizon, so its hazard is at least ``1 /
+      horizon_h``, ``+rebalance``.
+
+    A zone with its own revocations keeps its estimate (observations outrank signals), except
+    for a rebalance recommendation, which is news about now."""
+    out = dict(risks)
+    scores: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for (region, zone, itype), score in signals.placement.items():
+        if 1 <= score <= 10:
+            scores[(region, itype)][zone] = float(score)
+    for off, r in risks.items():
+        if off.market != "spot":
+            continue
+        est = r
+        if off.cloud == "gcp" and r.basis in _PRIOR_BASES:
+            f = signals.preemption_rate.get((off.region, off.zone, off.instance_type),
+                                            signals.preemption_rate.get(
+                                                (off.region, "*", off.instance_type)))
+            if f is not None and 0.0 <= f <= 1.0:
+                f = min(f, 0.999)
+                est = replace(est, hazard_per_hour=f / ((1.0 - f) * GCP_RUN_HOURS),
+                              basis="capacity-history", low=None, high=None)
+        zone_scores = scores.get((off.region, off.instance_type), {})
+        if off.cloud == "aws" and r.basis in _PRIOR_BASES and off.zone in zone_scores:
+            mean = sum(zone_scores.values()) / len(zone_scores)
+            est = replace(est, hazard_per_hour=est.hazard_per_hour * mean / zone_scores[off.zone],
+                          basis=est.basis + "+placement-score", low=None, high=None)
+        seen = signals.rebalance.get(off)
+        if seen is not None and horizon_h > 0 and (
+                0 <= (now - seen).total_seconds() <= horizon_h * 3600):
+            est = replace(est, hazard_per_hour=max(est.hazard_per_hour, 1.0 / horizon_h),
+                          basis=est.basis + "+rebalance")
+        out[off] = est
+    return out

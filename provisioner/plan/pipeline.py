@@ -387,16 +387,19 @@ class Planner:
                 # near on-demand's own cost per sample (not the spot rings' rate)
                 target = min(target, od_cap)
                 floor = min(floor, target)
-            if floor > 0.0 and s.catch_up_tolerance > 1.0 and (
-                    self.outages.expected_left_s(now) * (1.0 - 1.0 / s.catch_up_tolerance)
-                    < b.boot_s):
-                # ... but on-demand bought for an outage that ends before it pays back its
-                # boot costs more per sample than the tolerance allows (on the 16-node trace
-                # 7 on-demand bought for two late outages of 15 minutes: 1.109x the bound
-                # against 1.032x waiting): it is bought once the outage is expected to last
-                # long enough (the outages seen that lasted longer than this one so far),
-                # at once when it outlasts every one seen
-                floor = 0.0
+            if floor > 0.0 and self.outages.running_s(now) <= self.outages.typical_s():
+                # ... but through an outage like those spot came back from, late and not
+                # dear: the cheapest on-demand per sample, one instance (a ring's efficiency
+                # only falls with its size), never an empty fleet; the catch-up above once
+                # the outage outlasts those seen (spot that never came first of all). On the
+                # 16-late trace on-demand at the catch-up rate after its 10.9 h outage cost
+                # 1.19x the bound; the floor dropped altogether (before) left the fleet empty
+                # while late.
+                od = [c for c in cands if c.offering.market == "on-demand"
+                      and c.price_per_hour > 0 and c.useful > 0]
+                one = min(od, key=lambda c: c.price_per_hour / c.useful).useful if od else 0.0
+                if one > 0:
+                    target = floor = min(floor, one)
         pins = dict(young)
         if floor > 0.0:  # on-demand beside the spot held, never instead of it
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
