@@ -60,7 +60,7 @@ def plan_json(plan) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from pricing.errors import PricingError
-    from pricing.risk import estimate
+    from pricing.risk import estimate, with_signals
     from pricing.sanity import check
     from pricing.sources import make_source
     from provisioner.config import load_settings
@@ -90,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
         now = source.now()
     ok, refused = check(snap.quotes, now=now,
                         max_age=timedelta(hours=settings.optimizer.max_quote_age_hours))
-    risks = estimate({q.offering for q in ok} | {q.offering.with_market("on-demand")
-                                                 for q in ok if q.on_demand_per_hour},
-                     snap.lifetimes)
+    risks = with_signals(estimate({q.offering for q in ok} | {
+        q.offering.with_market("on-demand") for q in ok if q.on_demand_per_hour}, snap.lifetimes),
+        snap.signals, now=now, horizon_h=settings.fleet.churn_horizon_hours)
     job = settings.job
     model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
     prices = latest_prices(ok, now, timedelta(hours=settings.optimizer.max_quote_age_hours))

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -259,7 +259,10 @@ class Daemon:
         unavailable = act.unavailable.members()
         caps = {o: min(self.market.available.get(o, current[o]), current[o])
                 for o in unavailable}  # out of capacity: keep what it holds, no more
-        market = self.market.view(self.telemetry.throughput, now, caps)
+        rebalance = {Offering.from_key(e.offering): datetime.fromtimestamp(e.t, timezone.utc)
+                     for e in self.state.events(limit=50, kinds=[EventKind.REBALANCE])
+                     if e.offering}  # recommendations: a hazard input (pricing.risk)
+        market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
         fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed))
         try:

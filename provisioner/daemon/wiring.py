@@ -52,7 +52,8 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
     job = settings.job
     model = throughput or ThroughputModel(priors=job.throughput_priors,
                                           unit=job.samples_per_s_per_unit)
-    market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours))
+    market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours),
+                    horizon_h=settings.fleet.churn_horizon_hours)
     actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
                                   metrics=metrics, launch_env=launch_env, stopping=stopping)
     telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)

@@ -164,9 +164,13 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
             if not pts:
                 donor = _donor(o, series)
                 if donor is None:
+                    src = next((sp.source for sp in snapshot.spans if sp.offering == o),
+                               o.key)
                     raise UserError(
-                        f"no spot price for {o.instance_type} in any price trace: pass a price "
-                        f"trace with it too (e.g. the AWS spot price events, or a user CSV)")
+                        f"{src}: the availability of {o.instance_type} ({o.cloud}) has no spot "
+                        f"price in any price trace: pass a price trace with it too (the AWS "
+                        f"spot price events, describe-spot-price-history JSON, or a user CSV "
+                        f"with {o.instance_type} rows)")
                 src = sorted(series[donor])
                 shift = av_start - src[0][0]
                 pts = [(t + shift, p) for t, p in src]

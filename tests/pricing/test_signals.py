@@ -97,3 +97,23 @@ def test_aws_placement_scores_by_zone_name_with_a_stubbed_client():
     assert sig.placement == {("us-east-1", "us-east-1a", "p3.2xlarge"): 8.0,
                              ("us-east-1", "us-east-1b", "p3.2xlarge"): 2.0}
     assert len(notes) == 1 and "UnauthorizedOperation" in notes[0]  # refused: a note
+
+
+def test_the_daemons_market_view_takes_rebalance_recommendations_into_the_hazard():
+    from pricing.model import PriceQuote, Snapshot
+    from pricing.sources.trace import TraceSource
+    from provisioner.daemon.market import Market
+    from provisioner.plan.throughput import ThroughputModel
+
+    class Anywhere:  # a driver that can place every offering
+        def can_place(self, offering):
+            return True
+
+    snap = Snapshot(quotes=(PriceQuote(A, NOW - timedelta(hours=1), 0.9, 3.06),
+                            PriceQuote(B, NOW - timedelta(hours=1), 0.9, 3.06)))
+    m = Market(TraceSource([], snapshot=snap), Anywhere(), timedelta(days=1), horizon_h=0.5)
+    m.poll(NOW)
+    plain = m.view(ThroughputModel(unit=400.0), NOW, {})
+    told = m.view(ThroughputModel(unit=400.0), NOW, {}, {A: NOW - timedelta(minutes=5)})
+    assert told.hazards[A] == 2.0  # a revocation expected within the 0.5 h horizon
+    assert told.hazards[B] == plain.hazards[B] == plain.hazards[A] < 2.0

@@ -182,9 +182,12 @@ def test_implausible_prices_are_dropped_and_reported_with_their_source():
 
 
 def test_availability_without_any_price_is_refused_with_the_fix():
+    from pricing.model import Span
     av = (Availability(A, at(0), 1), Availability(A, at(5), 1))
-    with pytest.raises(UserError, match="no spot price for p3.2xlarge"):
-        build_world(Snapshot(availability=av), SPEED, max_size=4)
+    snap = Snapshot(availability=av, spans=(Span(A, at(0), at(5), "probe.csv"),))
+    with pytest.raises(UserError, match=r"^probe.csv: the availability of p3.2xlarge \(aws\) "
+                       r"has no spot price in any price trace: pass a price trace"):
+        build_world(snap, SPEED, max_size=4)
 
 
 def test_availability_is_combined_with_a_price_series_of_the_same_type_and_says_so():
