@@ -62,10 +62,12 @@ ROWS: tuple[Row, ...] = (
         deadline_h=34.4),
     Row("cbl-1node-02-15", "02-15, 45.8 h", (f"{AVAIL}/1-node/aws-02-15-2023", PRICES),
         deadline_h=45.8),
+    # (the baselines' type: the spot type with the most offerings, as `provision simulate`
+    # picks it; its nominal ring sets the job's own pace)
     Row("cbl-1node-10-26", "10-26", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
-        on_demand=tuple(OD4.items()), multi=True),
+        on_demand=tuple(OD4.items()), multi=True, itype="p2.xlarge"),
     Row("cbl-1node-10-26", "10-26, 159.4 h", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
-        on_demand=tuple(OD4.items()), deadline_h=159.4, multi=True),
+        on_demand=tuple(OD4.items()), deadline_h=159.4, multi=True, itype="p2.xlarge"),
     Row("cbl-1node-10-26", "10-26 V100", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
         types=("p3.2xlarge",)),
     Row("cbl-1node-10-26", "10-26 V100, 34.4 h", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),

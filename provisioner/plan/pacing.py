@@ -65,6 +65,12 @@ class OutageLog:
         longer = [d - r for d in self.lengths if d > r]
         return sum(longer) / len(longer) if longer else float("inf")
 
+    def shift_s(self, t: float) -> float:
+        """How far the job's own (soft) pace line moves for the outages seen: every outage
+        that ended (spot came back from it), and the one going on up to the typical length
+        (beyond it, spot may not come back: the line no longer waits)."""
+        return sum(self.lengths) + min(self.running_s(t), self.typical_s())
+
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
         outages seen (the one still running counted at its length so far): the expected

@@ -265,7 +265,8 @@ class Planner:
         self.s = settings
         self.goal = goal if goal is not None else Goal()
         self.input = PlannerInput(settings, self.goal)
-        self.outages = OutageLog()
+        self.outages = OutageLog()  # of the cheapest hardware per sample (banking)
+        self.spot_outages = OutageLog()  # of all spot (the job's own pace waits for them)
         self.launches = LaunchLog()
 
     @classmethod
@@ -343,6 +344,19 @@ class Planner:
         if budget_warning:
             notes.append(budget_warning)
         deadline_s = pr.deadline_s
+        spot_fails = [t for o, t in fleet.failed.items() if o.market == "spot"]
+        self.spot_outages.observe(now, any(n > 0 and o.market == "spot"
+                                           for o, n in fleet.held.items()),
+                                  max(spot_fails) if spot_fails else None)
+        if not pr.hard:
+            # The job's own pace is the nominal rate while spot can be had: its line moves
+            # for the outages of all spot seen so far, and for the one going on up to the
+            # typical length (longer, spot may not come back: spot that never came is met
+            # with on-demand as before). Behind the moved line it catches up (below); the
+            # line that did not move made every outage after a long one "late" (on the
+            # 16-late trace, after its first 10.9 h) and bought on-demand for it.
+            deadline_s += self.spot_outages.shift_s(now)
+        nominal = pr.work / pr.deadline_s  # the pace's own rate (catch-up's reference)
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
@@ -375,13 +389,13 @@ class Planner:
             # bought for the last hours of the V100 10-minute-probe trace: 1.77x the bound;
             # the floor had been dropped instead during outages like those seen before,
             # leaving the fleet empty while late). A user's deadline keeps its catch-up.
-            cap = catch_up_rate(cands, pr.work / deadline_s, s.catch_up_tolerance,
+            cap = catch_up_rate(cands, nominal, s.catch_up_tolerance,
                                 b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
             if cap is not None:
                 target = min(target, cap)
                 floor = min(floor, target)
             od_cap = catch_up_rate([c for c in cands if c.offering.market == "on-demand"],
-                                   pr.work / deadline_s, s.catch_up_tolerance, b.max_size,
+                                   nominal, s.catch_up_tolerance, b.max_size,
                                    b.model_mb, b.global_batch, b.intra_zone_gbps)
             if od_cap is not None and floor > 0.0:  # spot cannot be had: on-demand rings
                 # near on-demand's own cost per sample (not the spot rings' rate)

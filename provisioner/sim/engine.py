@@ -96,7 +96,7 @@ class Engine:
 
         def plan(attempt: int) -> RoundInput:
             view = View(t, world.start, self.work, self.done, self.deadline_s, prices,
-                        f.held(), dict(f.failed), world.speed, self._running, self.hazards,
+                        f.held(), dict(f.failed), world.speed, self.exec.running, self.hazards,
                         revoked or attempt > 0, f.cost(t), self.co)
             d = self.policy.decide(view)
             decisions.append(d)
@@ -117,8 +117,6 @@ class Engine:
                             t + self.p.plan_s)
         if act.changed:
             self.exec.changed(t, f.insts)
-
-    _running = False  # (the restart model's run, for the view; the ring is always "running")
 
     # -- the loop ----------------------------------------------------------------------------
     def _record(self, rate: float) -> None:
@@ -178,7 +176,6 @@ class Engine:
                     break
             r = self.exec.rate(f.insts, self.t)
             self.exec.observe(self.t, r, self.done)
-            self._running = getattr(self.exec, "run_start", None) is not None
             self._record(r)
             t_next = self._next_event()
             if r > 0 and self.t + (self.work - self.done) / r <= t_next:

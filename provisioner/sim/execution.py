@@ -50,6 +50,7 @@ class HotRing:
     """The elastic ring (see the module docstring)."""
 
     hot = True
+    running = False  # (a policy's view: the ring keeps no run to restart)
 
     def __init__(self, world: World, p: Params, t0: float) -> None:
         self.world, self.p = world, p
@@ -102,6 +103,11 @@ class Restart:
             self.run_start, self.run_work, self.run_rate = t, done, rate
         elif rate == 0:
             self.run_start = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a run (every instance ready, past its restart) is going on."""
+        return self.run_start is not None
 
     def _restart(self, t: float, insts: Sequence[Instance]) -> None:
         self.stall_until = max([t] + [i.ready for i in insts]) + self.p.restart_s
