@@ -161,7 +161,7 @@ def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max
             rate = ring_rate(n, s, model_mb, global_batch, gbps)
             per = n * c.price_per_hour / rate
             rings.append((rate, per))
-            if not kept and rate >= pace:
+            if not kept and rate >= pace * (1.0 - 1e-9):  # (pace = work / (work / rate))
                 kept = True
                 ref = per if ref is None else min(ref, per)
     if ref is None:

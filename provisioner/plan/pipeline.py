@@ -395,10 +395,12 @@ class Planner:
                 target = min(target, cap)
                 floor = min(floor, target)
             od_cap = catch_up_rate([c for c in cands if c.offering.market == "on-demand"],
-                                   nominal, s.catch_up_tolerance, b.max_size,
+                                   nominal, 1.0, b.max_size,
                                    b.model_mb, b.global_batch, b.intra_zone_gbps)
-            if od_cap is not None and floor > 0.0:  # spot cannot be had: on-demand rings
-                # near on-demand's own cost per sample (not the spot rings' rate)
+            if od_cap is not None and floor > 0.0:  # spot cannot be had: on-demand rings no
+                # dearer per sample than the one that keeps the pace, so the job never pays
+                # more per sample than on-demand alone (a 5-instance catch-up ring on spot
+                # that never came cost 1.05x on-demand alone); it finishes later instead
                 target = min(target, od_cap)
                 floor = min(floor, target)
             if floor > 0.0 and self.outages.running_s(now) <= self.outages.typical_s():

@@ -48,15 +48,17 @@ def empty_late_hours(run: Result, world: World, p: Params, deadline_h: float,
     if od <= 0:
         return 0.0
     xs, fleet, rates, _ = run.series
+    _, _, safety = pace(1.0, deadline_h, deadline_h, od, hard=hard,
+                        safety_hours=p.plan.safety_hours, overhead_h=p.plan.ramp_h)
     done, empty = 0.0, 0.0
     for i in range(len(xs) - 1):
         h0, h1 = xs[i], xs[i + 1]
         left = run.work - done
         if fleet[i] == 0 and h1 > h0 and left > 0:
-            _, floor, _ = pace(left, max(deadline_h - h0, 1e-6), deadline_h, od, hard=hard,
-                               safety_hours=p.plan.safety_hours, overhead_h=p.plan.ramp_h)
-            if floor > 0:
-                empty += h1 - h0
+            # nothing is done while empty: the floor turns positive once the slack (time
+            # left less the ramp and the fastest on-demand ring's time) falls to the margin
+            late_from = deadline_h - p.plan.ramp_h - left / (od * 3600.0) - safety
+            empty += max(0.0, h1 - max(h0, late_from))
         done += rates[i] * (h1 - h0) * 3600.0
     return empty
 

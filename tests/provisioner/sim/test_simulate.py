@@ -273,21 +273,22 @@ def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_m
     assert hard.deadline_met and hard.cost > soft.cost + 0.5
 
 
-def test_spotring_when_spot_never_comes_ramps_on_demand_in_and_is_no_later_than_on_demand():
+def test_spotring_when_spot_never_comes_waits_its_slack_then_runs_on_demand_no_dearer():
     # No spot capacity at all (zone a at 0 throughout); 4 instances of 100/s on a ring (12.5
-    # MB gradient, batch 256: 4 deliver 357/s, 8 deliver 597/s), max_size 8, boot 180 s.
-    # Plain on-demand runs 4 from the start. spotring waits while its slack lasts (counted
-    # against the 8-instance ring, its boot and its launch rounds), then launches on-demand
-    # 4 at a time through the churn limits and finishes no later than plain on-demand.
+    # MB gradient, batch 256), max_size 8, boot 180 s. Plain on-demand runs 4 from the
+    # start. spotring waits while its slack lasts (counted against the 8-instance ring, its
+    # boot and its launch rounds), then, its own pace soft, runs the on-demand ring that keeps
+    # the pace, no dearer per sample than on-demand alone (it had caught up on 5, then 8:
+    # 1.05x on-demand alone per sample); it finishes later instead.
     quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
     av = (Availability(A, at(0), 0), Availability(A, at(20), 0))
     world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=8)
     p = params(size=4, max_size=8, boot_s=180, model_mb=12.5, global_batch=256)
     od = simulate_policy(world, "on-demand", p, work=3.6e6)
     ours = simulate_policy(world, "spotring", p, work=3.6e6)
-    assert ours.completion_h is not None and ours.completion_h <= od.completion_h
+    assert ours.completion_h is not None and ours.cost_per_m <= od.cost_per_m * (1 + 1e-9)
     fleet = [n for x, n in zip(ours.series[0], ours.series[1]) if n]
-    assert fleet[0] <= 4 and max(fleet) <= 8  # a ramp, 4 a round, not 8 at once
+    assert max(fleet) == 4  # the ring that keeps the pace, not a dearer catch-up ring
     assert all(x > 0.5 for x, n in zip(ours.series[0], ours.series[1]) if n)  # it waited
 
 
