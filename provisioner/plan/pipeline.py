@@ -4,8 +4,10 @@ Design: one object, :class:`Planner`, is called by the daemon (``provision run``
 ``provision plan`` and by the simulator's spotring policy alike, so a simulated figure is a
 figure of the code that runs. Its inputs are frozen views the caller builds from what it
 knows (:class:`MarketView`: prices, speeds, hazards, known capacity; :class:`FleetView`:
-instances held, offerings that failed us lately; :class:`Progress`: work done and due);
-its only memory is the :class:`~provisioner.plan.pacing.OutageLog` it learns banking from.
+instances held, offerings that failed us lately; :class:`Progress`: work done and due,
+money spent); its settings and goal come from one function,
+:func:`provisioner.plan.objective.planner_input`; its only memory is what it learned from
+the decisions it made (the outages it saw, the launches it made).
 
 Two modes, chosen by the progress it is given:
 
@@ -15,17 +17,24 @@ Two modes, chosen by the progress it is given:
   time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
   deadline_floor`); the job's own pace buys on-demand only to cover spot's gaps (every
   spot offering failed lately): on-demand runs the same instances as fast at 3x the price.
-  Ahead of the line only the cheapest hardware per sample is bought, and some hours are
-  banked with it (:mod:`provisioner.plan.pacing`); among fleets that keep pace the one with
-  most useful work per dollar wins. A target no fleet reaches gets the fastest fleet.
+  The job's own pace is late, not dear: its line moves for the outages of spot seen, it
+  catches up only on rings near the pace's cost per sample, on on-demand never dearer per
+  sample than on-demand alone, and through an outage like those seen it holds the cheapest
+  on-demand instance instead of nothing. Ahead of the line only the cheapest hardware per
+  sample is bought, and some hours are banked with it (:mod:`provisioner.plan.pacing`);
+  among fleets that keep pace the one with most useful work per dollar wins. A target no
+  fleet reaches gets the fastest fleet (for the job's own pace, on spot).
 - **static** (open-ended work): one solve of the settings' objective (``max-throughput``
   under the budget, or ``min-cost`` for a target rate).
 
 Offerings that failed lately (a revocation, a launch refused for capacity) may keep what
 they hold but not grow; in static mode, if every spot offering failed, none is held back.
+In both modes a fleet whose one zone may lose half the ring in a 3-minute window too often
+is spread over zones when that costs little (:mod:`provisioner.plan.spread`), and a budget
+stops the buying before it is spent (:mod:`provisioner.plan.budget`).
 
 Rule for callers: build the views fresh for every decision; call :meth:`Planner.decide`
-from one thread (the OutageLog is its state). Raises InfeasibleError only in static mode
+from one thread (the outage and launch logs are its state). Raises InfeasibleError only in static mode
 (paced mode always returns a fleet, possibly empty).
 """
 
