@@ -179,6 +179,7 @@ class Decision:
     # on-demand floor starts, the budget's reserve is reached (a caller that decides on a
     # long period must not miss it)
     stop: str | None = None  # the job must stop buying for good (its budget is spent)
+    behind: bool = False  # behind the pace: its slack gone (the on-demand floor positive)
 
     def explain(self) -> str:
         if self.stop is not None:
@@ -371,6 +372,7 @@ class Planner:
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
+        behind = floor > 0.0
         wake = None
         if floor <= 0.0 and od_rate > 0 and left > 0:  # when the slack reaches the floor's
             # window if nothing is done meanwhile: the ramp must start then, not a tick later
@@ -451,7 +453,7 @@ class Planner:
             # always so for the job's own pace (late, not dear), for a user's deadline only
             # while the survivors keep its pace within the tolerance.
             return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
-                            notes=tuple(notes))
+                            notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
@@ -481,12 +483,13 @@ class Planner:
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
-            return Decision(kept, wake_at=wake, notes=tuple(notes))  # ahead, nothing good: keep
+            return Decision(kept, wake_at=wake, notes=tuple(notes),
+                            behind=behind)  # ahead, nothing good: keep
         base = prob if not pins else keep(prob, pins, b.max_regions)
         if floor <= 0.0:
             plan = self._per_dollar(base, plan, target)
         plan = self._spread(base, plan, market)
-        return Decision(virtual.instances(plan), plan, wake_at=wake)
+        return Decision(virtual.instances(plan), plan, wake_at=wake, behind=behind)
 
     def _spread(self, prob: Problem, plan: Plan, market: MarketView) -> Plan:
         """``plan``, or the same problem's fleet with every zone below half the ring when

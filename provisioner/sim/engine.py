@@ -75,6 +75,8 @@ class Engine:
         self.hz_at = -math.inf
         self.spot = [o for o in world.price if o.market == "spot"]
         self.stopped: str | None = None  # the policy stopped buying for good
+        self.behind = False  # the last decision was behind its pace
+        self.empty_behind_s = 0.0  # time with no instance held while behind it
         self.series: tuple[list, list, list, list] = ([], [], [], [])
 
     # -- one decision round ------------------------------------------------------------------
@@ -109,6 +111,7 @@ class Engine:
         done_round = apply_round(plan, act, limits=self.limits,
                                  replans=CAPACITY_REPLANS if self.hot else 0)
         last = decisions[-1] if decisions else None
+        self.behind = bool(last is not None and last.behind)
         self.wake = last.wake_at if last is not None else None
         if last is not None and last.stop:
             self.stopped = last.stop
@@ -184,6 +187,8 @@ class Engine:
                 self._record(r)
                 break
             self.done += r * (t_next - self.t)
+            if self.behind and not f.insts:
+                self.empty_behind_s += t_next - self.t
             prev, self.t = self.t, t_next
             f.t = self.t
             if self.t >= world.end:
@@ -220,7 +225,7 @@ class Engine:
                   f"not finished by the end of the trace ({frac:.1%} of the work done)")
         return Result(self.name, f.closed, self.done, self.work, completion, self.deadline_h,
                       self.revocations, self.lost, f.launches, status, self.series, f.lives,
-                      budget_usd=(self.policy.planner.goal.budget_usd
+                      empty_behind_h=self.empty_behind_s / 3600.0, budget_usd=(self.policy.planner.goal.budget_usd
                                   if hasattr(self.policy, "planner") else None))
 
 

@@ -5,10 +5,12 @@ and the job, so the benchmarks (``benchmarks/policy_cv.py``) and the tests check
 thing the same way. For spotring's run:
 
 - ``cost_vs_on_demand``: its cost per sample over on-demand alone's (<= 1);
-- ``empty_late_h``: hours the fleet held nothing while the job was behind its pace in the
-  planner's own sense, its on-demand floor positive (the slack to the deadline, the user's
-  less the safety margin or the job's own, was gone: :func:`provisioner.plan.pacing.pace`
-  over the fastest on-demand ring), with on-demand allowed;
+- ``empty_behind_h``: hours the fleet held nothing while the planner said it was behind its
+  pace (``Decision.behind``: its slack gone, the on-demand floor positive; for the job's own
+  pace, against its line moved for the spot outages seen), with on-demand allowed;
+- ``empty_late_h``: the stricter reading: hours holding nothing while behind the line that
+  does not move (the user's deadline less its margin, or the job's own nominal time, from
+  :func:`provisioner.plan.pacing.pace` over the fastest on-demand ring);
 - ``unpaid_swaps``: running instances dropped in a round that launched a cheaper offering
   whose instance was revoked before its saving paid back its boot
   (``boot x new price / (old price - new price)``), and what those swaps cost;
@@ -97,6 +99,7 @@ def check(results: Mapping[str, Result], world: World, p: Params, *,
     out: dict = {}
     if od is not None and od.done > 0 and ours.done > 0:
         out["cost_vs_on_demand"] = round(ours.cost_per_m / od.cost_per_m, 4)
+    out["empty_behind_h"] = round(ours.empty_behind_h, 3)
     own_h = ours.work / p.nominal_rate(world.speed) / 3600.0  # the job's own (soft) pace
     line_h = deadline_h if deadline_h is not None else own_h
     out["empty_late_h"] = round(empty_late_hours(ours, world, p, line_h,

@@ -78,6 +78,7 @@ class Decision:
     target: Mapping[Offering, int]
     wake_at: float | None = None
     stop: str | None = None  # stop buying for good (a budget spent): the run ends once empty
+    behind: bool = False  # the policy is behind its pace (spotring: its slack is gone)
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ class Spotring:
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
         progress = self.planner.goal.progress(v.start, v.done, spent=v.spent)
         d = self.planner.decide(market, fleet, progress, v.t)
-        return Decision(dict(d.target), d.wake_at, d.stop)
+        return Decision(dict(d.target), d.wake_at, d.stop, d.behind)
 
 
 POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,

@@ -47,6 +47,7 @@ class Result:
     lives: list[Life] = field(default_factory=list)
     fleet_by: dict[Offering, tuple[list, list]] | None = None  # set by runs without lives
     budget_usd: float | None = None  # the job's budget, when it had one
+    empty_behind_h: float = 0.0  # hours holding nothing while the policy said it was behind
 
     @property
     def cost_per_m(self) -> float:

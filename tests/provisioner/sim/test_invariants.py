@@ -50,3 +50,37 @@ def test_a_swap_for_a_cheaper_instance_revoked_before_it_paid_back_is_counted():
     assert unpaid_swaps(run, boot_s=180.0) == (1, pytest.approx(0.05))
     kept = [Life(od, 0.0, 0.05, 1.0, False, 4.0), Life(A, 1.0, 1.05, 3.0, True, 2.0)]
     assert unpaid_swaps(Result("spotring", 6.0, 1.0, 1.0, 3.0, None, lives=kept), 180.0)[0] == 0
+
+
+def test_the_engine_measures_time_empty_while_the_planner_says_it_is_behind():
+    # spot never comes: spotring waits while its slack lasts (not behind), then is behind and
+    # holds on-demand: never empty while behind (the launch itself counts as held)
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 0), Availability(A, at(20), 0))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=8)
+    p = params(size=4, max_size=8, boot_s=180, model_mb=12.5, global_batch=256)
+    ours = simulate_policy(world, "spotring", p, work=3.6e6)
+    assert ours.empty_behind_h == 0.0 and ours.finished
+
+
+class _BehindAndIdle:
+    """Says it is behind and buys nothing (what the invariant forbids)."""
+
+    name, mode = "idle", "hot"
+
+    def __init__(self, p) -> None:
+        pass
+
+    def decide(self, v):
+        from provisioner.sim.policies import Decision
+        return Decision({}, behind=v.t - v.start >= 3600.0)
+
+
+def test_empty_while_behind_is_measured(monkeypatch):
+    from provisioner.sim.policies import POLICIES
+    monkeypatch.setitem(POLICIES, "idle", _BehindAndIdle)
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 4), Availability(A, at(5), 4))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+    r = simulate_policy(world, "idle", params(), work=1e6)
+    assert r.empty_behind_h == pytest.approx(4.0)  # behind from 1 h to the trace's end
