@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 #: Every AWS action this source calls (read-only; the Terraform role grants these).
 AWS_SOURCE_ACTIONS = ("ec2:DescribeSpotPriceHistory", "ec2:DescribeInstanceTypes",
                       "ec2:DescribeInstanceTypeOfferings", "ec2:GetSpotPlacementScores",
-                      "ec2:DescribeAvailabilityZones",
+                      "ec2:DescribeSubnets",
                       "pricing:GetProducts")
 
 #: Regions read when none are configured: those with the most GPU spot capacity.
@@ -230,11 +230,16 @@ class AwsSource:
         return out
 
     def zone_names(self, region: str) -> dict[str, str]:
-        """``{AZ ID: AZ name}`` of ``region`` (``describe_availability_zones``): placement
-        scores name zones by ID, spot prices by name."""
-        with translate_errors(f"describe_availability_zones in {region}"):
-            zones = self.client("ec2-signals", region).describe_availability_zones()
-        return {z["ZoneId"]: z["ZoneName"] for z in zones.get("AvailabilityZones", [])}
+        """``{AZ ID: AZ name}`` of ``region`` from its subnets (``describe_subnets``, the
+        call the driver already makes: no other permission): placement scores name zones
+        by ID, spot prices by name; a zone without a subnet keeps its ID."""
+        out: dict[str, str] = {}
+        with translate_errors(f"describe_subnets in {region}"):
+            pages = self.client("ec2-signals", region).get_paginator("describe_subnets").paginate()
+            for page in pages:
+                for sn in page.get("Subnets", []):
+                    out[sn["AvailabilityZoneId"]] = sn["AvailabilityZone"]
+        return out
 
     def signals(self, types: Sequence[str], regions: Sequence[str]) -> tuple[Signals, list[str]]:
         """Spot placement scores of each type in each zone of ``regions`` (one call per type,

@@ -84,9 +84,9 @@ def test_aws_placement_scores_by_zone_name_with_a_stubbed_client():
     ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x",
                        aws_secret_access_key="x")
     stub = Stubber(ec2)
-    stub.add_response("describe_availability_zones", {"AvailabilityZones": [
-        {"ZoneName": "us-east-1a", "ZoneId": "use1-az4"},
-        {"ZoneName": "us-east-1b", "ZoneId": "use1-az6"}]})
+    stub.add_response("describe_subnets", {"Subnets": [
+        {"SubnetId": "subnet-1", "AvailabilityZone": "us-east-1a", "AvailabilityZoneId": "use1-az4"},
+        {"SubnetId": "subnet-2", "AvailabilityZone": "us-east-1b", "AvailabilityZoneId": "use1-az6"}]})
     stub.add_response("get_spot_placement_scores", {"SpotPlacementScores": [
         {"Region": "us-east-1", "AvailabilityZoneId": "use1-az4", "Score": 8},
         {"Region": "us-east-1", "AvailabilityZoneId": "use1-az6", "Score": 2}]})
