@@ -110,14 +110,14 @@ def main() -> int:
 
         def share(rs: list[dict]) -> float:
             w = sum(o["windows"] for o in rs)
-            return round(sum(o["events"] for o in rs) / w, 4) if w else 0.0
+            return round(float(sum(o["events"] for o in rs) / w), 4) if w else 0.0
 
-        ratio = sum(a["cost_per_m"] for a in rule) / sum(b["cost_per_m"] for b in base)
+        ratio = float(sum(a["cost_per_m"] for a in rule) / sum(b["cost_per_m"] for b in base))
         runs[n] = {"half_loss_share": share(rule), "half_loss_share_without": share(base),
                    "cost_vs_without": round(ratio, 4),
                    "half_loss_events": sum(o["events"] for o in rule),
                    "half_loss_events_without": sum(o["events"] for o in base),
-                   "goal_met": share(rule) <= args.limit and ratio <= 1.05}
+                   "goal_met": bool(share(rule) <= args.limit and ratio <= 1.05)}
     print(json.dumps({"runs": runs, "seeds": len(seeds), "work_scale": scale,
                       "limit": args.limit, "model_mb": args.model_mb,
                       "goal_share": args.limit, "goal_cost": 1.05,
