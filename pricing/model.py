@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Mapping
 
 CLOUDS = ("aws", "gcp", "local")
 MARKETS = ("spot", "on-demand")
@@ -180,6 +181,7 @@ class RiskEstimate:
     events: int = 0
     low: float | None = None
     high: float | None = None
+    co_fraction: float | None = None  # share of its pool one interruption event takes
 
     @property
     def mean_lifetime_hours(self) -> float:
@@ -197,6 +199,24 @@ class Rejection:
 
 
 @dataclass(frozen=True)
+class Signals:
+    """What a cloud says about revocation risk beside the revocations observed.
+
+    ``placement``: AWS spot placement scores, (region, zone, instance type) -> 1..10 (the
+    zone as the source names it: an AZ name, or an AZ ID); ``preemption_rate``: GCP ``capacityHistory``
+    preemption rates, (region, zone or ``*``, machine type) -> the share (0..1) of the spot
+    VMs that stopped which were preempted; ``rebalance``: spot offerings -> the time of the
+    latest AWS rebalance recommendation on an instance there."""
+
+    placement: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    preemption_rate: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    rebalance: Mapping[Offering, datetime] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.placement or self.preemption_rate or self.rebalance)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What a source returns from one fetch: the believable records and the refused ones."""
 
@@ -207,3 +227,4 @@ class Snapshot:
     rejected: tuple[Rejection, ...] = ()
     notes: tuple[str, ...] = ()  # human-readable remarks (e.g. "prices combined with ...")
     spans: tuple[Span, ...] = ()  # where each availability series was observed
+    signals: Signals = field(default_factory=Signals)  # the clouds' risk signals

@@ -19,6 +19,11 @@ only. The exact 95% interval for a Poisson rate is
    (:func:`advisor_hazard` documents the conversion);
 4. ``default``: :data:`DEFAULT_HAZARD_PER_HOUR` for the cloud, itself an MLE over real traces.
 
+What the clouds say refines the priors (:func:`with_signals`): GCP ``capacityHistory``
+preemption rates, AWS spot placement scores, AWS rebalance recommendations. How much of a
+pool one interruption takes (:func:`co_fractions`) and the chance a ring loses half of
+itself in one 3-minute window (:func:`half_ring_loss`) price correlated revocations.
+
 On-demand offerings get hazard 0 (basis ``default``): they are not revoked.
 
 Rule for callers: give ``availability`` only for offerings whose lifetimes you did not also
@@ -30,11 +35,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Iterable, Mapping
 
 from pricing.catalog import gpu_for
-from pricing.model import Availability, Lifetime, Offering, RiskEstimate
+from pricing.model import Availability, Lifetime, Offering, RiskEstimate, Signals
 
 #: A basis is used only with at least this many revocations (one event gives an interval
 #: spanning two orders of magnitude; below that the next basis is better informed).
@@ -187,12 +193,16 @@ def estimate(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime],
     """A :class:`RiskEstimate` for every offering, by the first basis with data (see the
     module docstring). Pure: inputs are not modified; the result has one entry per offering.
     """
+    offerings = list(offerings)
+    lifetimes = list(lifetimes)
     result: dict[Offering, RiskEstimate] = {}
+    co = co_fractions(offerings, lifetimes)
     for off, basis, data in _bases(offerings, lifetimes, availability, advisor):
         if isinstance(data, _Obs):
-            result[off] = _estimate(off, data, basis)
+            est = _estimate(off, data, basis)
         else:
-            result[off] = RiskEstimate(off, data, basis)
+            est = RiskEstimate(off, data, basis)
+        result[off] = replace(est, co_fraction=co.get(off))
     return result
 
 
@@ -201,3 +211,167 @@ def hazard_rates(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime]) -
     without the confidence intervals: cheap enough to recompute every simulated hour."""
     return {off: (data.events / data.hours if isinstance(data, _Obs) else data)
             for off, _basis, data in _bases(offerings, lifetimes)}
+
+
+# --- co-revocations: how much of a pool one event takes -------------------------------------
+
+#: Revocations of one pool (cloud, region, zone, instance type) within this many seconds of
+#: each other are one event: Spot-and-Scoot measured that over 92% of interruptions of one
+#: type in one zone come within 3 minutes of each other. It is also the window of the
+#: planner's ring-loss risk (:func:`half_ring_loss`).
+CO_WINDOW_S = 180.0
+
+#: Per-cloud share of a pool's instances one event revokes when the pool shows none of its
+#: own, each an estimate over real traces in ../shared/data (tests/pricing/test_risk.py
+#: recomputes them; events grouped within CO_WINDOW_S, revoked / alive just before):
+#: - aws 0.54: the Can't-Be-Late 4-node p3.2xlarge preemption traces (2023), among the
+#:   traces of the AWS default hazard the ones whose groups hold more than one instance:
+#:   600 revoked of 1,118 alive (a 1-node probe takes its one instance: 1.0 by design);
+#: - gcp 0.17: the 152 GCP preemptible lifetimes of 2019: 33 revoked of 197 alive (16 of
+#:   the 33 revocations come within 3 minutes of another in the same zone and type);
+#: - local 1.0: the embedded cloud's generator takes a zone's capacity at once.
+DEFAULT_CO_FRACTION = {"aws": 0.54, "gcp": 0.17, "local": 1.0}
+
+
+def _co_events(lts: list[Lifetime]) -> tuple[int, int]:
+    """(revoked, alive just before) summed over the events of one pool's lifetimes."""
+    ends = sorted(lt.start.timestamp() + lt.seconds for lt in lts if lt.revoked)
+    spans = [(lt.start.timestamp(), lt.start.timestamp() + lt.seconds) for lt in lts]
+    revoked = alive = 0
+    i = 0
+    while i < len(ends):
+        j = i
+        while j + 1 < len(ends) and ends[j + 1] - ends[i] <= CO_WINDOW_S:
+            j += 1
+        t = ends[i]
+        k = j - i + 1
+        n = sum(1 for a, b in spans if a < t <= b)
+        revoked += k
+        alive += max(n, k)
+        i = j + 1
+    return revoked, alive
+
+
+def co_fractions(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime]
+                 ) -> dict[Offering, float]:
+    """Per spot offering, the share of its pool's instances one revocation event takes:
+    revoked / alive over the events of its own lifetimes (an event: revocations within
+    :data:`CO_WINDOW_S`), else of the same cloud and type in any zone, else
+    :data:`DEFAULT_CO_FRACTION`. On-demand offerings: 0."""
+    by_off: dict[Offering, list[Lifetime]] = defaultdict(list)
+    for lt in lifetimes:
+        by_off[lt.offering.with_market("spot")].append(lt)
+    own = {o: _co_events(lts) for o, lts in by_off.items()}
+    by_type: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for o, (k, n) in own.items():
+        by_type[(o.cloud, o.instance_type)][0] += k
+        by_type[(o.cloud, o.instance_type)][1] += n
+    out: dict[Offering, float] = {}
+    for off in offerings:
+        if off.market == "on-demand":
+            out[off] = 0.0
+            continue
+        k, n = own.get(off.with_market("spot"), (0, 0))
+        if k < MIN_EVENTS or n <= 0:
+            k, n = by_type.get((off.cloud, off.instance_type), (0, 0))
+        out[off] = k / n if k >= MIN_EVENTS and n > 0 else DEFAULT_CO_FRACTION.get(off.cloud, 1.0)
+    return out
+
+
+def _binom_tail(n: int, q: float, k: int) -> float:
+    """P(Binomial(n, q) >= k)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return sum(math.comb(n, j) * q ** j * (1 - q) ** (n - j) for j in range(k, n + 1))
+
+
+def half_ring_loss(pools: Mapping[Any, tuple[int, float, float]],
+                   window_s: float = CO_WINDOW_S) -> float:
+    """The chance that one ``window_s`` window takes at least half the ring.
+
+    ``pools`` maps each pool the ring uses to (instances held there, revocation hazard per
+    instance per hour, share of the pool one event takes). Events of a pool come at rate
+    ``hazard / share`` (so each instance is revoked at its hazard) and each takes every
+    instance of the pool with probability ``share``; the window loses half the ring through
+    one pool's event, or two pools' events in the same window (three are far rarer).
+    On-demand pools (hazard 0) never lose anything."""
+    w = window_s / 3600.0
+    live = [(n, h / q, q) for n, h, q in pools.values() if n > 0 and h > 0 and q > 0]
+    total = sum(n for n, _, _ in pools.values() if n > 0)
+    if total == 0 or not live:
+        return 0.0
+    need = math.ceil(total / 2)
+    p = sum((1 - math.exp(-lam * w)) * _binom_tail(n, q, need) for n, lam, q in live)
+    for a in range(len(live)):
+        for b in range(a + 1, len(live)):
+            na, la, qa = live[a]
+            nb, lb, qb = live[b]
+            both = (1 - math.exp(-la * w)) * (1 - math.exp(-lb * w))
+            joint = sum(math.comb(na, i) * qa ** i * (1 - qa) ** (na - i) * _binom_tail(
+                nb, qb, need - i) for i in range(0, na + 1) if need - i > 0)
+            p += both * max(0.0, joint - _binom_tail(na, qa, need) - _binom_tail(nb, qb, need))
+    return min(1.0, p)
+
+
+# --- what the clouds say: placement scores, capacity history, rebalance recommendations -------
+
+#: A GCP ``capacityHistory`` preemption rate ``f`` is the share of the spot VMs that stopped
+#: in an interval which were preempted; the others ran until their user stopped them. With a
+#: VM run this long when not preempted, the hazard that gives ``f`` is ``f / ((1 - f) D)``
+#: (preemption and the user's stop competing). D is the 24 h GCP preemptible cap, the runs of
+#: the 2019 lifetimes in ../shared/data: an assumption, so the zone's own observations
+#: outrank it.
+GCP_RUN_HOURS = 24.0
+
+#: Bases a cloud signal may refine: the zone's own observations ("mle") are never replaced.
+_PRIOR_BASES = ("pooled", "spot-advisor", "default")
+
+
+def with_signals(risks: Mapping[Offering, RiskEstimate], signals: Signals, *,
+                 now: datetime, horizon_h: float) -> dict[Offering, RiskEstimate]:
+    """``risks`` refined by what the clouds say (pure; each change names its basis):
+
+    - GCP ``capacityHistory``: a spot offering whose hazard is a prior takes the hazard its
+      zone's (else region's) preemption rate implies (:data:`GCP_RUN_HOURS`), basis
+      ``capacity-history``;
+    - AWS spot placement scores: a prior hazard (one figure for the type in every zone) is
+      shared out between the region's zones in inverse proportion to the type's scores
+      there (the mean score kept: a zone scored 9 gets a third of what one scored 3 gets),
+      ``+placement-score``;
+    - an AWS rebalance recommendation within ``horizon_h`` hours: the offering is expected
+      to be revoked within the planning horizon, so its hazard is at least ``1 /
+      horizon_h``, ``+rebalance``.
+
+    A zone with its own revocations keeps its estimate (observations outrank signals), except
+    for a rebalance recommendation, which is news about now."""
+    out = dict(risks)
+    scores: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for (region, zone, itype), score in signals.placement.items():
+        if 1 <= score <= 10:
+            scores[(region, itype)][zone] = float(score)
+    for off, r in risks.items():
+        if off.market != "spot":
+            continue
+        est = r
+        if off.cloud == "gcp" and r.basis in _PRIOR_BASES:
+            f = signals.preemption_rate.get((off.region, off.zone, off.instance_type),
+                                            signals.preemption_rate.get(
+                                                (off.region, "*", off.instance_type)))
+            if f is not None and 0.0 <= f <= 1.0:
+                f = min(f, 0.999)
+                est = replace(est, hazard_per_hour=f / ((1.0 - f) * GCP_RUN_HOURS),
+                              basis="capacity-history", low=None, high=None)
+        zone_scores = scores.get((off.region, off.instance_type), {})
+        if off.cloud == "aws" and r.basis in _PRIOR_BASES and off.zone in zone_scores:
+            mean = sum(zone_scores.values()) / len(zone_scores)
+            est = replace(est, hazard_per_hour=est.hazard_per_hour * mean / zone_scores[off.zone],
+                          basis=est.basis + "+placement-score", low=None, high=None)
+        seen = signals.rebalance.get(off)
+        if seen is not None and horizon_h > 0 and (
+                0 <= (now - seen).total_seconds() <= horizon_h * 3600):
+            est = replace(est, hazard_per_hour=max(est.hazard_per_hour, 1.0 / horizon_h),
+                          basis=est.basis + "+rebalance")
+        out[off] = est
+    return out

@@ -51,8 +51,9 @@ class JobSettings(_Section):
     job_file: str = Field("spotring_examples.digits", description="the trainer job: a module "
                           "or a .py path defining make_job(seed) (`provision run --job` "
                           "overrides); default: the packaged examples/digits.py")
-    model_mb: float = Field(50.0, gt=0, le=1_000_000,
-                            description="gradient size all-reduced each step, in MB")
+    model_mb: float = Field(50.0, ge=0, le=1_000_000,
+                            description="gradient size all-reduced each step, in MB (0: the "
+                            "all-reduce is not priced, e.g. a tiny model)")
     activation_mb: float = Field(
         1.0, ge=0, le=100_000, description="MB of activations per sample a pipeline stage "
         "sends to the next (its gradient comes back as large); prices virtual workers' "
@@ -68,6 +69,16 @@ class JobSettings(_Section):
         "auto", description="training mode of the run, given to every worker as SPOTRING_MODE "
         "(a job whose Job.mode is 'auto' trains in it): auto = hybrid when the first plan "
         "spans zones or its speeds differ 3x, else the ring (the ring on the local cloud)")
+    max_hourly_cost: float | None = Field(
+        None, gt=0, le=1e6, description="USD per hour the fleet may cost at most, whatever the "
+        "objective (with objective.budget_per_hour, the smaller holds)")
+    max_spot_price: float | None = Field(
+        None, gt=0, le=1e4, description="USD per hour one spot instance may cost at most: a "
+        "spot offering priced above is not bought, and one held is given up")
+    budget_usd: float | None = Field(
+        None, gt=0, le=1e9, description="USD the whole job may spend: the planner stops buying "
+        "before it is spent (overshoot at most 1%), and says before it starts when it cannot "
+        "finish objective.work_samples")
 
 
 class ObjectiveSettings(_Section):
@@ -79,12 +90,15 @@ class ObjectiveSettings(_Section):
     """
 
     kind: Literal["max-throughput", "min-cost", "deadline"] = "max-throughput"
+    # (min-cost with work_samples: the work paced at target_samples_per_s, a soft deadline
+    # the job may miss rather than pay more; see provisioner/plan/objective.py)
     budget_per_hour: float | None = Field(None, gt=0, le=1e6,
                                           description="USD per hour cap on the fleet")
     target_samples_per_s: float | None = Field(None, gt=0, le=HUGE,
                                                description="useful throughput wanted (min-cost)")
     work_samples: float | None = Field(None, gt=0, le=1e18,
-                                       description="samples to process (deadline)")
+                                       description="samples to process (deadline; with min-cost, "
+                                       "paced at target_samples_per_s)")
     deadline_hours: float | None = Field(None, gt=0, le=87_600,
                                          description="hours from job start to the deadline "
                                          "(at most ten years)")
@@ -138,6 +152,14 @@ class FleetSettings(_Section):
     inter_zone_gbps: float = Field(5.0, gt=0, le=1e5, description="link bandwidth across zones")
     inter_region_gbps: float = Field(1.0, gt=0, le=1e5,
                                      description="link bandwidth across regions")
+    max_half_ring_loss: float = Field(
+        0.05, ge=0, le=1, description="most chance that one 3-minute window revokes half the "
+        "ring or more (interruptions of one type in one zone come together): a fleet above it "
+        "is spread over more pools when that costs at most spread_cost_tolerance more per "
+        "useful sample (1: never spread for it)")
+    spread_cost_tolerance: float = Field(
+        1.05, ge=1.0, le=100.0, description="a fleet spread to keep max_half_ring_loss may "
+        "cost at most this factor of the cheapest one per useful sample")
 
     @model_validator(mode="after")
     def _bounds(self) -> "FleetSettings":
@@ -381,6 +403,20 @@ def load_settings(path: str | Path | None) -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return anchor_paths(parse_settings(data, origin=str(p)), p.resolve().parent)
+
+
+def with_objective(settings: Settings, **fields: Any) -> Settings:
+    """``settings`` with ``objective`` fields replaced, validated as a config file's would
+    be (the simulator's ``--work``/``--deadline``). Raises ConfigError naming a bad field."""
+    data = settings.objective.model_dump()
+    data.update(fields)
+    try:
+        objective = ObjectiveSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe({**e, "loc": ("objective", *e["loc"])})
+                             for e in exc.errors())
+        raise ConfigError(f"invalid objective: {problems}") from None
+    return settings.model_copy(update={"objective": objective})
 
 
 def anchor_paths(settings: Settings, base: Path) -> Settings:

@@ -51,9 +51,11 @@ def make_source(kind: str, *, trace: str | Path | Sequence[str | Path] | None = 
     if kind == "aws":
         from pricing.sources.aws import AwsSource
 
+        options.setdefault("signals", True)  # placement scores into the risk estimate
         return AwsSource(regions=regions, endpoint_url=endpoint_url, **options)
     if kind == "gcp":
         from pricing.sources.gcp import GcpSource
 
+        options.setdefault("signals", True)  # capacityHistory into the risk estimate
         return GcpSource(project=project, regions=regions, endpoint_url=endpoint_url, **options)
     raise ValueError(f"source kind {kind!r}: must be one of {', '.join(SOURCE_KINDS)}")

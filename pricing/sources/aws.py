@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from pricing.catalog import canonical_gpu
 from pricing.errors import SourceError
-from pricing.model import GpuSpec, Offering, PriceQuote, Snapshot, utc
+from pricing.model import GpuSpec, Offering, PriceQuote, Signals, Snapshot, utc
 from pricing.sources.boto import MAX_ATTEMPTS, make_client, translate_errors
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 #: Every AWS action this source calls (read-only; the Terraform role grants these).
 AWS_SOURCE_ACTIONS = ("ec2:DescribeSpotPriceHistory", "ec2:DescribeInstanceTypes",
                       "ec2:DescribeInstanceTypeOfferings", "ec2:GetSpotPlacementScores",
+                      "ec2:DescribeSubnets",
                       "pricing:GetProducts")
 
 #: Regions read when none are configured: those with the most GPU spot capacity.
@@ -107,15 +108,20 @@ class AwsSource:
     def __init__(self, regions: Sequence[str] | None = None, *, endpoint_url: str | None = None,
                  lookback: timedelta = LOOKBACK, max_workers: int = 8,
                  client: Callable[[str, str], Any] | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 signals: bool = False) -> None:
         self.regions = list(regions) if regions else list(DEFAULT_REGIONS)
+        self.want_signals = signals
         self.lookback = lookback
         self.max_workers = max_workers
         self._clock = clock
         self._clients: dict[tuple[str, str], Any] = {}
+        # "ec2-signals": an EC2 client that tries once (the risk signals are best effort:
+        # a refused or unimplemented call must not hold a price poll through 8 retries)
         self._make = client or (lambda service, region: make_client(
-            service, region, endpoint_url=endpoint_url,
-            max_attempts=PRICE_LIST_ATTEMPTS if service == "pricing" else MAX_ATTEMPTS))
+            "ec2" if service == "ec2-signals" else service, region, endpoint_url=endpoint_url,
+            max_attempts=(PRICE_LIST_ATTEMPTS if service == "pricing" else
+                          1 if service == "ec2-signals" else MAX_ATTEMPTS)))
 
     def client(self, service: str, region: str) -> Any:
         key = (service, region)
@@ -207,19 +213,59 @@ class AwsSource:
         return prices, notes
 
     def placement_scores(self, types: Sequence[str], regions: Sequence[str] | None = None,
-                         target_capacity: int = 1) -> dict[tuple[str, str], int]:
+                         target_capacity: int = 1,
+                         client_kind: str = "ec2") -> dict[tuple[str, str], int]:
         """``{(region, az_id): score 1..10}`` from ``get_spot_placement_scores`` (how likely a
         spot request of ``target_capacity`` instances of ``types`` succeeds per zone)."""
         regions = list(regions or self.regions)
         out: dict[tuple[str, str], int] = {}
         with translate_errors("get_spot_placement_scores"):
-            pages = self.client("ec2", regions[0]).get_paginator("get_spot_placement_scores").paginate(
+            pages = self.client(client_kind, regions[0]).get_paginator(
+                "get_spot_placement_scores").paginate(
                 InstanceTypes=list(types), TargetCapacity=target_capacity,
                 SingleAvailabilityZone=True, RegionNames=regions)
             for page in pages:
                 for s in page["SpotPlacementScores"]:
                     out[(s["Region"], s.get("AvailabilityZoneId", "*"))] = int(s["Score"])
         return out
+
+    def zone_names(self, region: str) -> dict[str, str]:
+        """``{AZ ID: AZ name}`` of ``region`` from its subnets (``describe_subnets``, the
+        call the driver already makes: no other permission): placement scores name zones
+        by ID, spot prices by name; a zone without a subnet keeps its ID."""
+        out: dict[str, str] = {}
+        with translate_errors(f"describe_subnets in {region}"):
+            pages = self.client("ec2-signals", region).get_paginator("describe_subnets").paginate()
+            for page in pages:
+                for sn in page.get("Subnets", []):
+                    out[sn["AvailabilityZoneId"]] = sn["AvailabilityZone"]
+        return out
+
+    def signals(self, types: Sequence[str], regions: Sequence[str]) -> tuple[Signals, list[str]]:
+        """Spot placement scores of each type in each zone of ``regions`` (one call per type,
+        zones by name where the account's names are known), for the risk estimate
+        (:func:`pricing.risk.with_signals`). Best effort: a call that fails (not allowed, not
+        implemented) is a note, never an error; a failing call is not retried."""
+        placement: dict[tuple[str, str, str], float] = {}
+        notes: list[str] = []
+        names: dict[str, str] = {}
+        for region in regions:
+            try:
+                names.update(self.zone_names(region))
+            except Exception as exc:  # noqa: BLE001 - best effort: a note, zones stay IDs
+                notes.append(f"zone names of {region} unknown ({type(exc).__name__}): placement "
+                             "scores kept by AZ ID")
+                break
+        for itype in types:
+            try:
+                scores = self.placement_scores([itype], regions, client_kind="ec2-signals")
+            except Exception as exc:  # noqa: BLE001 - best effort, as above
+                notes.append(f"spot placement scores not read ({type(exc).__name__}: "
+                             f"{str(exc)[:80]}); hazards without them")
+                break
+            for (region, az_id), score in scores.items():
+                placement[(region, names.get(az_id, az_id), itype)] = float(score)
+        return Signals(placement=placement), notes
 
     def _region(self, region: str, gpus: set[str] | None, start: datetime):
         specs = self.gpu_types(region, gpus)
@@ -252,5 +298,10 @@ class AwsSource:
         missing = sorted({q.offering.region for q in joined if q.on_demand_per_hour is None})
         if missing:
             notes.append(f"no on-demand price for some types in {', '.join(missing)}")
+        signals = Signals()
+        if self.want_signals and joined:
+            signals, more = self.signals(sorted({q.offering.instance_type for q in joined}),
+                                         regions)
+            notes += more
         log.info("aws: %d spot offerings in %d regions", len(joined), len(regions))
-        return Snapshot(quotes=joined, gpus=gpu_specs, notes=tuple(notes))
+        return Snapshot(quotes=joined, gpus=gpu_specs, notes=tuple(notes), signals=signals)

@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 
 from pricing.catalog import canonical_gpu
 from pricing.errors import CredentialsError, SourceError
-from pricing.model import GpuSpec, Offering, PriceQuote, Snapshot, utc
+from pricing.model import GpuSpec, Offering, PriceQuote, Signals, Snapshot, utc
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +120,13 @@ class GcpSource:
 
     def __init__(self, project: str | None = None, regions: Sequence[str] | None = None, *,
                  endpoint_url: str | None = None, billing_endpoint: str | None = None,
-                 credentials: Any = None) -> None:
+                 credentials: Any = None, signals: bool = False) -> None:
         self.project = project
         self.regions = list(regions) if regions else None
         self.endpoint_url = endpoint_url
         self.billing_endpoint = billing_endpoint or endpoint_url
         self.credentials = credentials
+        self.want_signals = signals
 
     def _kwargs(self, endpoint: str | None) -> dict[str, Any]:
         from google.api_core.client_options import ClientOptions
@@ -195,6 +196,42 @@ class GcpSource:
             client = billing_v1.CloudCatalogClient(**self._kwargs(self.billing_endpoint))
             return list(client.list_skus(parent=COMPUTE_SERVICE))
 
+    def capacity_history(self, region: str, machine_type: str) -> dict[str, float]:
+        """``{zone or "*": preemption rate}`` of SPOT ``machine_type`` in ``region`` from
+        ``AdviceClient.capacity_history`` (types PREEMPTION): the newest record per location
+        (the share of the spot VMs that stopped which were preempted)."""
+        from google.cloud import compute_v1
+
+        project = self._project()
+        req = compute_v1.CapacityHistoryRequest(
+            instance_properties=compute_v1.CapacityHistoryRequestInstanceProperties(
+                machine_type=machine_type,
+                scheduling=compute_v1.CapacityHistoryRequestInstancePropertiesScheduling(
+                    provisioning_model="SPOT")),
+            types=["PREEMPTION"])
+        with translate_errors(f"capacity history of {machine_type} in {region}"):
+            client = compute_v1.AdviceClient(**self._kwargs(self.endpoint_url))
+            resp = client.capacity_history(project=project, region=region,
+                                           capacity_history_request_resource=req)
+        where = resp.location.rstrip("/").rsplit("/", 1)[-1] if resp.location else region
+        zone = "*" if where == region else where
+        records = sorted(resp.preemption_history, key=lambda r: r.interval.end_time or "")
+        return {zone: float(records[-1].preemption_rate)} if records else {}
+
+    def signals(self, pairs: Sequence[tuple[str, str]]) -> tuple[Signals, list[str]]:
+        """Preemption rates of (region, machine type) ``pairs`` for the risk estimate
+        (:func:`pricing.risk.with_signals`). Best effort: a call that fails is a note."""
+        rates: dict[tuple[str, str, str], float] = {}
+        for region, mtype in pairs:
+            try:
+                for zone, rate in self.capacity_history(region, mtype).items():
+                    rates[(region, zone, mtype)] = rate
+            except Exception as exc:  # noqa: BLE001 - best effort: hazards without it
+                return Signals(preemption_rate=rates), [
+                    f"capacity history not read ({type(exc).__name__}: {str(exc)[:80]}); "
+                    "hazards without it"]
+        return Signals(preemption_rate=rates), []
+
     @staticmethod
     def _priced(rates: dict, family: str, gpu: str, usage: str, region: str, vcpus: float,
                 memory_gib: float, count: int) -> float | None:
@@ -262,6 +299,13 @@ class GcpSource:
         if missing:
             notes.append(f"no spot SKU rates for {len(missing)} machine type/region pairs, e.g. "
                          + ", ".join(sorted(missing)[:3]))
+        signals = Signals()
+        if self.want_signals and quotes:  # machine types with their GPUs bundled (a2, a3,
+            # g2, g4): the API is asked per machine type; N1 VMs with attached GPUs are not
+            pairs = sorted({(q.offering.region, q.offering.instance_type) for q in quotes
+                            if "+" not in q.offering.instance_type})
+            signals, more = self.signals(pairs)
+            notes += more
         log.info("gcp: %d spot offerings", len(quotes))
         return Snapshot(quotes=tuple(sorted(quotes, key=lambda q: q.offering)), gpus=specs,
-                        notes=tuple(notes))
+                        notes=tuple(notes), signals=signals)

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["load_trace", "TraceSource", "ReplayClock", "USER_COLUMNS"]
 
-_TRACE_SUFFIXES = (".csv", ".csv.gz", ".json")
+_TRACE_SUFFIXES = (".csv", ".csv.gz", ".json", ".json.gz")
 #: Files in a trace folder that are indexes or raw upstream copies of a tidied trace.
 _NOT_TRACES = {"index.csv", "gcp_pricing_snapshots.csv", "cake_lab_lifetime_raw.csv"}
 
@@ -43,7 +43,7 @@ def _trace_files(path: Path) -> list[Path]:
         files = [p for p in sorted(path.rglob("*"))
                  if p.is_file() and p.name.endswith(_TRACE_SUFFIXES) and p.name not in _NOT_TRACES]
         if not files:
-            raise TraceFormatError(str(path), None, "folder holds no trace files (*.csv, *.csv.gz, *.json)")
+            raise TraceFormatError(str(path), None, "folder holds no trace files (*.csv, *.csv.gz, *.json, *.json.gz)")
         return files
     if not path.exists():
         raise TraceFormatError(str(path), None, "no such file (pass an existing trace with --trace)")

@@ -15,8 +15,8 @@ a time is made by :class:`pricing.sources.trace.TraceSource`. Formats:
 - ``gcp-lifetimes``: GCP preemptible GPU lifetimes (2019):
   ``gpu_type,zone,vm_name,workload,start_time,terminate_time,lifetime_hours``; lifetimes of
   24 h or more are censored by GCP's 24 h cap (not revocations).
-- ``cant-be-late``: ``{"metadata": {"gap_seconds": G}, "data": [...]}`` under
-  ``{availability|preemption}/{N}-node/{cloud}-{MM-DD-YYYY}/{zone}_{token}.json``.
+- the JSON formats (raw ``describe-spot-price-history`` output, the Can't-Be-Late traces):
+  :mod:`pricing.sources.trace_json`, chosen by the ``.json`` / ``.json.gz`` suffix.
 - ``aws-ondemand-2017``: ``instance_type,gpu_count,vcpus,memory_gib,region,
   linux_ondemand_usd_per_hour,...`` (ec2instances.info 0.0.2): on-demand quotes, zone ``"*"``,
   timed at :data:`AWS_ONDEMAND_2017_TIME` (the file has no time column).
@@ -36,8 +36,6 @@ line, and records are always sorted by time, so nothing is silently wrong.
 from __future__ import annotations
 
 import csv
-import json
-import re
 import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -45,15 +43,17 @@ from typing import Callable, Iterable
 
 from pricing.catalog import canonical_gpu, gpu_for
 from pricing.errors import TraceFormatError
-from pricing.model import GpuSpec, Lifetime, Offering, PriceQuote, Snapshot, Span
-from pricing.sources.trace_io import (Offerings, availability_to_records, number, open_text,
+from pricing.model import GpuSpec, Lifetime, PriceQuote, Snapshot
+from pricing.sources.trace_io import (Offerings, number, open_text,
                                       order_note, parse_time, price, region_of_zone, rows,
                                       time_cell)
+from pricing.sources.trace_json import CANT_BE_LATE_TYPES, parse_cant_be_late, parse_json
 from pricing.sources.trace_user import (USER_COLUMNS, parse_count_series, parse_event_log,
                                         parse_user, user_formats)
 
 #: parse_time and USER_COLUMNS are re-exported: the commands and tests name them here.
-__all__ = ["parse_file", "parse_time", "NotATrace", "USER_COLUMNS", "CANT_BE_LATE_TYPES"]
+__all__ = ["parse_file", "parse_time", "NotATrace", "USER_COLUMNS", "CANT_BE_LATE_TYPES",
+           "parse_cant_be_late"]
 
 AWS_EVENT_COLUMNS = ("az_id", "instance_type", "product_description", "spot_price_usd_per_hour",
                      "timestamp")
@@ -90,13 +90,6 @@ AZ_ID_REGIONS = {
     "apne2": "ap-northeast-2", "apne3": "ap-northeast-3", "ape1": "ap-east-1",
     "afs1": "af-south-1", "mes1": "me-south-1", "mec1": "me-central-1",
 }
-#: Can't-Be-Late file-name tokens -> instance type.
-#: Longest tick of a Can't-Be-Late trace believed (the data's ticks are 30 s to 10 minutes).
-CANT_BE_LATE_MAX_GAP_S = 7 * 86400.0
-CANT_BE_LATE_TYPES = {"v100_1": "p3.2xlarge", "v100_8": "p3.16xlarge", "k80_1": "p2.xlarge",
-                      "k80_8": "p2.8xlarge", "intel_64": "r5.16xlarge", "c3-88": "c3-highcpu-88"}
-
-
 def parse_aws_events(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """AWS spot price change events; see the module docstring."""
     offs, quotes, skipped, disorder = Offerings(), [], 0, []
@@ -185,53 +178,6 @@ def parse_gcp_lifetimes(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     return Snapshot(lifetimes=tuple(lifetimes), gpus=gpus, notes=notes)
 
 
-def parse_cant_be_late(path: Path) -> Snapshot:
-    """A Can't-Be-Late JSON trace; the layout of its path gives cloud, date, zone and type."""
-    m_dir = re.fullmatch(r"(aws|gcp)-(\d\d)-(\d\d)-(\d{4})", path.parent.name)
-    if m_dir is None:
-        raise TraceFormatError(str(path), None, f"folder {path.parent.name!r} must be named "
-                               "{aws|gcp}-MM-DD-YYYY (the trace's start date)")
-    cloud, mm, dd, yyyy = m_dir.groups()
-    zone, _, token = path.stem.partition("_")
-    itype = CANT_BE_LATE_TYPES.get(token)
-    if itype is None:
-        raise TraceFormatError(str(path), None, f"file-name token {token!r} unknown; expected "
-                               f"<zone>_<token>.json with token one of {', '.join(CANT_BE_LATE_TYPES)}")
-    m_nodes = re.fullmatch(r"(\d+)-node", path.parent.parent.name)
-    capacity = int(m_nodes.group(1)) if m_nodes else None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        gap = float(doc["metadata"]["gap_seconds"])
-        data = doc["data"]
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(str(path), exc.lineno, f"not valid JSON: {exc.msg}") from None
-    except (KeyError, TypeError):
-        raise TraceFormatError(str(path), None, 'expected {"metadata": {"gap_seconds": G}, '
-                               '"data": [...]}') from None
-    if not isinstance(data, list) or not (0 < gap <= CANT_BE_LATE_MAX_GAP_S):
-        raise TraceFormatError(str(path), None, f"metadata.gap_seconds={gap!r}: must be a number "
-                               f"of seconds in (0, {CANT_BE_LATE_MAX_GAP_S:g}], and data a list")
-    if len(data) < 2:
-        raise TraceFormatError(str(path), None, f"data holds {len(data)} tick(s): a trace needs at "
-                               "least two (its start and its end)")
-    start = datetime(int(yyyy), int(mm), int(dd), tzinfo=timezone.utc)
-    samples: list[tuple[datetime, int]] = []
-    for i, v in enumerate(data):
-        if not isinstance(v, (int, float)) or v < 0 or v != int(v) or (capacity and v > capacity):
-            raise TraceFormatError(str(path), None, f"data[{i}]={v!r}: must be an integer count "
-                                   f"0..{capacity or 'N'}")
-        samples.append((start + timedelta(seconds=i * gap), int(v)))
-    end = start + timedelta(seconds=len(data) * gap)
-    off = Offering(cloud, region_of_zone(cloud, zone), zone, itype, "spot")
-    records, lifetimes = availability_to_records(off, samples, end, capacity, path.name)
-    gpus = {itype: spec} if (spec := gpu_for(itype)) is not None else {}
-    note = (f"{path}: {len(data)} ticks of {gap:g} s from {start:%Y-%m-%d} (start of day UTC; the "
-            f"folder gives only the date), {len(records)} changes, "
-            f"{sum(lt.revoked for lt in lifetimes)} revocations")
-    return Snapshot(availability=tuple(records), lifetimes=tuple(lifetimes), gpus=gpus,
-                    notes=(note,), spans=(Span(off, start, end, path.name),))
-
-
 def parse_aws_ondemand_2017(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     """AWS on-demand GPU prices of 2017 (no time column: see the module docstring)."""
     offs, quotes, gpus = Offerings(), [], {}
@@ -290,8 +236,8 @@ class NotATrace(TraceFormatError):
 def parse_file(path: Path, start: datetime | None = None) -> Snapshot:
     """Detect the format of one file and parse it. ``start`` anchors the times of user
     formats given in a unit (``time_s``, ...). Raises TraceFormatError."""
-    if path.suffix == ".json":
-        return parse_cant_be_late(path)
+    if path.name.endswith((".json", ".json.gz")):
+        return parse_json(path)
     user = user_formats()
     try:
         with open_text(path) as f:

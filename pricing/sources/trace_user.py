@@ -5,7 +5,9 @@ trace_formats.parse_file`), each parsed into the common :class:`~pricing.model.S
 
 - **user CSV** (:data:`USER_COLUMNS`): ``time,cloud,region,zone,instance_type,market,
   price_per_hour,on_demand_per_hour,available``, any offering on any row; empty cells mean
-  "not known".
+  "not known". An offering whose ``available`` is only ever 0 or 1 is a capacity probe
+  (capacity 1, read like a 1-node Can't-Be-Late trace: spot there or not; a note says so);
+  a value above 1 anywhere in its series makes it a count of instances.
 - **event log** (``TIME,event,instance_id``): one row per instance added to or removed from
   a group (an autoscaling group's activity, a fleet's launch and reclaim log), ``event``
   ``add`` or ``remove``. Each instance's life is exact (add to remove); the group's count
@@ -47,7 +49,7 @@ from pricing.sources.trace_io import (TIME_UNITS, Offerings, availability_to_rec
                                       order_note, price, region_of_zone, rows, time_cell)
 
 #: Header of the user trace format. ``time``: ISO 8601 (UTC if no offset) or Unix seconds;
-#: ``market``: spot | on-demand; prices USD/h; ``available``: count held or 0/1. Empty
+#: ``market``: spot | on-demand; prices USD/h; ``available``: count held, or a 0/1 probe. Empty
 #: cells mean "not known": a row without a price gives no quote, one without ``available``
 #: no availability sample.
 USER_COLUMNS = ("time", "cloud", "region", "zone", "instance_type", "market", "price_per_hour",
@@ -224,6 +226,7 @@ def parse_user(path: Path, reader: Iterable[list[str]]) -> Snapshot:
     availability: list[Availability] = []
     lifetimes: list[Lifetime] = []
     spans: list[Span] = []
+    probes: list[str] = []
     for off, series in samples.items():
         series.sort(key=lambda r: r[0])
         kept: list[tuple[datetime, int, int]] = []
@@ -243,10 +246,21 @@ def parse_user(path: Path, reader: Iterable[list[str]]) -> Snapshot:
                 notes.append(f"{path}:{b[2]}: gap of {b[0] - a[0]} in availability of {off} "
                              f"(median step {median:g} s); the earlier value is held across it")
         end = kept[-1][0]  # the last value is known at its instant only: no exposure after it
-        recs, lts = availability_to_records(off, [(t, n) for t, n, _ in kept], end, None, path.name)
+        probe = all(n in (0, 1) for _, n, _ in kept)  # a capacity probe: is there spot or not
+        if probe:
+            probes.append(str(off))
+        recs, lts = availability_to_records(off, [(t, n) for t, n, _ in kept], end,
+                                            1 if probe else None, path.name)
         availability += recs
         lifetimes += lts
         spans.append(Span(off, kept[0][0], end, path.name))
+    if probes:
+        more = ", ..." if len(probes) > 3 else ""
+        notes.append(f"{path}: the availability of {len(probes)} offering(s) is only 0 and 1 "
+                     f"({', '.join(probes[:3])}{more}): read as capacity probes (1: spot "
+                     "capacity there, as many instances as the fleet may hold; 0: none), as "
+                     "for a 1-node Can't-Be-Late trace; a count above 1 in a series makes it "
+                     "a count of instances")
     availability.sort(key=lambda a: a.time)
     return Snapshot(quotes=tuple(quotes), availability=tuple(availability),
                     lifetimes=tuple(lifetimes), gpus=gpus, notes=tuple(notes), spans=tuple(spans))

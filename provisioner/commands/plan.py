@@ -60,12 +60,13 @@ def plan_json(plan) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from pricing.errors import PricingError
-    from pricing.risk import estimate
+    from pricing.risk import estimate, with_signals
     from pricing.sanity import check
     from pricing.sources import make_source
     from provisioner.config import load_settings
     from provisioner.plan.build import latest_prices, market_view
-    from provisioner.plan.pipeline import FleetView, Planner, Progress, plan_settings
+    from provisioner.plan.objective import planner_input
+    from provisioner.plan.pipeline import FleetView, Planner
     from provisioner.plan.throughput import ThroughputModel
 
     settings = load_settings(args.config)
@@ -89,22 +90,19 @@ def run(args: argparse.Namespace) -> int:
         now = source.now()
     ok, refused = check(snap.quotes, now=now,
                         max_age=timedelta(hours=settings.optimizer.max_quote_age_hours))
-    risks = estimate({q.offering for q in ok} | {q.offering.with_market("on-demand")
-                                                 for q in ok if q.on_demand_per_hour},
-                     snap.lifetimes)
-    job, obj = settings.job, settings.objective
+    risks = with_signals(estimate({q.offering for q in ok} | {
+        q.offering.with_market("on-demand") for q in ok if q.on_demand_per_hour}, snap.lifetimes),
+        snap.signals, now=now, horizon_h=settings.fleet.churn_horizon_hours)
+    job = settings.job
     model = ThroughputModel(priors=job.throughput_priors, unit=job.samples_per_s_per_unit)
     prices = latest_prices(ok, now, timedelta(hours=settings.optimizer.max_quote_age_hours))
     t = now.timestamp()
-    progress = Progress(start=t)
-    if obj.kind == "deadline":
-        progress = Progress(start=t, work=obj.work_samples, done=0.0,
-                            deadline_s=(obj.deadline_hours or 0.0) * 3600.0)
+    planner = Planner.of(planner_input(settings))  # the daemon's own input, at its start
     from provisioner.commands.simulate import quiet_stdout
 
     with quiet_stdout():
-        decision = Planner(plan_settings(settings)).decide(
-            market_view(prices, model, risks), FleetView(), progress, t)
+        decision = planner.decide(market_view(prices, model, risks), FleetView(),
+                                  planner.goal.progress(t), t)
     if decision.plan is None:
         raise UserError("nothing to plan: " + decision.explain())
     plan = decision.plan

@@ -83,6 +83,7 @@ def _rows(quotes: list[PriceQuote], risks: dict, snapshot: Snapshot, now: dateti
             "hazard_low": None if risk.low is None else round(risk.low, 6),
             "hazard_high": None if risk.high is None else round(risk.high, 6),
             "hazard_samples": risk.samples,
+            "co_revocation": None if risk.co_fraction is None else round(risk.co_fraction, 4),
             "quote_time": q.time.isoformat().replace("+00:00", "Z"),
             "age_s": round(q.age(now).total_seconds(), 1), "source": q.source,
         })
@@ -140,7 +141,7 @@ def _report_rejections(snapshot_rejected: tuple, stale: list, now_rejected: list
 
 
 def run(args: argparse.Namespace) -> int:
-    from pricing.risk import estimate
+    from pricing.risk import estimate, with_signals
     from pricing.sources.advisor import load_spot_advisor
     from pricing.sanity import check
     from pricing.sources import make_source
@@ -190,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         except StoreError as exc:
             raise UserError(str(exc)) from None
     advisor = load_spot_advisor(args.advisor) if args.advisor else None
-    risks = estimate([q.offering for q in ok], snap.lifetimes, advisor=advisor)
+    risks = with_signals(estimate([q.offering for q in ok], snap.lifetimes, advisor=advisor),
+                         snap.signals, now=now, horizon_h=1.0)  # (a rebalance: within the hour)
     rows = _rows(ok, risks, snap, now)
     if args.json:
         print_json(rows, indent=1)

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any, Iterator
 
-from provisioner.clio import add_json_flag, dumps, print_json
+from provisioner.clio import add_json_flag, print_json
 from provisioner.errors import UserError
 
 
@@ -150,9 +150,8 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace import load_trace
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
-    from provisioner.plan.pipeline import plan_settings
     from provisioner.sim.policies import Params
-    from provisioner.sim.report import figures, run_all, write_report
+    from provisioner.sim.report import figures, money, run_all, summary, write_report
     from provisioner.sim.world import build_world
     from provisioner.plan.throughput import ThroughputModel
 
@@ -178,25 +177,27 @@ def run(args: argparse.Namespace) -> int:
     if args.deadline is not None and args.deadline > span_h:
         raise UserError(f"--deadline {args.deadline:g}: beyond the {span_h:.1f} h the traces "
                         f"cover from {args.start or 'their start'}; give at most {span_h:.1f}")
-    d = settings.daemon
-    params = Params.of(plan_settings(settings), itype=itype, size=args.size,
-                       restart_s=args.restart, checkpoint_s=args.checkpoint, max_size=max_size,
-                       avoid_s=d.zone_avoid_ttl_s, retry_s=d.plan_s, plan_s=d.plan_s,
-                       max_launches=d.max_launches_per_round,
-                       max_removals=d.max_removals_per_round)
+    if max_size > fleet.max_size:  # the baselines' ring must fit spotring's too
+        settings = settings.model_copy(update={"fleet": fleet.model_copy(
+            update={"max_size": max_size})})
+    params = Params(settings, itype=itype, size=args.size, restart_s=args.restart,
+                    checkpoint_s=args.checkpoint)
     names = args.policy or [n for n in ALL_POLICIES
                             if n != "uniform-progress" or args.deadline is not None]
     with quiet_stdout():
         results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
                           tick_s=args.tick, seed=args.seed)
+    figs = figures(results)
+    m = money(results, world, params)
+    if m is not None:
+        figs["spotring"]["money"] = m
     if args.report:
         path = write_report(args.report, world, results, params=params, work=args.work,
                             deadline_h=args.deadline, traces=args.trace)
-        if not args.json:
-            print(f"report written to {path}")
     if args.json:
-        print_json(figures(results), sort_keys=True)
-    elif not args.report:
-        for n, f in figures(results).items():
-            print(n, dumps(f))
+        print_json(figs, sort_keys=True)
+    else:
+        print(summary(figs, m))
+        if args.report:
+            print(f"report written to {path}")
     return 0

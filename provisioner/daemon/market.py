@@ -7,7 +7,9 @@ the last good view in place. :meth:`Market.view` turns it into the
 :class:`~provisioner.plan.pipeline.MarketView` the planner reads: the latest quote per
 offering at ``now`` no older than ``optimizer.max_quote_age_hours``, on-demand prices from
 spot quotes that carry them, speeds from the throughput model, hazards from
-:func:`pricing.risk.estimate`, capacity from the availability records.
+:func:`pricing.risk.estimate` refined by the clouds' signals (placement scores, capacity
+history, rebalance recommendations: :func:`pricing.risk.with_signals`), capacity from the
+availability records.
 
 Rule: every price change between two polls of a replayed history is recorded
 (:meth:`Market.changes_since`), so the spend the state integrates is exact.
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import bisect
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Mapping
 
 from pricing import sanity
-from pricing.model import Offering, PriceQuote
-from pricing.risk import estimate
+from pricing.model import Offering, PriceQuote, Signals
+from pricing.risk import estimate, with_signals
 from provisioner.drivers.base import CloudDriver
 from provisioner.plan.build import latest_prices, market_view
 from provisioner.plan.pipeline import MarketView
@@ -33,10 +36,13 @@ from provisioner.daemon.ports import PriceFeed, Replayed
 class Market:
     """The last good market view of one daemon (thread-safe)."""
 
-    def __init__(self, source: PriceFeed, driver: CloudDriver, max_age: timedelta) -> None:
+    def __init__(self, source: PriceFeed, driver: CloudDriver, max_age: timedelta,
+                 horizon_h: float = 1.0) -> None:
         self.source = source
         self.driver = driver
         self.max_age = max_age
+        self.horizon_h = horizon_h  # a rebalance recommendation: a revocation within it
+        self.signals = Signals()
         self._lock = threading.Lock()
         self.quotes: list[PriceQuote] = []
         self.available: dict[Offering, int] = {}
@@ -53,6 +59,7 @@ class Market:
             self.quotes = quotes
             self.available = {a.offering: a.available for a in snap.availability}
             self.lifetimes = snap.lifetimes
+            self.signals = snap.signals
             self.rejected = sanity.summarize(rejected) if rejected else {}
 
     def changes_since(self, now: datetime) -> list[PriceQuote]:
@@ -86,12 +93,19 @@ class Market:
         return out
 
     def view(self, throughput: ThroughputModel, now: datetime,
-             caps: Mapping[Offering, int]) -> MarketView:
-        """The :class:`MarketView` at ``now``; ``caps`` adds to the known availability."""
+             caps: Mapping[Offering, int],
+             rebalance: Mapping[Offering, datetime] | None = None) -> MarketView:
+        """The :class:`MarketView` at ``now``; ``caps`` adds to the known availability;
+        ``rebalance`` (offering -> time of an AWS rebalance recommendation there) and the
+        source's signals refine the hazards (:func:`pricing.risk.with_signals`)."""
         with self._lock:
             quotes, lifetimes = list(self.quotes), self.lifetimes
             available = dict(self.available)
+            signals = self.signals
         prices = latest_prices(quotes, now, self.max_age)
-        risks = estimate(set(prices), lifetimes)
+        if rebalance:
+            signals = replace(signals, rebalance={**signals.rebalance, **rebalance})
+        risks = with_signals(estimate(set(prices), lifetimes), signals, now=now,
+                             horizon_h=self.horizon_h)
         available.update(caps)
         return market_view(prices, throughput, risks, available)

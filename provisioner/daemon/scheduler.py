@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -259,7 +259,10 @@ class Daemon:
         unavailable = act.unavailable.members()
         caps = {o: min(self.market.available.get(o, current[o]), current[o])
                 for o in unavailable}  # out of capacity: keep what it holds, no more
-        market = self.market.view(self.telemetry.throughput, now, caps)
+        rebalance = {Offering.from_key(e.offering): datetime.fromtimestamp(e.t, timezone.utc)
+                     for e in self.state.events(limit=50, kinds=[EventKind.REBALANCE])
+                     if e.offering}  # recommendations: a hazard input (pricing.risk)
+        market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
         fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed))
         try:
@@ -279,17 +282,16 @@ class Daemon:
                 decision.explain(), targets)
 
     def _progress(self, t: float) -> Progress:
-        """The job's progress for the planner: a deadline objective paces the work from the
-        job's start with the ring's samples done; other objectives are open-ended."""
-        obj = self.settings.objective
-        if obj.kind != "deadline" or obj.work_samples is None or obj.deadline_hours is None:
-            return Progress(start=t)
+        """The job's progress for the planner, from its goal (the planner's input,
+        :func:`provisioner.plan.objective.planner_input`): the ring's samples done since
+        the job's start and the spend so far."""
         started = float(self.state.get_meta("started_at") or t)
         done = 0.0
         if self.coordinator is not None:
             done = float(self.coordinator.stats().get("samples_done") or 0.0)
-        return Progress(start=started, work=obj.work_samples, done=done,
-                        deadline_s=obj.deadline_hours * 3600.0, hard=True)
+        goal = self.planner.goal
+        spent = self.state.spend(t) if goal.budget_usd is not None else 0.0
+        return goal.progress(started, done, spent=spent)
 
     def _job_over(self) -> bool:
         """True once the ring says the job ended (done, lost or failed: its ``outcome`` is

@@ -29,7 +29,8 @@ from provisioner.daemon.telemetry import Telemetry
 from provisioner.drivers import DRIVERS
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import ConfigError, DriverError, UserError
-from provisioner.plan.pipeline import Planner, plan_settings
+from provisioner.plan.objective import planner_input
+from provisioner.plan.pipeline import Planner
 from provisioner.plan.throughput import ThroughputModel
 from provisioner.timing import Intervals
 
@@ -51,12 +52,13 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
     job = settings.job
     model = throughput or ThroughputModel(priors=job.throughput_priors,
                                           unit=job.samples_per_s_per_unit)
-    market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours))
+    market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours),
+                    horizon_h=settings.fleet.churn_horizon_hours)
     actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
                                   metrics=metrics, launch_env=launch_env, stopping=stopping)
     telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)
     return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
-                  market=market, planner=Planner(plan_settings(settings)), actuator=actuator,
+                  market=market, planner=Planner.of(planner_input(settings)), actuator=actuator,
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)
 
 

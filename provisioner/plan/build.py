@@ -67,8 +67,10 @@ def market_view(prices: Mapping[Offering, float], throughput: ThroughputModel,
         spec = gpu_spec(itype)
         gpus[itype] = spec.count if spec else 1
     hazards = {o: r.hazard_per_hour for o, r in risks.items() if o.market == "spot"}
+    co = {o: r.co_fraction for o, r in risks.items()
+          if o.market == "spot" and r.co_fraction is not None}
     return MarketView(prices=dict(prices), speeds=speeds, hazards=hazards,
-                      caps=dict(caps or {}), gpus=gpus)
+                      caps=dict(caps or {}), gpus=gpus, co_fraction=co)
 
 
 def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],

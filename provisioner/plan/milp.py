@@ -151,14 +151,19 @@ def build_model(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
     mean_c = (sum(prices) / n if n else 0.0) or 1.0
     mean_u = (sum(useful) / n if n else 0.0) or 1.0
     boot_h, reform_h = p.boot_s / 3600, p.reform_s / 3600
+    hz = np.array([c.hazard_per_hour for c in cands])
     if p.objective != "max-throughput":  # minimise cost: the per-instance terms at once
-        launch = (boot_h * np.array(prices) + reform_h * cur_cost) / horizon
+        change = boot_h * np.array(prices) + reform_h * cur_cost  # one launch (a boot, a re-form)
+        launch = change / horizon
         remove = reform_h * cur_cost / horizon
-        base = np.array(prices) - 1e-4 * (mean_c / mean_u) * np.array(useful)
+        # every revocation is a relaunch: h of them an hour held (the replacement's boot and
+        # the ring's re-form), priced like the launch itself
+        base = np.array(prices) + hz * change - 1e-4 * (mean_c / mean_u) * np.array(useful)
     else:
-        launch = (boot_h * np.array(useful) + reform_h * cur_rate) / horizon
+        change = boot_h * np.array(useful) + reform_h * cur_rate
+        launch = change / horizon
         remove = reform_h * cur_rate / horizon
-        base = -np.array(useful) + 1e-4 * (mean_u / mean_c) * np.array(prices)
+        base = -np.array(useful) + hz * change + 1e-4 * (mean_u / mean_c) * np.array(prices)
     if n:
         cost[:n] = base + launch
     for j, i in enumerate(held):  # held: launches and removals are the aux columns' cost

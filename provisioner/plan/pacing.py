@@ -57,6 +57,20 @@ class OutageLog:
         total = sum(self.lengths)
         return sum(d * d for d in self.lengths) / total if total > 0 else 0.0
 
+    def expected_left_s(self, t: float) -> float:
+        """How much longer the outage going on at ``t`` is expected to last: the mean
+        residual of the outages seen that lasted longer than it has so far (inf when none
+        did: longer than any seen, spot that never came first of all)."""
+        r = self.running_s(t)
+        longer = [d - r for d in self.lengths if d > r]
+        return sum(longer) / len(longer) if longer else float("inf")
+
+    def shift_s(self, t: float) -> float:
+        """How far the job's own (soft) pace line moves for the outages seen: every outage
+        that ended (spot came back from it), and the one going on up to the typical length
+        (beyond it, spot may not come back: the line no longer waits)."""
+        return sum(self.lengths) + min(self.running_s(t), self.typical_s())
+
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
         outages seen (the one still running counted at its length so far): the expected
@@ -147,7 +161,7 @@ def catch_up_rate(cands: Iterable[Candidate], pace: float, tolerance: float, max
             rate = ring_rate(n, s, model_mb, global_batch, gbps)
             per = n * c.price_per_hour / rate
             rings.append((rate, per))
-            if not kept and rate >= pace:
+            if not kept and rate >= pace * (1.0 - 1e-9):  # (pace = work / (work / rate))
                 kept = True
                 ref = per if ref is None else min(ref, per)
     if ref is None:

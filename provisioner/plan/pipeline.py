@@ -4,8 +4,10 @@ Design: one object, :class:`Planner`, is called by the daemon (``provision run``
 ``provision plan`` and by the simulator's spotring policy alike, so a simulated figure is a
 figure of the code that runs. Its inputs are frozen views the caller builds from what it
 knows (:class:`MarketView`: prices, speeds, hazards, known capacity; :class:`FleetView`:
-instances held, offerings that failed us lately; :class:`Progress`: work done and due);
-its only memory is the :class:`~provisioner.plan.pacing.OutageLog` it learns banking from.
+instances held, offerings that failed us lately; :class:`Progress`: work done and due,
+money spent); its settings and goal come from one function,
+:func:`provisioner.plan.objective.planner_input`; its only memory is what it learned from
+the decisions it made (the outages it saw, the launches it made).
 
 Two modes, chosen by the progress it is given:
 
@@ -15,17 +17,24 @@ Two modes, chosen by the progress it is given:
   time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
   deadline_floor`); the job's own pace buys on-demand only to cover spot's gaps (every
   spot offering failed lately): on-demand runs the same instances as fast at 3x the price.
-  Ahead of the line only the cheapest hardware per sample is bought, and some hours are
-  banked with it (:mod:`provisioner.plan.pacing`); among fleets that keep pace the one with
-  most useful work per dollar wins. A target no fleet reaches gets the fastest fleet.
+  The job's own pace is late, not dear: its line moves for the outages of spot seen, it
+  catches up only on rings near the pace's cost per sample, on on-demand never dearer per
+  sample than on-demand alone, and through an outage like those seen it holds the cheapest
+  on-demand instance instead of nothing. Ahead of the line only the cheapest hardware per
+  sample is bought, and some hours are banked with it (:mod:`provisioner.plan.pacing`);
+  among fleets that keep pace the one with most useful work per dollar wins. A target no
+  fleet reaches gets the fastest fleet (for the job's own pace, on spot).
 - **static** (open-ended work): one solve of the settings' objective (``max-throughput``
   under the budget, or ``min-cost`` for a target rate).
 
 Offerings that failed lately (a revocation, a launch refused for capacity) may keep what
 they hold but not grow; in static mode, if every spot offering failed, none is held back.
+In both modes a fleet whose one zone may lose half the ring in a 3-minute window too often
+is spread over zones when that costs little (:mod:`provisioner.plan.spread`), and a budget
+stops the buying before it is spent (:mod:`provisioner.plan.budget`).
 
 Rule for callers: build the views fresh for every decision; call :meth:`Planner.decide`
-from one thread (the OutageLog is its state). Raises InfeasibleError only in static mode
+from one thread (the outage and launch logs are its state). Raises InfeasibleError only in static mode
 (paced mode always returns a fleet, possibly empty).
 """
 
@@ -40,7 +49,7 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
-from provisioner.plan import virtual
+from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
@@ -49,6 +58,7 @@ from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
+    from provisioner.plan.objective import Goal, PlannerInput
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +81,10 @@ class PlanSettings:
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
     max_launches: int = 4  # the churn limit per round and the round's period: how long a
     plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
+    max_removals: int = 2  # (and to take down: a budget's reserve)
+    max_spot_price: float | None = None  # a spot offering priced above is not held
+    max_half_ring_loss: float = 0.05  # most chance one 3-minute window takes half the ring
+    spread_cost_tolerance: float = 1.05  # what spreading for it may cost per useful sample
 
     @property
     def ramp_h(self) -> float:
@@ -85,9 +99,11 @@ def plan_settings(settings: "Settings") -> PlanSettings:
     """The :class:`PlanSettings` of validated settings (the only place that maps them)."""
     job, obj, fleet, opt, pace = (settings.job, settings.objective, settings.fleet,
                                   settings.optimizer, settings.pacing)
+    caps = [c for c in (obj.budget_per_hour, job.max_hourly_cost) if c is not None]
     bounds = Problem(
         (), objective="max-throughput" if obj.kind == "deadline" else obj.kind,
-        target_samples_per_s=obj.target_samples_per_s, budget_per_hour=obj.budget_per_hour,
+        target_samples_per_s=obj.target_samples_per_s,
+        budget_per_hour=min(caps) if caps else None,
         min_size=fleet.min_size, max_size=fleet.max_size, max_zone_share=fleet.max_zone_share,
         zone_allowance=fleet.zone_allowance,
         region_quota_gpus=MappingProxyType(dict(fleet.region_quota_gpus)),
@@ -105,7 +121,10 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         ahead_tolerance=pace.ahead_tolerance, catch_up_tolerance=pace.catch_up_tolerance,
         bank_hours=pace.bank_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
-        max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s)
+        max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s,
+        max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price,
+        max_half_ring_loss=fleet.max_half_ring_loss,
+        spread_cost_tolerance=fleet.spread_cost_tolerance)
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ class MarketView:
     caps: Mapping[Offering, int] = field(default_factory=dict)  # instances available, where known
     gpus: Mapping[str, int] = field(default_factory=dict)  # GPUs per instance type (quotas), default 1
     notes: tuple[str, ...] = ()
+    co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of its pool
+    # one interruption event takes (pricing.risk.co_fractions; else the cloud's default)
 
 
 @dataclass(frozen=True)
@@ -138,6 +159,8 @@ class Progress:
     done: float = 0.0
     deadline_s: float | None = None  # from ``start``
     hard: bool = True  # the user's deadline (hard) or the job's own pace (soft)
+    spent: float = 0.0  # USD spent since ``start``
+    budget_usd: float | None = None  # the job's total budget (None: none)
 
     @property
     def paced(self) -> bool:
@@ -153,11 +176,17 @@ class Decision:
     plan: Plan | None = None
     notes: tuple[str, ...] = field(default=())
     wake_at: float | None = None  # decide again by then even if nothing happens: the
-    # on-demand floor starts (a caller that decides on a long period must not miss it)
+    # on-demand floor starts, the budget's reserve is reached (a caller that decides on a
+    # long period must not miss it)
+    stop: str | None = None  # the job must stop buying for good (its budget is spent)
+    behind: bool = False  # behind the pace: its slack gone (the on-demand floor positive)
 
     def explain(self) -> str:
+        if self.stop is not None:
+            return self.stop
         if self.plan is None:
-            return "ahead of the progress line: keeping the cheapest hardware held"
+            return "\n".join(["ahead of the progress line: keeping the cheapest hardware held"]
+                             + [f"note: {n}" for n in self.notes])
         return self.plan.explain()
 
 
@@ -176,9 +205,14 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     n_ref = max(1, sum(fleet.held.values()), b.min_size)
     loss_h = (b.boot_s + (s.step_s + b.reform_s) * n_ref) / 3600.0
     unknown: set[str] = set()
+    priced_out = 0
     out: list[Candidate] = []
     for o in sorted(market.prices):
         if o.market not in s.markets or (s.regions and o.region not in s.regions):
+            continue
+        if (o.market == "spot" and s.max_spot_price is not None
+                and market.prices[o] > s.max_spot_price):
+            priced_out += 1
             continue
         if s.gpus:
             spec = gpu_spec(o.instance_type)
@@ -198,6 +232,9 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
+    if priced_out:
+        notes.append(f"skipped {priced_out} spot offerings priced above job.max_spot_price "
+                     f"(${s.max_spot_price:g}/h)")
     out, vw_notes = virtual.expand(  # GPUs too small: whole virtual workers
         out, b.model_mb, activation_mb=b.activation_mb, gbps=b.intra_zone_gbps)
     return out, notes + vw_notes
@@ -229,24 +266,77 @@ def keep(prob: Problem, pins: Mapping[Offering, int], max_regions: int) -> Probl
 
 
 class Planner:
-    """Turns the views of one moment into a target fleet (see the module docstring)."""
+    """Turns the views of one moment into a target fleet (see the module docstring).
+    Build it from :func:`provisioner.plan.objective.planner_input` (:meth:`of`)."""
 
-    def __init__(self, settings: PlanSettings) -> None:
+    def __init__(self, settings: PlanSettings, goal: "Goal | None" = None) -> None:
+        from provisioner.plan.objective import Goal, PlannerInput
+
         self.s = settings
-        self.outages = OutageLog()
+        self.goal = goal if goal is not None else Goal()
+        self.input = PlannerInput(settings, self.goal)
+        self.outages = OutageLog()  # of the cheapest hardware per sample (banking)
+        self.spot_outages = OutageLog()  # of all spot (the job's own pace waits for them)
         self.launches = LaunchLog()
+
+    @classmethod
+    def of(cls, inp: "PlannerInput") -> "Planner":
+        """The planner of one job's :class:`~provisioner.plan.objective.PlannerInput`."""
+        return cls(inp.settings, inp.goal)
 
     def decide(self, market: MarketView, fleet: FleetView, progress: Progress,
                now: float) -> Decision:
-        """The target fleet now. Static mode raises InfeasibleError naming the constraint."""
+        """The target fleet now. Static mode raises InfeasibleError naming the constraint.
+        With a budget, the decision stops buying (``Decision.stop``, an empty target) while
+        enough is left to take the fleet held down (:mod:`provisioner.plan.budget`)."""
+        note = None
+        if progress.budget_usd is not None:
+            if self._budget_stop(market.prices, fleet.held, progress, now)[0]:
+                return self._stopped(progress)
+            if progress.work is not None:
+                cands, _ = candidates(market, FleetView(), self.s)
+                note = budget.budget_note(cands, max(progress.work - progress.done, 0.0),
+                                          progress.budget_usd - progress.spent)
         if not progress.paced:
             cands, notes = candidates(market, fleet, self.s, unblock_all=True)
-            plan = solve(problem_of(cands, self.s, notes), time_limit_s=self.s.time_limit_s)
-            return Decision(virtual.instances(plan), plan)
-        return self._paced(market, fleet, progress, now)
+            prob = problem_of(cands, self.s, notes + ([note] if note else []))
+            plan = self._spread(prob, solve(prob, time_limit_s=self.s.time_limit_s), market)
+            d = Decision(virtual.instances(plan), plan)
+        else:
+            d = self._paced(market, fleet, progress, now, note)
+        if progress.budget_usd is None:
+            return d
+        # the fleet after this round costs more than the one held while launches are in it:
+        # its burn sets the reserve and when to decide again
+        after = {o: max(n, fleet.held.get(o, 0)) for o, n in d.target.items()}
+        for o, n in fleet.held.items():
+            after.setdefault(o, n)
+        stop, wake = self._budget_stop(market.prices, after, progress, now)
+        if stop:
+            return self._stopped(progress)
+        if wake is not None and (d.wake_at is None or wake < d.wake_at):
+            d = replace(d, wake_at=wake)
+        return d
+
+    def _budget_stop(self, prices: Mapping[Offering, float], fleet: Mapping[Offering, int],
+                     pr: Progress, now: float) -> tuple[bool, float | None]:
+        """(stop now, when the reserve will be reached) for a ``fleet`` held at ``prices``."""
+        assert pr.budget_usd is not None
+        burn = sum(prices.get(o, 0.0) * n for o, n in fleet.items() if n > 0)
+        left = pr.budget_usd - pr.spent
+        reserve = budget.reserve_usd(burn, sum(n for n in fleet.values() if n > 0),
+                                     self.s.plan_s, self.s.max_removals)
+        # (within a second of the reserve is there: a wake-up cannot come sooner)
+        return left <= reserve + burn / 3600.0, budget.stop_time(now, left, burn, reserve)
+
+    @staticmethod
+    def _stopped(pr: Progress) -> Decision:
+        return Decision({}, stop=f"budget spent: ${pr.spent:,.2f} of job.budget_usd "
+                        f"${pr.budget_usd:,.2f} (the rest pays for the fleet while it is "
+                        f"taken down)")
 
     def _paced(self, market: MarketView, fleet: FleetView, pr: Progress,
-               now: float) -> Decision:
+               now: float, budget_warning: str | None = None) -> Decision:
         s, b = self.s, self.s.bounds
         assert pr.work is not None and pr.deadline_s is not None
         horizon_s = b.churn_horizon_hours * 3600
@@ -261,12 +351,28 @@ class Planner:
             main = max(zones.values())
             young = {o: n for o, n in young.items() if zones[(o.region, o.zone)] == main}
         cands, notes = candidates(market, fleet, s)
+        if budget_warning:
+            notes.append(budget_warning)
         deadline_s = pr.deadline_s
+        spot_fails = [t for o, t in fleet.failed.items() if o.market == "spot"]
+        self.spot_outages.observe(now, any(n > 0 and o.market == "spot"
+                                           for o, n in fleet.held.items()),
+                                  max(spot_fails) if spot_fails else None)
+        if not pr.hard:
+            # The job's own pace is the nominal rate while spot can be had: its line moves
+            # for the outages of all spot seen so far, and for the one going on up to the
+            # typical length (longer, spot may not come back: spot that never came is met
+            # with on-demand as before). Behind the moved line it catches up (below); the
+            # line that did not move made every outage after a long one "late" (on the
+            # 16-late trace, after its first 10.9 h) and bought on-demand for it.
+            deadline_s += self.spot_outages.shift_s(now)
+        nominal = pr.work / pr.deadline_s  # the pace's own rate (catch-up's reference)
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
+        behind = floor > 0.0
         wake = None
         if floor <= 0.0 and od_rate > 0 and left > 0:  # when the slack reaches the floor's
             # window if nothing is done meanwhile: the ramp must start then, not a tick later
@@ -286,13 +392,41 @@ class Planner:
             # their last spot instance 2 h before the deadline with plenty of spot). The
             # floor is Uniform Progress' net for when spot cannot be had.
             floor = 0.0
-        if floor > 0.0 and not pr.hard and (
-                self.outages.running_s(now) <= self.outages.typical_s()):
-            # The job's own deadline is soft: on-demand covers an outage longer than those
-            # seen so far (spot that never came, first of all: then it finishes no later
-            # than plain on-demand), not one like those spot came back from (on the 16-node
-            # trace 16 on-demand bought at every late outage cost 1.6x the bound).
-            floor = 0.0
+        if not pr.hard:
+            # The job's own deadline is soft: late, not dear. Behind it the job catches up
+            # only on rings whose cost per sample is within catch_up_tolerance of the ring
+            # that keeps its pace, whether spot or, once its slack is gone and spot cannot be
+            # had, on-demand (uncapped, 16 on-demand instances at ring efficiency 0.68 were
+            # bought for the last hours of the V100 10-minute-probe trace: 1.77x the bound;
+            # the floor had been dropped instead during outages like those seen before,
+            # leaving the fleet empty while late). A user's deadline keeps its catch-up.
+            cap = catch_up_rate(cands, nominal, s.catch_up_tolerance,
+                                b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
+            if cap is not None:
+                target = min(target, cap)
+                floor = min(floor, target)
+            od_cap = catch_up_rate([c for c in cands if c.offering.market == "on-demand"],
+                                   nominal, 1.0, b.max_size,
+                                   b.model_mb, b.global_batch, b.intra_zone_gbps)
+            if od_cap is not None and floor > 0.0:  # spot cannot be had: on-demand rings no
+                # dearer per sample than the one that keeps the pace, so the job never pays
+                # more per sample than on-demand alone (a 5-instance catch-up ring on spot
+                # that never came cost 1.05x on-demand alone); it finishes later instead
+                target = min(target, od_cap)
+                floor = min(floor, target)
+            if floor > 0.0 and self.outages.running_s(now) <= self.outages.typical_s():
+                # ... but through an outage like those spot came back from, late and not
+                # dear: the cheapest on-demand per sample, one instance (a ring's efficiency
+                # only falls with its size), never an empty fleet; the catch-up above once
+                # the outage outlasts those seen (spot that never came first of all). On the
+                # 16-late trace on-demand at the catch-up rate after its 10.9 h outage cost
+                # 1.19x the bound; the floor dropped altogether (before) left the fleet empty
+                # while late.
+                od = [c for c in cands if c.offering.market == "on-demand"
+                      and c.price_per_hour > 0 and c.useful > 0]
+                one = min(od, key=lambda c: c.price_per_hour / c.useful).useful if od else 0.0
+                if one > 0:
+                    target = floor = min(floor, one)
         pins = dict(young)
         if floor > 0.0:  # on-demand beside the spot held, never instead of it
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
@@ -318,18 +452,11 @@ class Planner:
             # slack (no on-demand floor) a few minutes at the survivors' rate cost only time:
             # always so for the job's own pace (late, not dear), for a user's deadline only
             # while the survivors keep its pace within the tolerance.
-            return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake)
+            return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
+                            notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
-            if not pr.hard:
-                # Behind its own (soft) pace the job catches up only on rings whose cost per
-                # sample is within catch_up_tolerance of the ring that keeps its pace: late,
-                # not dear (a user's deadline is hard and keeps its catch-up)
-                cap = catch_up_rate(cands, pr.work / deadline_s, s.catch_up_tolerance,
-                                    b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
-                if cap is not None and target > cap:
-                    target = cap
             line_s = deadline_s - safety * 3600
             good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
                                    line_s, horizon_s)
@@ -356,11 +483,44 @@ class Planner:
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
-            return Decision(kept, wake_at=wake)  # ahead, nothing good reachable: keep
+            return Decision(kept, wake_at=wake, notes=tuple(notes),
+                            behind=behind)  # ahead, nothing good: keep
+        base = prob if not pins else keep(prob, pins, b.max_regions)
         if floor <= 0.0:
-            plan = self._per_dollar(prob if not pins else keep(prob, pins, b.max_regions),
-                                    plan, target)
-        return Decision(virtual.instances(plan), plan, wake_at=wake)
+            plan = self._per_dollar(base, plan, target)
+        plan = self._spread(base, plan, market)
+        return Decision(virtual.instances(plan), plan, wake_at=wake, behind=behind)
+
+    def _spread(self, prob: Problem, plan: Plan, market: MarketView) -> Plan:
+        """``plan``, or the same problem's fleet with every zone below half the ring when
+        ``plan`` may lose half its ring in one 3-minute window more often than
+        ``max_half_ring_loss`` and the spread fleet does not, at no more than
+        ``spread_cost_tolerance`` times the cost per useful sample
+        (:mod:`provisioner.plan.spread`); the risk kept is noted."""
+        s = self.s
+        if s.max_half_ring_loss >= 1.0 or plan.size == 0:
+            return plan
+        risk = spread.half_loss(plan, market.co_fraction)
+        if risk <= s.max_half_ring_loss:
+            return plan
+        why = "no fleet spread below half a ring per zone meets the target"
+        try:
+            alt = solve(spread.spread_problem(prob), time_limit_s=s.time_limit_s)
+            alt_risk = spread.half_loss(alt, market.co_fraction)
+            ratio = spread.per_sample(alt) / spread.per_sample(plan)
+            if alt.size > 0 and alt_risk <= s.max_half_ring_loss and (
+                    ratio <= s.spread_cost_tolerance):
+                return replace(alt, notes=alt.notes + (
+                    f"spread over zones: a {risk:.1%} chance that one 3-minute window revokes "
+                    f"half the ring in one zone is {alt_risk:.1%} spread, for {ratio:.3f}x the "
+                    f"cost per useful sample",))
+            why = (f"the spread fleet's chance is {alt_risk:.1%} at {ratio:.3f}x the cost per "
+                   f"useful sample (fleet.spread_cost_tolerance {s.spread_cost_tolerance:g})")
+        except InfeasibleError:
+            pass
+        return replace(plan, notes=plan.notes + (
+            f"ring-loss risk: a {risk:.1%} chance that one 3-minute window revokes half the "
+            f"ring (fleet.max_half_ring_loss {s.max_half_ring_loss:.0%}), kept: {why}",))
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
                    ahead: bool) -> Plan | None:
@@ -372,9 +532,13 @@ class Planner:
         if ahead:
             scales = (1.0, 0.75, 0.5, 0.25)
         for scale in scales:
-            if scale == 0.0:  # nothing reachable: the most throughput the caps allow
+            if scale == 0.0:  # nothing reachable: the most throughput the caps allow (for
+                # the job's own pace, late not dear: on spot, and the on-demand held)
                 q = replace(prob, objective="max-throughput", target_samples_per_s=None,
                             ondemand_floor_samples_per_s=0.0)
+                if not hard:
+                    q = replace(q, candidates=tuple(c for c in q.candidates if c.current or
+                                                    c.offering.market == "spot"))
             else:
                 q = replace(prob, target_samples_per_s=target * scale,
                             ondemand_floor_samples_per_s=floor * scale)

@@ -57,7 +57,12 @@ Constraints:
     churn                for offerings held now (x0_o > 0): a_o >= x_o - x0_o, d_o >= x0_o - x_o;
                          each added instance costs its boot time, each change one re-form of
                          the ring; the cost is spread over churn_horizon_hours, so a change is
-                         made only when it pays back within that horizon.
+                         made only when it pays back within that horizon. A spot instance
+                         held is relaunched h_o times an hour (each revocation: a boot and a
+                         re-form), so its hourly cost is c_o + h_o (boot c_o + re-form): an
+                         instance whose expected lifetime does not pay back its boot and
+                         the recovery after it is not worth a swap (the objective says so,
+                         no constant).
 
 Pruning: inside a group that every constraint treats alike (region, zone, family, market,
 GPUs), an offering is dropped when another costs no more, yields no less useful
@@ -105,8 +110,9 @@ def _objective(p: Problem, counts: Mapping[Offering, int]) -> float:
     total = 0.0
     for c in p.candidates:
         x = counts.get(c.offering, 0)
-        total += x * c.price_per_hour
-        total += max(0, x - c.current) * (boot_h * c.price_per_hour + reform_h * cur_cost) / horizon
+        change = boot_h * c.price_per_hour + reform_h * cur_cost
+        total += x * (c.price_per_hour + c.hazard_per_hour * change)
+        total += max(0, x - c.current) * change / horizon
         total += max(0, c.current - x) * reform_h * cur_cost / horizon
     return total
 

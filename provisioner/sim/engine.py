@@ -1,25 +1,25 @@
-"""The simulator: replays real price and availability traces against provisioning policies.
+"""The simulator's engine: an event loop on a virtual clock (it never sleeps).
 
-Design: a discrete-event loop on a virtual clock (it never sleeps). Between two events the
-fleet, and so the training rate, is constant; events are decision ticks, policy wake-ups,
-boots finishing, re-forms and restarts ending, revocations (availability falling below what
-is held, or a drawn lifetime ending) and the end of the trace. Money is exact: an instance
-costs the integral of its offering's price step function from launch to termination
-(:meth:`provisioner.sim.world.Step.between`), i.e. instance-seconds x price at that time.
+Design: three parts, each small. The loop here owns time: between two events the fleet,
+and so the training rate, is constant; events are decision ticks, policy wake-ups, boots
+finishing, stalls ending, revocations (a removal of the availability series hitting a held
+instance, the count falling below what is held, a drawn lifetime ending) and the end of the
+trace. The fleet and its actuator (:mod:`provisioner.sim.fleet`) are the cloud: a policy's
+target is carried out by :func:`provisioner.plan.reconcile.apply_round`, the daemon's own
+order and churn limits. The execution models (:mod:`provisioner.sim.execution`) turn the
+fleet into progress: the elastic ring (spotring) or checkpoint-restart (the baselines).
+Money is exact: an instance costs the integral of its offering's price step function from
+launch to termination.
 
-Two execution models:
-- ``hot`` (spotring): every ready instance contributes; a join or a drain stalls the ring for
-  ``reform_s``; a revocation without notice loses the unfinished step (``step_s`` of the
-  ring's work) and stalls it ``reform_s``.
-- ``restart`` (the baselines): the job runs only when every instance held is ready, then
-  after ``restart_s``; it checkpoints every ``checkpoint_s``; a revocation rolls the work
-  back to the last checkpoint; a planned change checkpoints first (nothing lost).
+Revocations are the world's (:mod:`provisioner.sim.revocations`): removals of the
+availability series hit held instances at random (seeded), the count caps what is held, and
+instances of offerings without a series die at lifetimes drawn from the world's hazards.
+Spotring plans with the hazards learned from the lifetimes seen so far (what the daemon
+would estimate from the same records, every simulated hour).
 
-The ring's throughput is ``S / (1 + S t_comm / B)`` (see :mod:`provisioner.plan.model`).
-The offline bound is :func:`provisioner.sim.hindsight.hindsight`.
-
-Rule for callers: build the world with :func:`provisioner.sim.world.build_world`; pass
-``seed`` to make drawn revocations repeatable.
+Rule for callers: build the world with :func:`provisioner.sim.world.build_world` and the
+job with :class:`provisioner.sim.policies.Params`; pass ``seed`` to make drawn revocations
+repeatable. The offline bound is :func:`provisioner.sim.hindsight.hindsight`.
 """
 
 from __future__ import annotations
@@ -27,309 +27,134 @@ from __future__ import annotations
 import logging
 import math
 import random
-from dataclasses import dataclass, field
-from typing import Sequence
 
 from pricing.model import Offering
-from provisioner.plan.model import ring_efficiency
-from provisioner.plan.reconcile import (ChurnLimits, Held, Launch, Removal, RoundInput,
-                                        apply_round)
-from provisioner.sim.policies import POLICIES, Params, View
-from provisioner.sim.revocations import hits, learned_hazards, lifetime_s
+from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
+from provisioner.sim.execution import model_for
+from provisioner.sim.fleet import Inst, SimActuator, SimFleet, drawn_deaths
+from provisioner.sim.policies import Params, View, make_policy
+from provisioner.sim.result import Life, Result
+from provisioner.sim.revocations import hits, learned_co_fractions, learned_hazards
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
 
+__all__ = ["simulate_policy", "Result", "Life", "CAPACITY_REPLANS"]
+
 #: Re-plans within one round after a launch refused for capacity (the daemon's number).
 CAPACITY_REPLANS = 2
+#: How often spotring's hazards are re-estimated from the lifetimes seen (simulated s).
+HAZARD_REFRESH_S = 3600.0
 
 
-@dataclass(frozen=True)
-class Life:
-    """One instance of a run: its offering, when it was launched, ready and ended (hours
-    from the start), whether it was revoked, and what it cost."""
+class Engine:
+    """One policy's run over one world (see the module docstring)."""
 
-    offering: Offering
-    launched_h: float
-    ready_h: float
-    ended_h: float
-    revoked: bool
-    cost: float
+    def __init__(self, world: World, name: str, params: Params, *, work: float,
+                 deadline_h: float | None, tick_s: float, seed: int) -> None:
+        self.world, self.p, self.work, self.tick_s = world, params, work, tick_s
+        self.deadline_h = deadline_h
+        self.deadline_s = None if deadline_h is None else deadline_h * 3600.0
+        self.name = name
+        self.policy = make_policy(name, params, work=work, deadline_h=deadline_h,
+                                  speed=world.speed)
+        self.exec = model_for(self.policy.mode, world, params, world.start)
+        self.hot = self.exec.hot
+        self.rng = random.Random(seed)
+        self.t = world.start
+        self.done = self.lost = 0.0
+        self.revocations = 0
+        self.fleet = SimFleet(world, self.t)
+        self.deaths = drawn_deaths(world, self.rng, seed)
+        self.limits = (ChurnLimits(params.max_launches, params.max_removals) if self.hot
+                       else ChurnLimits(10 ** 9, 10 ** 9))  # the baselines model other systems
+        self.next_tick, self.wake = self.t + tick_s, None
+        self.fail_wake: float | None = None  # a launch failed: decide again
+        self.hazards: dict[Offering, float] = {}
+        self.co: dict[Offering, float] = {}  # the share of a pool one event takes, learned
+        self.hz_at = -math.inf
+        self.spot = [o for o in world.price if o.market == "spot"]
+        self.stopped: str | None = None  # the policy stopped buying for good
+        self.behind = False  # the last decision was behind its pace
+        self.empty_behind_s = 0.0  # time with no instance held while behind it
+        self.series: tuple[list, list, list, list] = ([], [], [], [])
 
+    # -- one decision round ------------------------------------------------------------------
+    def _on_capacity_failure(self, o: Offering) -> None:
+        self.fail_wake = self.t + (self.p.retry_s if self.hot else self.p.backoff_s)
 
-@dataclass
-class Result:
-    """One policy's run. ``series`` holds (hours, fleet size, samples/s, cumulative USD);
-    ``lives`` every instance it held (the fleet by offering and market, boots, revocations)."""
-
-    policy: str
-    cost: float
-    done: float
-    work: float
-    completion_h: float | None
-    deadline_h: float | None
-    revocations: int = 0
-    work_lost: float = 0.0
-    launches: int = 0
-    status: str = "ok"
-    series: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
-    lives: list[Life] = field(default_factory=list)
-    fleet_by: dict[Offering, tuple[list, list]] | None = None  # set by runs without lives
-
-    @property
-    def cost_per_m(self) -> float:
-        return self.cost / self.done * 1e6 if self.done > 0 else math.inf
-
-    @property
-    def deadline_met(self) -> bool | None:
-        if self.deadline_h is None:
-            return None
-        return self.completion_h is not None and self.completion_h <= self.deadline_h + 1e-9
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.completion_h is not None and self.done >= self.work * (1 - 1e-9))
-
-    def by_offering(self) -> dict[Offering, tuple[list[float], list[int]]]:
-        """Instances held over time (hours), per offering: step functions from ``lives``
-        (or ``fleet_by``: the bound's mean count per segment)."""
-        if self.fleet_by is not None:
-            return self.fleet_by
-        changes: dict[Offering, dict[float, int]] = {}
-        for life in self.lives:
-            ch = changes.setdefault(life.offering, {})
-            ch[life.launched_h] = ch.get(life.launched_h, 0) + 1
-            ch[life.ended_h] = ch.get(life.ended_h, 0) - 1
-        out = {}
-        for o, ch in changes.items():
-            xs, ys, n = [], [], 0
-            for x in sorted(ch):
-                n += ch[x]
-                xs.append(x)
-                ys.append(n)
-            out[o] = (xs, ys)
-        return out
-
-    def figures(self) -> dict:
-        """Plain Python numbers (JSON-able: no NaN or infinity), rounded for reading; an
-        unfinished run says so (``finished``, ``work_done_fraction``, ``status``)."""
-        met = self.deadline_met
-
-        def num(x: float, nd: int) -> float | None:
-            return round(float(x), nd) if math.isfinite(x) else None
-
-        return {"total_cost_usd": num(self.cost, 4),
-                "completion_hours": (None if self.completion_h is None
-                                     else num(self.completion_h, 4)),
-                "cost_per_1m_samples_usd": num(self.cost_per_m, 6) if self.done > 0 else None,
-                "deadline_met": None if met is None else bool(met),
-                "revocations": int(self.revocations),
-                "work_lost_samples": num(self.work_lost, 1),
-                "work_done_samples": num(self.done, 1),
-                "work_done_fraction": num(self.done / self.work, 4) if self.work > 0 else None,
-                "finished": self.finished,
-                "launches": int(self.launches), "status": self.status}
-
-
-@dataclass
-class _Inst:
-    o: Offering
-    launched: float
-    ready: float
-    dies: float = math.inf
-    id: str = ""
-
-
-def _rate(world: World, p: Params, insts: Sequence[_Inst], t: float) -> float:
-    ready = [i for i in insts if i.ready <= t]
-    s = sum(world.speed[i.o.instance_type] for i in ready)
-    link = p_link(ready, p)
-    return s * ring_efficiency(len(ready), s, p.model_mb, p.global_batch, link)
-
-
-def p_link(insts: Sequence[_Inst], p: Params) -> float:
-    """Bandwidth of the slowest link of a ring (same defaults as fleet settings)."""
-    if len({i.o.region for i in insts}) > 1:
-        return 1.0
-    if len({i.o.zone for i in insts}) > 1:
-        return 5.0
-    return 10.0
-
-
-def simulate_policy(world: World, name: str, params: Params, *, work: float,
-                    deadline_h: float | None = None, tick_s: float = 600.0,
-                    seed: int = 0) -> Result:
-    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends.
-
-    Revocations are the world's (:mod:`provisioner.sim.revocations`): removals of the
-    availability series hit held instances at random (seeded), the count caps what is held,
-    and instances of offerings without a series die at lifetimes drawn from the world's
-    hazards. Spotring plans with the hazards learned from the lifetimes seen so far."""
-    policy = POLICIES[name](params)
-    hot = policy.mode == "hot"
-    rng = random.Random(seed)
-    deadline_s = None if deadline_h is None else deadline_h * 3600.0
-    t = world.start
-    done = 0.0
-    insts: list[_Inst] = []
-    closed = 0.0
-    failed: dict[Offering, float] = {}
-    revocations = launches = 0
-    lost = 0.0
-    stall_until = t
-    run_start: float | None = None
-    run_work = run_rate = 0.0
-    next_tick, wake = t + tick_s, None
-    need, revoked_flag = True, False
-    fail_wake: float | None = None  # a launch failed: decide again (as after a revocation)
-    hazards: dict[Offering, float] = {}
-    hz_at = -math.inf
-    xs, fleet, rates, costs = [], [], [], []
-    spot = [o for o in world.price if o.market == "spot"]
-
-    def cost_now(at: float) -> float:
-        return closed + sum(world.cost(i.o, i.launched, at) for i in insts)
-
-    lives: list[Life] = []
-
-    def terminate(i: _Inst, at: float, revoked: bool = False) -> None:
-        nonlocal closed
-        usd = world.cost(i.o, i.launched, at)
-        closed += usd
-        insts.remove(i)
-        h0 = world.start
-        lives.append(Life(i.o, (i.launched - h0) / 3600, (min(i.ready, at) - h0) / 3600,
-                          (at - h0) / 3600, revoked, usd))
-
-    def held() -> dict[Offering, int]:
-        h: dict[Offering, int] = {}
-        for i in insts:
-            h[i.o] = h.get(i.o, 0) + 1
-        return h
-
-    limits = (ChurnLimits(params.max_launches, params.max_removals) if hot
-              else ChurnLimits(10 ** 9, 10 ** 9))  # the baselines model other systems
-    serial = iter(range(10 ** 12))
-
-    class Act:
-        """The simulator's :class:`~provisioner.plan.reconcile.Actuator`: instances on the
-        virtual clock (a drain ends the instance at once: it leaves at a step boundary)."""
-
-        changed = False
-
-        def launch(self, launch: Launch) -> bool:
-            nonlocal launches, fail_wake
-            o, n = launch.offering, launch.count
-            room = max(0, world.available(o, t) - held().get(o, 0))
-            k = min(n, room)
-            for _ in range(k):
-                dies = t + lifetime_s(rng, world.hazard.get(o, 0.0)) if (
-                    o.market == "spot" and world.avail.get(o) is None) else math.inf
-                insts.append(_Inst(o, t, t + params.boot_s, dies, f"i-{next(serial)}"))
-            launches += k
-            self.changed = self.changed or k > 0
-            if k < n:
-                failed[o] = t
-                fail_wake = t + (params.retry_s if hot else params.backoff_s)
-            return k == n
-
-        def terminate(self, removals: Sequence[Removal]) -> None:
-            gone = {r.instance_id for r in removals}
-            for i in [i for i in insts if i.id in gone]:
-                terminate(i, t)
-                self.changed = True
-
-        def drain(self, removal: Removal) -> None:
-            self.terminate([removal])
-
-    def decide(revoked: bool) -> None:
-        nonlocal wake, stall_until, hz_at, hazards
-        if hot and t - hz_at >= 3600.0:  # what the daemon would estimate from the same records
-            hazards = learned_hazards(world.lifetimes, spot, t)
-            hz_at = t
+    def decide(self, revoked: bool) -> None:
+        """Ask the policy and carry its target out through the daemon's reconciler."""
+        t, world, f = self.t, self.world, self.fleet
+        f.t = t
+        if self.hot and t - self.hz_at >= HAZARD_REFRESH_S:
+            self.hazards = learned_hazards(world.lifetimes, self.spot, t)
+            self.co = learned_co_fractions(world.lifetimes, self.spot, t)
+            self.hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
-        alternatives = sorted(prices, key=lambda o: (prices[o], o)) if hot else ()
-        act = Act()
-        wakes: list[float | None] = []
+        alternatives = sorted(prices, key=lambda o: (prices[o], o)) if self.hot else ()
+        act = SimActuator(f, self.p.boot_s, self.deaths, self._on_capacity_failure)
+        decisions = []
 
         def plan(attempt: int) -> RoundInput:
-            view = View(t, world.start, work, done, deadline_s, prices, held(), dict(failed),
-                        world.speed, run_start is not None, hazards, revoked or attempt > 0)
-            d = policy.decide(view)
-            wakes.append(d.wake_at)
-            blocked = frozenset(o for o, when in failed.items()
-                                if hot and t - when < params.avoid_s)
+            view = View(t, world.start, self.work, self.done, self.deadline_s, prices,
+                        f.held(), dict(f.failed), world.speed, self.exec.running, self.hazards,
+                        revoked or attempt > 0, f.cost(t), self.co)
+            d = self.policy.decide(view)
+            decisions.append(d)
+            blocked = frozenset(o for o, when in f.failed.items()
+                                if self.hot and t - when < self.p.avoid_s)
             return RoundInput({o: n for o, n in d.target.items() if n > 0},
-                              [Held(i.id, i.o, i.launched, i.ready <= t) for i in insts],
+                              [Held(i.id, i.o, i.launched, i.ready <= t) for i in f.insts],
                               unavailable=blocked, alternatives=alternatives)
 
-        done_round = apply_round(plan, act, limits=limits, replans=CAPACITY_REPLANS if hot else 0)
-        wake = wakes[-1] if wakes else None
+        done_round = apply_round(plan, act, limits=self.limits,
+                                 replans=CAPACITY_REPLANS if self.hot else 0)
+        last = decisions[-1] if decisions else None
+        self.behind = bool(last is not None and last.behind)
+        self.wake = last.wake_at if last is not None else None
+        if last is not None and last.stop:
+            self.stopped = last.stop
         if done_round is not None and done_round.deferred:  # the daemon's next round
-            wake = min(wake if wake is not None else math.inf, t + params.plan_s)
+            self.wake = min(self.wake if self.wake is not None else math.inf,
+                            t + self.p.plan_s)
         if act.changed:
-            if hot:
-                stall_until = max(stall_until, t + params.reform_s) if any(
-                    i.ready <= t for i in insts) else stall_until
-            else:
-                stall_until = max([t] + [i.ready for i in insts]) + params.restart_s
+            self.exec.changed(t, f.insts)
 
-    while True:
-        if need:
-            decide(revoked_flag)
-            need = revoked_flag = False
-        r = 0.0 if t < stall_until else _rate(world, params, insts, t)
-        if not hot:
-            if not insts or any(i.ready > t for i in insts):
-                r = 0.0
-            if r > 0 and run_start is None:
-                run_start, run_work, run_rate = t, done, r
-            elif r == 0:
-                run_start = None
-        xs.append((t - world.start) / 3600)
-        fleet.append(len(insts))
-        rates.append(r)
-        costs.append(cost_now(t))
-        cands = [next_tick if next_tick > t else t + params.backoff_s, world.end]
-        if wake is not None and wake > t:
-            cands.append(wake)
-        if fail_wake is not None and fail_wake > t:
-            cands.append(fail_wake)
-        cands += [i.ready for i in insts if i.ready > t]
-        cands += [i.dies for i in insts if i.dies > t]
-        if stall_until > t:
-            cands.append(stall_until)
-        h = held()
-        for o, n in h.items():
+    # -- the loop ----------------------------------------------------------------------------
+    def _record(self, rate: float) -> None:
+        xs, fleet, rates, costs = self.series
+        xs.append((self.t - self.world.start) / 3600)
+        fleet.append(len(self.fleet.insts))
+        rates.append(rate)
+        costs.append(self.fleet.cost(self.t))
+
+    def _next_event(self) -> float:
+        t, f, world = self.t, self.fleet, self.world
+        cands = [self.next_tick if self.next_tick > t else t + self.p.backoff_s, world.end]
+        for w in (self.wake, self.fail_wake, self.exec.stall_until):
+            if w is not None and w > t:
+                cands.append(w)
+        cands += [i.ready for i in f.insts if i.ready > t]
+        cands += [i.dies for i in f.insts if i.dies > t]
+        for o, n in f.held().items():
             s = world.avail.get(o)
-            if s is not None:
-                nb = s.next_below(t, n)
-                if nb is not None:
-                    cands.append(nb)
+            if s is not None and (nb := s.next_below(t, n)) is not None:
+                cands.append(nb)
             rc = world.reclaims.get(o)
-            if rc is not None and o.market == "spot":
-                nr = rc.next_after(t)
-                if nr is not None:
-                    cands.append(nr)
-        t_next = min(cands)
-        if r > 0 and t + (work - done) / r <= t_next:
-            t = t + (work - done) / r
-            done = work
-            xs.append((t - world.start) / 3600)
-            fleet.append(len(insts))
-            rates.append(r)
-            costs.append(cost_now(t))
-            break
-        done += r * (t_next - t)
-        prev, t = t, t_next
-        if t >= world.end:
-            break
-        # revocations: lifetimes ended, removals of the groups held, capacity caps
-        gone: list[_Inst] = [i for i in insts if i.dies <= t]
-        for o, n in held().items():
+            if rc is not None and o.market == "spot" and (nr := rc.next_after(t)) is not None:
+                cands.append(nr)
+        return min(cands)
+
+    def _revoked_now(self) -> list[Inst]:
+        """The instances the world takes at ``t``: lifetimes ended, removals of the groups
+        held (each hitting held instances with the group's odds), counts below what is held."""
+        t, f, world, rng = self.t, self.fleet, self.world, self.rng
+        gone = [i for i in f.insts if i.dies <= t]
+        for o in f.held():
             rc = world.reclaims.get(o)
             removal = rc.at(t) if rc is not None and o.market == "spot" else None
-            mine = sorted((i for i in insts if i.o == o and i not in gone),
+            mine = sorted((i for i in f.insts if i.o == o and i not in gone),
                           key=lambda i: (i.launched, i.id))
             if removal is not None:
                 hit = rng.sample(mine, hits(rng, removal[0], removal[1], len(mine)))
@@ -338,42 +163,76 @@ def simulate_policy(world: World, name: str, params: Params, *, work: float,
             s = world.avail.get(o)
             if s is not None and s.at(t) < len(mine):
                 gone += mine[:len(mine) - int(s.at(t))]
-        if gone:
-            was_running = r > 0
-            for i in gone:
-                failed[i.o] = t
-                terminate(i, t, revoked=True)
-            revocations += len(gone)
-            if hot:
-                if was_running:
-                    loss = min(done, r * params.step_s)
-                    done -= loss
-                    lost += loss
-                stall_until = max(stall_until, t + params.reform_s)
-            else:
-                if run_start is not None:
-                    n_ck = math.floor((t - run_start) / params.checkpoint_s)
-                    committed = run_work + run_rate * n_ck * params.checkpoint_s
-                    lost += max(0.0, done - committed)
-                    done = min(done, committed)
-                run_start = None
-                stall_until = max([t] + [i.ready for i in insts]) + params.restart_s
-            need = revoked_flag = True
-        if hot and any(prev < i.ready <= t for i in insts):
-            stall_until = max(stall_until, t + params.reform_s)
-        if t >= next_tick:
-            need = True
-            while next_tick <= t:
-                next_tick += tick_s
-        if wake is not None and t >= wake:
-            need, wake = True, None
-        if fail_wake is not None and t >= fail_wake:
-            need = revoked_flag = True
-            fail_wake = None
-    for i in list(insts):
-        terminate(i, t)
-    completion = (t - world.start) / 3600 if done >= work else None
-    status = ("ok" if completion is not None else
-              f"not finished by the end of the trace ({done / work:.1%} of the work done)")
-    return Result(name, closed, done, work, completion, deadline_h, revocations, lost, launches,
-                  status, (xs, fleet, rates, costs), lives)
+        return gone
+
+    def run(self) -> Result:
+        """Replay until the work is done, the policy stopped with nothing held, or the trace
+        ends."""
+        world, f = self.world, self.fleet
+        need, revoked_flag = True, False
+        while True:
+            if need:
+                self.decide(revoked_flag)
+                need = revoked_flag = False
+                if self.stopped and not f.insts:
+                    self._record(0.0)
+                    break
+            r = self.exec.rate(f.insts, self.t)
+            self.exec.observe(self.t, r, self.done)
+            self._record(r)
+            t_next = self._next_event()
+            if r > 0 and self.t + (self.work - self.done) / r <= t_next:
+                self.t += (self.work - self.done) / r
+                self.done = self.work
+                self._record(r)
+                break
+            self.done += r * (t_next - self.t)
+            if self.behind and not f.insts:
+                self.empty_behind_s += t_next - self.t
+            prev, self.t = self.t, t_next
+            f.t = self.t
+            if self.t >= world.end:
+                break
+            gone = self._revoked_now()
+            if gone:
+                for i in gone:
+                    f.end(i, self.t, revoked=True)
+                self.revocations += len(gone)
+                self.done, loss = self.exec.revoked(self.t, r > 0, r, self.done, f.insts)
+                self.lost += loss
+                need = revoked_flag = True
+            if self.hot and any(prev < i.ready <= self.t for i in f.insts):
+                self.exec.joined(self.t)
+            if self.t >= self.next_tick:
+                need = True
+                while self.next_tick <= self.t:
+                    self.next_tick += self.tick_s
+            if self.wake is not None and self.t >= self.wake:
+                need, self.wake = True, None
+            if self.fail_wake is not None and self.t >= self.fail_wake:
+                need = revoked_flag = True
+                self.fail_wake = None
+        return self._result()
+
+    def _result(self) -> Result:
+        f, world = self.fleet, self.world
+        for i in list(f.insts):
+            f.end(i, self.t)
+        completion = (self.t - world.start) / 3600 if self.done >= self.work else None
+        frac = self.done / self.work
+        status = ("ok" if completion is not None else
+                  f"stopped: {self.stopped} ({frac:.1%} of the work done)" if self.stopped else
+                  f"not finished by the end of the trace ({frac:.1%} of the work done)")
+        return Result(self.name, f.closed, self.done, self.work, completion, self.deadline_h,
+                      self.revocations, self.lost, f.launches, status, self.series, f.lives,
+                      empty_behind_h=self.empty_behind_s / 3600.0, budget_usd=(self.policy.planner.goal.budget_usd
+                                  if hasattr(self.policy, "planner") else None))
+
+
+def simulate_policy(world: World, name: str, params: Params, *, work: float,
+                    deadline_h: float | None = None, tick_s: float = 600.0,
+                    seed: int = 0) -> Result:
+    """Replay one policy over ``world`` until ``work`` samples are done or the trace ends
+    (see the module docstring)."""
+    return Engine(world, name, params, work=work, deadline_h=deadline_h, tick_s=tick_s,
+                  seed=seed).run()

@@ -20,7 +20,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from provisioner.plan.model import ring_rate
-from provisioner.sim.engine import Result
+from provisioner.sim.result import Result
 from provisioner.sim.policies import Params
 from provisioner.sim.world import World
 
@@ -88,7 +88,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     gains: dict[str, np.ndarray] = {}
     for itype in types:
         s = world.speed[itype]
-        f = [0.0] + [ring_rate(n, s, params.model_mb, params.global_batch, 10.0)
+        f = [0.0] + [ring_rate(n, s, params.model_mb, params.global_batch, params.links[0])
                      for n in range(1, jmax + 1)]
         gains[itype] = np.diff(f) * 3600.0  # samples per hour of the j-th instance
     n_o, n_t, n_s = len(offs), len(types), len(segs)

@@ -8,7 +8,7 @@ zones just failed them, the progress made; never future prices or availability (
 :func:`hindsight`, the offline lower bound, which lives in :mod:`provisioner.sim.engine`).
 
 - ``spotring``: our optimiser with the deadline objective: the user's deadline, else its own
-  (the work at the baselines' nominal rate less ``rate_tolerance``), paced uniformly: the
+  (the work at the baselines' nominal rate), paced uniformly: the
   rate that finishes on time is recomputed at every decision, so spot capacity missing now
   is made up later. A user's deadline is hard: on-demand once the slack falls below the
   safety margin (Uniform Progress' safety net). Its own is soft: on-demand only once spot
@@ -30,19 +30,24 @@ zones just failed them, the progress made; never future prices or availability (
   the uniform line work x elapsed / deadline, on-demand when behind and spot is unavailable,
   and on-demand for the rest once the slack falls below the restart overhead.
 
-Rule: ``decide`` must not keep references to ``view``; it returns target counts.
+Rule: ``decide`` must not keep references to ``view``; it returns target counts. A policy is
+made with :func:`make_policy` (spotring needs the job's planner input, the others only
+``Params``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping
 
 from pricing.model import Offering
+from provisioner.config import Settings
 from provisioner.errors import InfeasibleError
-from provisioner.plan.model import Problem, ring_rate
-from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
+from provisioner.plan.model import ring_rate
+from provisioner.plan.objective import PlannerInput, planner_input, sim_objective
+from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,71 +68,76 @@ class View:
     running: bool
     hazards: Mapping[Offering, float] = field(default_factory=dict)
     revoked: bool = False  # this decision follows a revocation or failed launch
+    spent: float = 0.0  # USD spent so far
+    co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of a pool
+    # one interruption event takes, learned as the hazards are
 
 
 @dataclass(frozen=True)
 class Decision:
     target: Mapping[Offering, int]
     wake_at: float | None = None
+    stop: str | None = None  # stop buying for good (a budget spent): the run ends once empty
+    behind: bool = False  # the policy is behind its pace (spotring: its slack is gone)
 
 
 @dataclass(frozen=True)
 class Params:
-    """Shared knobs: the job's instance type and size, the restart model, the ring."""
+    """The simulated job: the daemon's settings, whole, and the baselines' own knobs.
 
+    Spotring decides with the planner input of ``settings``
+    (:func:`provisioner.plan.objective.planner_input`, the daemon's own); the execution
+    model (boot, re-form, the step a revocation loses, the ring's gradient, batch and links),
+    the churn limits, the zone avoidance and the plan period, and the bound's size and zone
+    share are read from the same settings, so every figure of a run is one of the config
+    the daemon would run. ``itype`` and ``size`` are the baselines' fleet (and the job's
+    own pace: the nominal ring of ``size`` x ``itype``); ``restart_s``, ``checkpoint_s`` and
+    ``backoff_s`` model the restart-based baselines."""
+
+    settings: Settings
     itype: str
     size: int
-    boot_s: float = 180.0
     restart_s: float = 300.0  # restart from a checkpoint (load state, warm up)
     checkpoint_s: float = 1800.0  # checkpoint interval (restart-based policies)
     backoff_s: float = 60.0
-    avoid_s: float = 600.0  # a zone that failed us is avoided this long
-    retry_s: float = 30.0  # spotring re-plans this soon after a launch found no capacity
-    # (the daemon's plan period; a capacity error comes back within seconds)
-    step_s: float = 1.0
-    reform_s: float = 5.0
-    model_mb: float = 100.0
-    global_batch: int = 256
-    max_zone_share: float = 0.5
-    max_size: int = 16
-    churn_horizon_hours: float = 1.0
-    safety_hours: float = 2.0
-    rate_tolerance: float = 0.0  # spotring (no deadline) paces to the nominal rate less this
-    work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)  # also try these x the rate; keep the
-    # plan with the lower cost per useful sample (the design's "useful work per dollar")
-    ahead_tolerance: float = 1.10  # spotring ahead of its progress line buys only offerings
-    # whose cost per sample is within this factor of the best one priced (held or not)
-    catch_up_tolerance: float = 1.05  # behind its own pace, spotring catches up only on
-    # rings within this factor of the cost per sample of the ring that keeps the pace
-    bank_hours: float | None = None  # while the cheapest hardware per sample is free and
-    # dearer spot is the alternative, spotring gets this far ahead of its line with it (within
-    # the churn horizon), to wait through its outages. None: learned online from the outages
-    # of that hardware seen so far (OutageLog.bank_s); a number fixes it (0: no banking)
-    default_hazard: float = 0.1
-    time_limit_s: float = 1.0
-    plan_s: float = 30.0  # the daemon's plan period: a round whose actions the churn limits
-    # deferred goes on this soon (as the daemon's next round would)
-    max_launches: int = 4  # the daemon's churn limits (daemon.max_launches_per_round, ...)
-    max_removals: int = 2
 
-    @classmethod
-    def of(cls, plan: PlanSettings, **kw: Any) -> "Params":
-        """Params whose spotring knobs are those of ``plan`` (the settings the daemon uses);
-        ``kw`` gives the baselines' own (itype, size, restart_s, ...)."""
-        mine = {g.name for g in fields(cls)}
-        shared = {f.name: getattr(src, f.name) for src in (plan, plan.bounds)
-                  for f in fields(src) if f.name in mine}
-        return cls(**{**shared, **kw})
+    @cached_property
+    def plan(self) -> PlanSettings:
+        """The planner settings of ``settings`` (without the objective: see :meth:`goal`)."""
+        return planner_input(self.settings).settings
 
-    def plan_settings(self) -> PlanSettings:
-        """The :class:`PlanSettings` spotring decides with (a job's ring: one region, every
-        market priced)."""
-        def pick(cls: Any) -> dict[str, Any]:
-            names = {f.name for f in fields(cls)}
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name in names}
+    # the execution model, read from the planner's own settings
+    boot_s = property(lambda self: self.plan.bounds.boot_s)
+    reform_s = property(lambda self: self.plan.bounds.reform_s)
+    step_s = property(lambda self: self.plan.step_s)
+    model_mb = property(lambda self: self.plan.bounds.model_mb)
+    global_batch = property(lambda self: self.plan.bounds.global_batch)
+    max_size = property(lambda self: self.plan.bounds.max_size)
+    max_zone_share = property(lambda self: self.plan.bounds.max_zone_share)
+    zone_allowance = property(lambda self: self.plan.bounds.zone_allowance)
+    links = property(lambda self: (self.plan.bounds.intra_zone_gbps,
+                                   self.plan.bounds.inter_zone_gbps,
+                                   self.plan.bounds.inter_region_gbps))
+    # the daemon's loop: zone avoidance, the plan period (a launch refused for capacity is
+    # retried a plan period later, a round the churn limits deferred goes on then)
+    avoid_s = property(lambda self: self.settings.daemon.zone_avoid_ttl_s)
+    retry_s = property(lambda self: self.settings.daemon.plan_s)
+    plan_s = property(lambda self: self.settings.daemon.plan_s)
+    max_launches = property(lambda self: self.settings.daemon.max_launches_per_round)
+    max_removals = property(lambda self: self.settings.daemon.max_removals_per_round)
 
-        bounds = Problem((), max_regions=1, zone_allowance=1, **pick(Problem))
-        return PlanSettings(bounds=bounds, **pick(PlanSettings))
+    def nominal_rate(self, speed: Mapping[str, float]) -> float:
+        """Samples/s of the baselines' ring (``size`` x ``itype`` in one zone): the job's own
+        pace when the user gives no deadline."""
+        return ring_rate(self.size, speed[self.itype], self.model_mb, self.global_batch,
+                         self.links[0])
+
+    def goal_input(self, *, work: float, deadline_h: float | None,
+                   speed: Mapping[str, float]) -> PlannerInput:
+        """Spotring's planner input for a run of ``work`` samples: the user's deadline, else
+        the job's own pace (:func:`provisioner.plan.objective.sim_objective`)."""
+        return planner_input(sim_objective(self.settings, work=work, deadline_h=deadline_h,
+                                           pace_samples_per_s=self.nominal_rate(speed)))
 
 
 def _cheapest(prices: Mapping[Offering, float], itype: str, market: str,
@@ -241,30 +251,41 @@ class UniformProgress:
 
 class Spotring:
     """Our policy: :class:`provisioner.plan.pipeline.Planner`, the decision the daemon runs,
-    with hot reconfiguration. Without a user's deadline it paces to its own (soft): the work
-    at the baselines' nominal rate less ``rate_tolerance``."""
+    built from the daemon's own planner input (:meth:`Params.goal_input`), with hot
+    reconfiguration. Without a user's deadline it paces to its own (soft): the work at the
+    baselines' nominal rate."""
 
     name, mode = "spotring", "hot"
 
-    def __init__(self, p: Params) -> None:
+    def __init__(self, p: Params, inp: PlannerInput) -> None:
         self.p = p
-        self.planner = Planner(p.plan_settings())
+        self.planner = Planner.of(inp)
+
+    @classmethod
+    def for_job(cls, p: Params, *, work: float, deadline_h: float | None,
+                speed: Mapping[str, float]) -> "Spotring":
+        return cls(p, p.goal_input(work=work, deadline_h=deadline_h, speed=speed))
 
     def decide(self, v: View) -> Decision:
         p = self.p
-        deadline_s, hard = v.deadline_s, True
-        if deadline_s is None:
-            nominal = ring_rate(p.size, v.speed[p.itype], p.model_mb, p.global_batch, 10.0)
-            deadline_s, hard = v.work / (nominal * (1.0 - p.rate_tolerance)), False
-        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards)
+        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards,
+                            co_fraction=v.co_fraction)
         blocked = frozenset(o for o, when in v.failed.items()
                             if o.market == "spot" and v.t - when < p.avoid_s)
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
-        progress = Progress(start=v.start, work=v.work, done=v.done, deadline_s=deadline_s,
-                            hard=hard)
+        progress = self.planner.goal.progress(v.start, v.done, spent=v.spent)
         d = self.planner.decide(market, fleet, progress, v.t)
-        return Decision(dict(d.target), d.wake_at)
+        return Decision(dict(d.target), d.wake_at, d.stop, d.behind)
 
 
 POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,
             "static-spot": StaticSpot, "uniform-progress": UniformProgress}
+
+
+def make_policy(name: str, p: Params, *, work: float, deadline_h: float | None,
+                speed: Mapping[str, float]):
+    """The policy ``name`` for one run (spotring with the job's planner input)."""
+    cls = POLICIES[name]
+    if hasattr(cls, "for_job"):
+        return cls.for_job(p, work=work, deadline_h=deadline_h, speed=speed)
+    return cls(p)

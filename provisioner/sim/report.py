@@ -26,9 +26,10 @@ from typing import Mapping, Sequence
 from pricing.model import Offering
 from provisioner import plots
 from provisioner.errors import UserError
-from provisioner.sim.engine import Result, simulate_policy
+from provisioner.sim.engine import simulate_policy
 from provisioner.sim.hindsight import hindsight
 from provisioner.sim.policies import POLICIES, Params
+from provisioner.sim.result import Result
 from provisioner.sim.world import World, iso
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,71 @@ def figures(results: Mapping[str, Result]) -> dict[str, dict]:
     return out
 
 
+def on_demand_cost(results: Mapping[str, Result], world: World, params: Params,
+                   work: float) -> float | None:
+    """USD on-demand alone pays for ``work`` samples: the on-demand policy's cost per sample
+    where it ran (and did work), else its ring's (``size`` x ``itype`` at the cheapest
+    on-demand price at the start, at the ring's nominal rate); None without a price."""
+    od = results.get("on-demand")
+    if od is not None and od.done > 0 and math.isfinite(od.cost):
+        return od.cost / od.done * work
+    prices = [s.at(world.start) for o, s in world.price.items()
+              if o.market == "on-demand" and o.instance_type == params.itype]
+    if not prices or params.itype not in world.speed:
+        return None
+    rate = params.nominal_rate(world.speed)
+    return params.size * min(prices) * work / (rate * 3600.0) if rate > 0 else None
+
+
+def money(results: Mapping[str, Result], world: World, params: Params) -> dict | None:
+    """Spotring's money: spent, what on-demand alone pays for the same work, saved, and
+    the budget with what is left (when the job had one). None without a spotring run."""
+    ours = results.get("spotring")
+    if ours is None:
+        return None
+    od = on_demand_cost(results, world, params, ours.done)
+    out = {"spent_usd": round(ours.cost, 4),
+           "on_demand_usd": None if od is None else round(od, 4),
+           "saved_vs_on_demand_usd": None if od is None else round(od - ours.cost, 4)}
+    if ours.budget_usd is not None:
+        out["budget_usd"] = round(ours.budget_usd, 4)
+        out["budget_left_usd"] = round(ours.budget_usd - ours.cost, 4)
+    return out
+
+
+def money_line(m: Mapping[str, float | None]) -> str:
+    """One line of :func:`money` for people."""
+    line = f"spotring spent ${m['spent_usd']:,.2f}"
+    if m.get("on_demand_usd"):
+        line += (f"; on-demand alone would have paid ${m['on_demand_usd']:,.2f} for the same "
+                 f"work: ${m['saved_vs_on_demand_usd']:,.2f} saved "
+                 f"({m['spent_usd'] / m['on_demand_usd']:.2f}x)")
+    if m.get("budget_usd") is not None:
+        line += f"; budget ${m['budget_usd']:,.2f}, ${m['budget_left_usd']:,.2f} left"
+    return line
+
+
+def summary(figs: Mapping[str, Mapping], m: Mapping | None) -> str:
+    """The figures as a small table for a terminal (``provision simulate`` without
+    ``--json`` or ``--report``), then the money line."""
+    rows = [("policy", "cost USD", "hours", "$/1M samples", "spotring x", "deadline",
+             "launches", "revoked", "status")]
+    for n, f in figs.items():
+        hours = (f"{f['completion_hours']:.2f}" if f["finished"] else
+                 f"not done ({(f['work_done_fraction'] or 0):.0%})")
+        cpm = "-" if f["cost_per_1m_samples_usd"] is None else f"{f['cost_per_1m_samples_usd']:.4f}"
+        cost = "-" if f["total_cost_usd"] is None else f"{f['total_cost_usd']:.2f}"
+        met = {None: "-", True: "met", False: "MISSED"}[f["deadline_met"]]
+        rows.append((n, cost, hours, cpm, _fmt_ratio(f), met, str(f["launches"]),
+                     str(f["revocations"]), "ok" if f["status"] == "ok" else f["status"][:60]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i in (0, 5, 8) else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    if m is not None:
+        lines += ["", money_line(m)]
+    return "\n".join(lines)
+
+
 def _fmt_ratio(f: dict) -> str:
     if f.get("spotring_cost_per_sample_ratio") is not None:
         return f"{f['spotring_cost_per_sample_ratio']:.3f}x"
@@ -143,6 +209,9 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
         met = {None: "-", True: "yes", False: "NO"}[f["deadline_met"]]
         md.append(f"| {n} | {cost} | {comp} | {cpm} | {met} | {f['revocations']} | "
                   f"{f['launches']} | {f['work_lost_samples'] or 0:.0f} | {_fmt_ratio(f)} |")
+    m = money(results, world, params)
+    if m is not None:
+        md += ["", money_line(m) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
            "the same work; a run that did not finish is compared per sample of unequal work and "
            "marked so. Hindsight is an offline bound: it knows the whole trace, keeps max_size "
@@ -163,6 +232,8 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     md += [f"- {n}" for n in world.notes] or ["- nothing to report"]
     path = d / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    if m is not None:
+        figs["spotring"]["money"] = m
     (d / "figures.json").write_text(json.dumps(figs, indent=2, sort_keys=True, allow_nan=False)
                                     + "\n", encoding="utf-8")
     return path

@@ -12,14 +12,17 @@ the simulator does not apply, nor the reverse):
   into the revoked lifetimes the hazard is learned from (:func:`pricing.sources.trace_io.
   availability_to_records`): ``k`` revocations over ``n`` instance-hours here and there.
   The count is also a capacity cap: what a fall leaves below what we hold is revoked too.
-- **drawn lifetimes**: an offering with no availability series (prices with lifetimes, e.g.
-  the GCP preemptible lifetimes) revokes each instance after an exponential lifetime whose
-  hazard is :func:`pricing.risk.hazard_rates` over all the lifetimes in the traces, the
-  estimate the daemon and the policy use (same bases: own, pooled, default).
+- **drawn events** (:class:`PoolEvents`): an offering with no availability series (prices
+  with lifetimes, e.g. the GCP preemptible lifetimes) revokes each instance at the hazard
+  :func:`pricing.risk.hazard_rates` gives over all the lifetimes in the traces, the estimate
+  the daemon and the policy use (same bases: own, pooled, default), but not one by one:
+  its pool's interruption events each take the share :func:`pricing.risk.co_fractions`
+  measures of the instances held there, within minutes.
 - what a policy learns by time ``t`` is :func:`learned_hazards`: the same estimate over
   the lifetimes observable by then (ended ones as recorded, running ones censored at ``t``).
 
-Rule: draws take the caller's seeded ``random.Random``; nothing here keeps state.
+Rule: draws take the caller's seeded ``random.Random``; a :class:`PoolEvents` holds the drawn
+events of one run (make one per run); nothing else here keeps state.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from pricing.model import Lifetime, Offering
-from pricing.risk import hazard_rates
+from pricing.risk import co_fractions, hazard_rates
 
 
 @dataclass(frozen=True)
@@ -91,16 +94,8 @@ def hits(rng: random.Random, removed: int, group: int, held: int) -> int:
     return hit
 
 
-def lifetime_s(rng: random.Random, hazard_per_hour: float) -> float:
-    """An exponential lifetime in seconds (inf for a zero hazard)."""
-    return rng.expovariate(hazard_per_hour) * 3600.0 if hazard_per_hour > 0 else math.inf
-
-
-def learned_hazards(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering],
-                    t: float) -> dict[Offering, float]:
-    """The hazard per offering :func:`pricing.risk.hazard_rates` gives over the lifetimes
-    observable at ``t`` (started by then; running ones censored at ``t``): what the daemon
-    would estimate from the same records had it watched them."""
+def seen_by(lifetimes: Sequence[Lifetime], t: float) -> list[Lifetime]:
+    """The lifetimes observable at ``t``: started by then; running ones censored at ``t``."""
     seen: list[Lifetime] = []
     for lt in lifetimes:
         s = lt.start.timestamp()
@@ -110,4 +105,71 @@ def learned_hazards(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering]
             seen.append(lt)
         else:
             seen.append(Lifetime(lt.offering, lt.start, t - s, False))
-    return hazard_rates(offerings, seen)
+    return seen
+
+
+def learned_hazards(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering],
+                    t: float) -> dict[Offering, float]:
+    """The hazard per offering :func:`pricing.risk.hazard_rates` gives over the lifetimes
+    observable at ``t`` (started by then; running ones censored at ``t``): what the daemon
+    would estimate from the same records had it watched them."""
+    return hazard_rates(offerings, seen_by(lifetimes, t))
+
+
+def learned_co_fractions(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering],
+                         t: float) -> dict[Offering, float]:
+    """:func:`pricing.risk.co_fractions` over the lifetimes observable at ``t``."""
+    return co_fractions(offerings, seen_by(lifetimes, t))
+
+
+class PoolEvents:
+    """Drawn revocations that come together, as the data says they do: each pool (an
+    offering without an availability series) has interruption events at rate
+    ``hazard / share`` (a seeded Poisson process, the same for every instance of the pool),
+    and each event takes each instance held there with probability ``share``, within
+    ``window_s`` of it (:data:`pricing.risk.CO_WINDOW_S`: interruptions of one type in one
+    zone come within minutes of each other). Each instance is so revoked at its hazard, and
+    instances of one pool are revoked together: half a ring in one zone goes at once.
+
+    ``share`` is :func:`pricing.risk.co_fractions` over the traces' lifetimes (the pool's
+    own events, else its type's, else the cloud's default); 1.0 takes the whole pool."""
+
+    def __init__(self, hazards: dict[Offering, float], shares: dict[Offering, float],
+                 seed: int, window_s: float, start: float) -> None:
+        self.hazards, self.shares, self.seed, self.window_s = hazards, shares, seed, window_s
+        self.start = start
+        self._times: dict[Offering, list[float]] = {}
+        self._rngs: dict[Offering, random.Random] = {}
+
+    def _events_after(self, o: Offering, t: float) -> Iterator[float]:
+        """The pool's event times after ``t``, drawn from the world's start as far as they
+        are asked for (one seeded stream per pool: the same events for every instance)."""
+        h, q = self.hazards.get(o, 0.0), self.shares.get(o, 1.0)
+        if h <= 0 or q <= 0:
+            return
+        times = self._times.setdefault(o, [])
+        rng = self._rngs.setdefault(o, random.Random(f"{self.seed}/{o.key}"))
+
+        def extend() -> None:
+            times.append((times[-1] if times else self.start) + rng.expovariate(h / q) * 3600.0)
+
+        while not times or times[-1] <= t:
+            extend()
+        i = bisect.bisect_right(times, t)
+        while True:
+            while i >= len(times):
+                extend()
+            yield times[i]
+            i += 1
+
+    def death(self, rng: random.Random, o: Offering, launched: float,
+              horizon: float) -> float:
+        """When an instance of ``o`` launched at ``launched`` is revoked (inf if not before
+        ``horizon``): at the first event of its pool that takes it, within the window."""
+        q = self.shares.get(o, 1.0)
+        for e in self._events_after(o, launched):
+            if e > horizon:
+                return math.inf
+            if rng.random() < q:
+                return e + rng.random() * self.window_s
+        return math.inf

@@ -19,7 +19,9 @@ instances an offering can hold at a time. Traces are parsed only by
   held instances with the probability the group's size implies (:attr:`World.reclaims`),
   beside the capacity cap; with no availability trace, instances live an exponential
   lifetime at the hazard :func:`pricing.risk.hazard_rates` estimates from the traces'
-  lifetimes (:attr:`World.hazard`), drawn with an injected seed; the report says so.
+  lifetimes (:attr:`World.hazard`), drawn with an injected seed, together: an interruption
+  event of a (type, zone) pool takes the share :func:`pricing.risk.co_fractions` estimates
+  (:attr:`World.co_fraction`) of the instances held there within minutes; the report says so.
 - every availability series is known over its observed span only: past its end an
   offering has no capacity (its last value is never held), and spans that differ are noted.
 
@@ -40,7 +42,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pricing.model import Offering, PriceQuote, Snapshot
-from pricing.risk import hazard_rates
+from pricing.risk import CO_WINDOW_S, co_fractions, hazard_rates
 from pricing.sources.trace_io import MAX_PRICE_PER_HOUR
 from pricing.series import Step
 from provisioner.errors import UserError
@@ -74,6 +76,8 @@ class World:
     notes: list[str] = field(default_factory=list)
     reclaims: dict[Offering, Reclaims] = field(default_factory=dict)  # removals of the series
     observed: dict[Offering, list[tuple[float, float]]] = field(default_factory=dict)  # spans
+    co_fraction: dict[Offering, float] = field(default_factory=dict)  # share of a pool one
+    # drawn revocation event takes (offerings without an availability series)
 
     @property
     def offerings(self) -> list[Offering]:
@@ -160,9 +164,13 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
             if not pts:
                 donor = _donor(o, series)
                 if donor is None:
+                    src = next((sp.source for sp in snapshot.spans if sp.offering == o),
+                               o.key)
                     raise UserError(
-                        f"no spot price for {o.instance_type} in any price trace: pass a price "
-                        f"trace with it too (e.g. the AWS spot price events, or a user CSV)")
+                        f"{src}: the availability of {o.instance_type} ({o.cloud}) has no spot "
+                        f"price in any price trace: pass a price trace with it too (the AWS "
+                        f"spot price events, describe-spot-price-history JSON, or a user CSV "
+                        f"with {o.instance_type} rows)")
                 src = sorted(series[donor])
                 shift = av_start - src[0][0]
                 pts = [(t + shift, p) for t, p in src]
@@ -238,19 +246,24 @@ def build_world(snapshot: Snapshot, throughput: ThroughputModel, *, max_size: in
                          f"{(hi - end) / 3600:.1f} h before the period's end: no capacity after "
                          "it (a trace's last value is never held)")
     hazard: dict[Offering, float] = {}
+    co: dict[Offering, float] = {}
     if not avail:
         spot = [o for o in price if o.market == "spot"]
         hazard = hazard_rates(spot, snapshot.lifetimes)
+        co = co_fractions(spot, snapshot.lifetimes)
         basis = "lifetimes in the traces" if snapshot.lifetimes else "the default hazard"
+        shares = ", ".join(f"{v:.2f}" for v in sorted(set(co.values())))
         notes.append(f"no availability trace: spot revocations drawn at random (seed {seed}) "
-                     f"with hazards from {basis}")
+                     f"with hazards from {basis}, together: each interruption event of a "
+                     f"(type, zone) pool takes a share ({shares}) of the instances held there "
+                     f"within {CO_WINDOW_S / 60:g} minutes")
     else:
         removals = sum(len(r.times) for r in reclaims.values())
         notes.append(f"revocations: {removals} removals in the availability traces, each hitting "
                      "a held instance with the probability its group's size implies, and the "
                      "count as a capacity cap")
     return World(lo, hi, price, avail_steps, speed, hazard, tuple(snapshot.lifetimes), notes,
-                 reclaims, dict(spans))
+                 reclaims, dict(spans), co)
 
 
 def _spans(snapshot: Snapshot, avail: Mapping[Offering, list[tuple[float, int]]]

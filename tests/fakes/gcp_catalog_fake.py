@@ -7,7 +7,9 @@ it, so request paths, paging and the JSON mapping are exercised for real. It ser
 - ``GET /compute/v1/projects/P/zones``;
 - ``GET /compute/v1/projects/P/aggregated/machineTypes`` and ``.../aggregated/acceleratorTypes``;
 - ``GET /v1/services/6F81-5844-456A/skus`` in pages of :attr:`GcpCatalogFake.page_size`
-  (``pageToken`` is the offset), so the client's pager must follow ``nextPageToken``.
+  (``pageToken`` is the offset), so the client's pager must follow ``nextPageToken``;
+- ``POST /compute/v1/projects/P/regions/R/advice/capacityHistory``: the preemption history
+  of :attr:`GcpCatalogFake.capacity_history` for the machine type asked (404 without).
 
 ``fail_next(path_part, status)`` answers the next request whose path contains ``path_part``
 with an HTTP error. Use as a context manager; it serves from a daemon thread on port 0 (the
@@ -16,6 +18,7 @@ scaffold of :mod:`tests.fakes.http_fake`).
 
 from __future__ import annotations
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -50,12 +53,17 @@ class GcpCatalogFake(HttpFake):
     """Zones, machine and accelerator types, and Compute Engine SKUs of one project."""
 
     def __init__(self, *, zones: dict[str, str], machine_types: dict[str, list[dict]],
-                 accelerator_types: dict[str, dict[str, int]], skus: list[dict], page_size: int = 2) -> None:
+                 accelerator_types: dict[str, dict[str, int]], skus: list[dict], page_size: int = 2,
+                 capacity_history: dict[tuple[str, str], list[tuple[str, float, str]]] | None = None
+                 ) -> None:
         self.zones = zones                      # zone -> region
         self.machine_types = machine_types      # zone -> [machineType JSON]
         self.accelerator_types = accelerator_types  # zone -> {accelerator name: max cards}
         self.skus = skus
         self.page_size = page_size
+        # (region, machine type) -> [(location URL, preemption rate, interval end time)]
+        self.capacity_history = capacity_history or {}
+        self.bodies: list[Any] = []
         self.requests: list[str] = []
         self._fail: list[tuple[str, int]] = []
         self._lock = threading.Lock()
@@ -94,6 +102,23 @@ class GcpCatalogFake(HttpFake):
             return 200, body
         return 404, {"error": {"code": 404, "message": f"no route {path}", "status": "NOT_FOUND"}}
 
+    def _post(self, path: str, body: Any) -> tuple[int, Any]:
+        with self._lock:
+            self.requests.append(path)
+            self.bodies.append(body)
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["compute", "v1"] and parts[-2:] == ["advice", "capacityHistory"]:
+            region = parts[5]
+            mtype = ((body or {}).get("instanceProperties") or {}).get("machineType", "")
+            records = self.capacity_history.get((region, mtype))
+            if records is None:
+                return 404, {"error": {"code": 404, "message": "no history", "status": "NOT_FOUND"}}
+            loc, _, _ = records[0]
+            return 200, {"location": loc, "machineType": mtype, "preemptionHistory": [
+                {"interval": {"startTime": "2026-01-01T00:00:00Z", "endTime": end},
+                 "preemptionRate": rate} for _, rate, end in records]}
+        return 404, {"error": {"code": 404, "message": f"no route {path}", "status": "NOT_FOUND"}}
+
     def handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -101,5 +126,11 @@ class GcpCatalogFake(HttpFake):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 url = urlparse(self.path)
                 self._send(*fake._answer(url.path, parse_qs(url.query)))
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                self._send(*fake._post(urlparse(self.path).path,
+                                       json.loads(raw) if raw else None))
 
         return Handler

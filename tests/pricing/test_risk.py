@@ -105,3 +105,56 @@ def test_spot_advisor_real_file(shared_data):
                    if r["region"] == "us-east-1" and r["instance_type"] == "p3.2xlarge" and r["os"] == "Linux")
     assert adv[("us-east-1", "p3.2xlarge")] == pytest.approx(advisor_hazard(int(row["interruption_bucket"])))
     assert advisor_hazard(0) < advisor_hazard(1) < advisor_hazard(4)
+
+
+def test_co_revocation_defaults_are_the_shared_traces_shares(shared_data):
+    # one event (revocations of a pool within 3 minutes) takes revoked / alive just before
+    from collections import defaultdict
+    from pricing.risk import DEFAULT_CO_FRACTION, _co_events
+
+    def share(snap):
+        pools = defaultdict(list)
+        for lt in snap.lifetimes:
+            pools[lt.offering].append(lt)
+        k = n = 0
+        for lts in pools.values():
+            a, b = _co_events(lts)
+            k, n = k + a, n + b
+        return k / n
+
+    four = shared_data / "spot_availability_traces/cant_be_late/preemption/4-node"
+    assert DEFAULT_CO_FRACTION["aws"] == pytest.approx(share(load_trace(four)), abs=0.005)
+    gcp = shared_data / "preemption_lifetimes/gcp_preemptible_gpu_lifetimes_2019.csv"
+    assert DEFAULT_CO_FRACTION["gcp"] == pytest.approx(share(load_trace(gcp)), abs=0.005)
+
+
+def test_co_fractions_group_revocations_within_three_minutes():
+    from datetime import datetime, timedelta, timezone
+    from pricing.model import Lifetime, Offering
+    from pricing.risk import co_fractions
+
+    a = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    # 4 alive; at 1 h two go 100 s apart (one event: 2 of 4), at 2 h one of the 2 left
+    lts = [Lifetime(a, t0, 3600.0, True), Lifetime(a, t0, 3700.0, True),
+           Lifetime(a, t0, 7200.0, True), Lifetime(a, t0, 9000.0, False)]
+    other = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge")
+    unseen = Offering("gcp", "us-central1", "us-central1-a", "g2-standard-4")
+    co = co_fractions([a, other, unseen, a.with_market("on-demand")], lts)
+    assert co[a] == pytest.approx(3 / 6)  # (2 + 1) revoked of (4 + 2) alive
+    assert co[other] == co[a]  # the same type in another zone: pooled
+    assert co[unseen] == 0.17 and co[a.with_market("on-demand")] == 0.0
+
+
+def test_half_ring_loss_one_pool_against_spread_pools():
+    from pricing.risk import half_ring_loss
+
+    # 4 instances in one zone, hazard 2/h, an event takes the whole pool: one window in
+    # 3 minutes of 2 events an hour: 1 - exp(-0.1)
+    one = half_ring_loss({"a": (4, 2.0, 1.0)})
+    assert one == pytest.approx(1 - math.exp(-0.1))
+    # one in each of 4 zones: two zones' events in the same window
+    spread = half_ring_loss({z: (1, 2.0, 1.0) for z in "abcd"})
+    assert spread == pytest.approx(6 * (1 - math.exp(-0.1)) ** 2, rel=1e-9)
+    assert spread < 0.6 * one  # two zones at once: rarer than one
+    assert half_ring_loss({"od": (4, 0.0, 0.0)}) == 0.0

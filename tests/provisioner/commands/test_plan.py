@@ -122,3 +122,15 @@ def test_simulate_reports_bad_trace_rows_with_file_and_line(tmp_path, capsys):
     assert "left out: zz9.unknown" in md                        # unknown instance type
     figs = (report / "figures.json").read_text()
     assert '"spotring"' in figs
+
+
+def test_plan_says_before_it_starts_when_the_budget_cannot_finish_the_work(tmp_path, prices,
+                                                                          capsys):
+    # 1.2e8 samples at the cheapest $1.0/h per ~400/s cost about $83: a $50 budget cannot
+    cfg = tmp_path / "budget.toml"
+    cfg.write_text('[job]\nbudget_usd = 50.0\nthroughput_priors = {"p3.2xlarge" = 400.0}\n'
+                   '[objective]\nkind = "deadline"\nwork_samples = 1.2e8\ndeadline_hours = 30\n')
+    cfg = str(cfg)
+    assert main(["plan", "--config", cfg, "--trace", str(prices)]) == 0
+    out = capsys.readouterr().out
+    assert "note: budget: job.budget_usd leaves $50.00" in out and "raise job.budget_usd" in out

@@ -84,3 +84,28 @@ def test_event_log_with_a_start_and_on_demand_for_a_zone_star_region(tmp_path, c
     figs = json.loads(capsys.readouterr().out)
     assert figs["on-demand"]["finished"] and figs["spotring"]["finished"]
     assert figs["on-demand"]["total_cost_usd"] > figs["spotring"]["total_cost_usd"]
+
+
+def test_without_json_a_summary_table_and_the_money_line_are_printed(trace, capsys):
+    assert main(["simulate", "--trace", str(trace), "--work", "1e6",
+                 "--policy", "spotring", "on-demand"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["policy", "cost", "USD"]
+    assert lines[1].startswith("spotring") and lines[2].startswith("on-demand")
+    assert "spotring spent $" in out and "saved" in out and "{" not in out
+
+
+def test_raw_describe_spot_price_history_json_simulates(tmp_path, capsys):
+    # what `aws ec2 describe-spot-price-history --output json` prints, unchanged (it was
+    # refused as an unknown trace)
+    ev = [{"AvailabilityZone": z, "InstanceType": "p3.2xlarge", "ProductDescription": "Linux/UNIX",
+           "SpotPrice": p, "Timestamp": t} for z, p, t in (
+        ("us-east-1b", "0.950000", "2020-05-26T13:00:00.000Z"),
+        ("us-east-1a", "0.918000", "2020-05-26T12:00:00.000Z"))]
+    p = tmp_path / "history.json"
+    p.write_text(json.dumps({"SpotPriceHistory": ev}, indent=4))
+    assert main(["simulate", "--trace", str(p), "--work", "1e6", "--hours", "5", "--json",
+                 "--on-demand", "p3.2xlarge=3.06", "--policy", "spotring", "on-demand"]) == 0
+    figs = json.loads(capsys.readouterr().out)
+    assert figs["spotring"]["finished"] and figs["spotring"]["money"]["saved_vs_on_demand_usd"] > 0

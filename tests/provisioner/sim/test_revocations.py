@@ -98,3 +98,23 @@ def test_on_demand_override_prices_a_region_whose_spot_zone_is_unknown():
                         on_demand={"p3.2xlarge": 3.06})
     assert world.price[star.with_market("on-demand")].at(at(1).timestamp()) == 3.06
     assert not any("no on-demand price" in n for n in world.notes)
+
+
+def test_drawn_revocations_of_one_pool_come_together_at_the_hazard():
+    # a pool at 0.5/h whose events take each instance with probability 0.5 (events at 1/h):
+    # every instance is revoked at 0.5/h on its own, and instances of the pool die within
+    # 3 minutes of one another when one event takes them
+    from provisioner.sim.revocations import PoolEvents
+    rng = random.Random(1)
+    lives = [PoolEvents({A: 0.5}, {A: 0.5}, seed, 180.0, 0.0).death(rng, A, 0.0, 1e9)
+             for seed in range(2000) for _ in range(4)]  # over runs: the mean life is 1/h
+    assert sum(lives) / len(lives) / 3600 == pytest.approx(2.0, rel=0.08)
+    ev = PoolEvents({A: 0.5}, {A: 0.5}, seed=3, window_s=180.0, start=0.0)
+    deaths = [ev.death(rng, A, 0.0, 1e9) for _ in range(4000)]
+    first_event = next(ev._events_after(A, 0.0))
+    together = [d for d in deaths if first_event <= d <= first_event + 180.0]
+    assert len(together) / len(deaths) == pytest.approx(0.5, abs=0.03)
+    # the same seed draws the same events for every run; another seed other events
+    again = PoolEvents({A: 0.5}, {A: 0.5}, seed=3, window_s=180.0, start=0.0)
+    assert next(again._events_after(A, 0.0)) == first_event
+    assert next(PoolEvents({A: 0.5}, {A: 0.5}, 4, 180.0, 0.0)._events_after(A, 0.0)) != first_event

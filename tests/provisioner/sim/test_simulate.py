@@ -25,12 +25,44 @@ def at(hours: float) -> datetime:
     return T0 + timedelta(hours=hours)
 
 
+#: Where each knob of the simulated job lives in the daemon's settings (the simulator reads
+#: them there, whole); the others are the baselines' own (Params fields).
+SETTING = {"boot_s": ("fleet", "boot_s"), "reform_s": ("fleet", "reform_s"),
+           "step_s": ("fleet", "step_s"), "max_size": ("fleet", "max_size"),
+           "max_zone_share": ("fleet", "max_zone_share"),
+           "churn_horizon_hours": ("fleet", "churn_horizon_hours"),
+           "model_mb": ("job", "model_mb"), "global_batch": ("job", "global_batch"),
+           "avoid_s": ("daemon", "zone_avoid_ttl_s"), "plan_s": ("daemon", "plan_s"),
+           "bank_hours": ("pacing", "bank_hours"),
+           "catch_up_tolerance": ("pacing", "catch_up_tolerance"),
+           "ahead_tolerance": ("pacing", "ahead_tolerance"),
+           "default_hazard": ("optimizer", "default_spot_hazard_per_hour"),
+           "safety_hours": ("objective", "safety_hours"),
+           "budget_usd": ("job", "budget_usd"), "max_spot_price": ("job", "max_spot_price"),
+           "max_hourly_cost": ("job", "max_hourly_cost")}
+
+
 def params(**kw) -> Params:
+    """A simulated job: settings validated as a config file's (``parse_settings``), the
+    tests' small figures (no boot, no re-form, no ring cost, 4 instances at most)."""
+    from provisioner.config import parse_settings
+
     base = dict(itype="p3.2xlarge", size=1, boot_s=0, restart_s=0, checkpoint_s=1800,
                 step_s=1, reform_s=0, model_mb=0, max_size=4, max_zone_share=1.0,
-                backoff_s=60, avoid_s=600)
+                backoff_s=60, avoid_s=600, global_batch=256)
     base.update(kw)
-    return Params(**base)
+    data: dict = {}
+    for k in [k for k in base if k in SETTING]:
+        section, name = SETTING[k]
+        data.setdefault(section, {})[name] = base.pop(k)
+    return Params(parse_settings(data), **base)
+
+
+def spotring(p: Params, v) -> "Spotring":
+    """The spotring policy of the job a view shows (its work and deadline)."""
+    from provisioner.sim.policies import Spotring
+    return Spotring.for_job(p, work=v.work, deadline_h=None if v.deadline_s is None
+                            else v.deadline_s / 3600, speed=v.speed)
 
 
 def two_zone_world(a_gone: tuple[float, float] | None, end_h: float = 10.0):
@@ -150,9 +182,12 @@ def test_implausible_prices_are_dropped_and_reported_with_their_source():
 
 
 def test_availability_without_any_price_is_refused_with_the_fix():
+    from pricing.model import Span
     av = (Availability(A, at(0), 1), Availability(A, at(5), 1))
-    with pytest.raises(UserError, match="no spot price for p3.2xlarge"):
-        build_world(Snapshot(availability=av), SPEED, max_size=4)
+    snap = Snapshot(availability=av, spans=(Span(A, at(0), at(5), "probe.csv"),))
+    with pytest.raises(UserError, match=r"^probe.csv: the availability of p3.2xlarge \(aws\) "
+                       r"has no spot price in any price trace: pass a price trace"):
+        build_world(snap, SPEED, max_size=4)
 
 
 def test_availability_is_combined_with_a_price_series_of_the_same_type_and_says_so():
@@ -238,21 +273,22 @@ def test_spotring_without_a_deadline_waits_for_spot_instead_of_buying_a_safety_m
     assert hard.deadline_met and hard.cost > soft.cost + 0.5
 
 
-def test_spotring_when_spot_never_comes_ramps_on_demand_in_and_is_no_later_than_on_demand():
+def test_spotring_when_spot_never_comes_waits_its_slack_then_runs_on_demand_no_dearer():
     # No spot capacity at all (zone a at 0 throughout); 4 instances of 100/s on a ring (12.5
-    # MB gradient, batch 256: 4 deliver 357/s, 8 deliver 597/s), max_size 8, boot 180 s.
-    # Plain on-demand runs 4 from the start. spotring waits while its slack lasts (counted
-    # against the 8-instance ring, its boot and its launch rounds), then launches on-demand
-    # 4 at a time through the churn limits and finishes no later than plain on-demand.
+    # MB gradient, batch 256), max_size 8, boot 180 s. Plain on-demand runs 4 from the
+    # start. spotring waits while its slack lasts (counted against the 8-instance ring, its
+    # boot and its launch rounds), then, its own pace soft, runs the on-demand ring that keeps
+    # the pace, no dearer per sample than on-demand alone (it had caught up on 5, then 8:
+    # 1.05x on-demand alone per sample); it finishes later instead.
     quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
     av = (Availability(A, at(0), 0), Availability(A, at(20), 0))
     world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=8)
     p = params(size=4, max_size=8, boot_s=180, model_mb=12.5, global_batch=256)
     od = simulate_policy(world, "on-demand", p, work=3.6e6)
     ours = simulate_policy(world, "spotring", p, work=3.6e6)
-    assert ours.completion_h is not None and ours.completion_h <= od.completion_h
+    assert ours.completion_h is not None and ours.cost_per_m <= od.cost_per_m * (1 + 1e-9)
     fleet = [n for x, n in zip(ours.series[0], ours.series[1]) if n]
-    assert fleet[0] <= 4 and max(fleet) <= 8  # a ramp, 4 a round, not 8 at once
+    assert max(fleet) == 4  # the ring that keeps the pace, not a dearer catch-up ring
     assert all(x > 0.5 for x, n in zip(ours.series[0], ours.series[1]) if n)  # it waited
 
 
@@ -286,16 +322,16 @@ def test_spotring_past_its_own_deadline_runs_spot_at_full_size_not_on_demand():
     # of the price, so the fastest fleet, 4 spot in A (max_size), not on-demand. (It bought
     # 3 on-demand: the all-or-nothing soft floor at slack 0, at a quarter of a target that
     # no fleet reaches.)
-    from provisioner.sim.policies import Spotring
-    d = Spotring(params()).decide(_late_view({}))
+    v = _late_view({})
+    d = spotring(params(), v).decide(v)
     assert dict(d.target) == {A: 4}
 
 
 def test_spotring_past_its_own_deadline_covers_a_spot_gap_with_on_demand():
     # Same, but A failed a launch 240 s ago (within avoid_s, 600 s): spot cannot be had now,
     # so on-demand covers the gap, the fastest fleet: 4 on-demand.
-    from provisioner.sim.policies import Spotring
-    d = Spotring(params()).decide(_late_view({A: 3000.0}))
+    v = _late_view({A: 3000.0})
+    d = spotring(params(), v).decide(v)
     assert dict(d.target) == {A.with_market("on-demand"): 4}
 
 
@@ -331,9 +367,10 @@ def test_spotring_ahead_of_its_line_waits_for_the_cheapest_per_sample_instead_of
     # 200,000 done at 0.5 h: ahead of the line (180,000), so the work due is done and waiting
     # for A is free: nothing bought (p2.xlarge would cost 1.5x per sample). 150,000 done:
     # behind; 210,000 left in 1,800 s needs 116.7/s: 2 p2.xlarge.
-    from provisioner.sim.policies import Spotring
-    assert dict(Spotring(params()).decide(_ahead_view(200_000, {})).target) == {}
-    assert dict(Spotring(params()).decide(_ahead_view(150_000, {})).target) == {SMALL_B: 2}
+    v = _ahead_view(200_000, {})
+    assert dict(spotring(params(), v).decide(v).target) == {}
+    v = _ahead_view(150_000, {})
+    assert dict(spotring(params(), v).decide(v).target) == {SMALL_B: 2}
 
 
 def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line():
@@ -341,10 +378,11 @@ def test_spotring_keeps_dearer_instances_until_a_churn_horizon_ahead_of_its_line
     # (0.1 h = 360 s) ahead of the line, 360,000 x 2,160 / 3,600 = 216,000 at 0.5 h, else it
     # would be dropped at the line and booted again at the next tick. 200,000 done: kept
     # (160,000 left in 1,800 s: 88.9/s, one); 220,000 done: dropped.
-    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.1)
-    assert dict(Spotring(p).decide(_ahead_view(200_000, {SMALL_B: 1})).target) == {SMALL_B: 1}
-    assert dict(Spotring(p).decide(_ahead_view(220_000, {SMALL_B: 1})).target) == {}
+    v = _ahead_view(200_000, {SMALL_B: 1})
+    assert dict(spotring(p, v).decide(v).target) == {SMALL_B: 1}
+    v = _ahead_view(220_000, {SMALL_B: 1})
+    assert dict(spotring(p, v).decide(v).target) == {}
 
 
 class _Swap:
@@ -380,12 +418,11 @@ def test_spotring_banks_progress_with_the_cheapest_hardware_when_dearer_is_the_f
     # (1,800 + 1,800) / 3,600) = 360,000, 160,000 short, within the churn horizon (0.25 h =
     # 900 s): 177.8/s, two A. With A the only hardware there is nothing to bank against: one.
     from dataclasses import replace as dc_replace
-    from provisioner.sim.policies import Spotring
     p = params(bank_hours=0.5, churn_horizon_hours=0.25)
     v = dc_replace(_ahead_view(200_000, {}), failed={})
-    assert dict(Spotring(p).decide(v).target) == {A: 2}
+    assert dict(spotring(p, v).decide(v).target) == {A: 2}
     only_a = dc_replace(v, prices={A: 1.0})
-    assert dict(Spotring(p).decide(only_a).target) == {A: 1}
+    assert dict(spotring(p, v).decide(only_a).target) == {A: 1}
 
 
 def test_spotring_learns_the_bank_from_the_outages_it_saw():
@@ -393,12 +430,11 @@ def test_spotring_learns_the_bank_from_the_outages_it_saw():
     # there is nothing to bank for: one A keeps the pace. After a 0.5 h outage the learned
     # bank is 0.5 h (1,800^2 / 1,800 s) and the decision is the fixed 0.5 h one above: two A.
     from dataclasses import replace as dc_replace
-    from provisioner.sim.policies import Spotring
     p = params(churn_horizon_hours=0.25)
-    assert p.bank_hours is None
+    assert p.plan.bank_hours is None
     v = dc_replace(_ahead_view(200_000, {}), failed={})
-    assert dict(Spotring(p).decide(v).target) == {A: 1}
-    seen = Spotring(p)
+    assert dict(spotring(p, v).decide(v).target) == {A: 1}
+    seen = spotring(p, v)
     seen.planner.outages.lengths.append(1800.0)
     assert dict(seen.decide(v).target) == {A: 2}
 
@@ -444,12 +480,13 @@ def test_spotring_behind_its_own_pace_catches_up_only_on_rings_near_its_cost_per
     # the 1-instance ring that keeps the pace: 1 instance (2 are 1.0625x), late rather than
     # dear; within 1.2x (up to 4), the 2 that keep 150/s. A user's deadline at the same point
     # is hard: 250/s (its 2 h safety margin kept), 3 instances, whatever their cost per sample.
-    from provisioner.sim.policies import Spotring
     kw = dict(model_mb=100.0, global_batch=256, size=1, default_hazard=0.0)
-    assert dict(Spotring(params(**kw)).decide(_behind_view(None)).target) == {A: 1}
+    v = _behind_view(None)
+    assert dict(spotring(params(**kw), v).decide(v).target) == {A: 1}
     tolerant = params(**kw, catch_up_tolerance=1.2)
-    assert dict(Spotring(tolerant).decide(_behind_view(None)).target) == {A: 2}
-    assert dict(Spotring(params(**kw)).decide(_behind_view(10 * 3600.0)).target) == {A: 3}
+    assert dict(spotring(tolerant, v).decide(v).target) == {A: 2}
+    v = _behind_view(10 * 3600.0)
+    assert dict(spotring(params(**kw), v).decide(v).target) == {A: 3}
 
 
 def test_hindsight_pays_the_relaunches_of_the_instances_removals_revoke():
@@ -485,3 +522,20 @@ def test_hindsight_pays_the_relaunches_of_drawn_lifetimes():
     without = hindsight(world, p, work=work, horizon_h=10.0, removals=False)
     assert with_drawn.cost == pytest.approx(3.0 + 1.5 * 0.1, rel=1e-6)
     assert without.cost == pytest.approx(3.0 + 0.3 * 0.1, rel=1e-6)
+
+
+def test_spotring_stops_within_its_budget_and_the_report_says_what_is_left():
+    # Spot a at $1/h, 100/s per instance; 1e7 samples cost ~$28 at the cheapest, and the
+    # budget is $2: spotring stops buying while the fleet can still be paid down (overshoot
+    # at most 1%), and says how far it got; the money line states spent, saved, left.
+    from provisioner.sim.report import money, money_line, run_all
+    world = two_zone_world(None)
+    p = params(size=2, budget_usd=2.0)
+    r = run_all(world, ["spotring", "on-demand"], p, work=1e7, deadline_h=None)
+    ours = r["spotring"]
+    assert ours.cost <= 2.0 * 1.01 and ours.cost > 1.9
+    assert ours.status.startswith("stopped: budget spent") and not ours.finished
+    m = money(r, world, p)
+    assert m["budget_left_usd"] >= -0.02 and m["on_demand_usd"] == pytest.approx(
+        4.0 / 100 / 3600 * ours.done, abs=1e-4)  # $4/h per 100/s: on-demand alone
+    assert "budget $2.00" in money_line(m) and "saved" in money_line(m)
