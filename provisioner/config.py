@@ -227,6 +227,10 @@ class GcpSettings(_Section):
                                    "custom-mode network, such as the one terraform/gcp makes)")
     service_account: str | None = None
     startup_script: str | None = Field(None, description="boots the worker on each VM")
+    preemption_notice_s: int = Field(120, ge=0, le=120, description="seconds a SPOT VM is told "
+                                     "of its preemption (instance/preempted TRUE) before the "
+                                     "soft-off, so its worker leaves at a step boundary; 0: "
+                                     "none (GCE's 30 s soft-off only)")
 
 
 class LocalSettings(_Section):
@@ -240,6 +244,9 @@ class LocalSettings(_Section):
                                    "revocation notice to the kill (AWS gives 120)")
     hard_kill_every: int = Field(3, ge=0, le=1_000_000, description="every Nth trace revocation comes without "
                                  "notice (0: never)")
+    gpus_per_instance: int = Field(1, ge=1, le=64, description="worker processes per local "
+                                   "instance, as a cloud instance runs one per GPU (named "
+                                   "<instance>/<k>; all on this machine's CPU)")
     python: str | None = Field(None, description="interpreter for the workers (default: this one)")
     worker_args: list[str] = Field(default_factory=list,
                                    description="extra arguments for `python -m trainer worker`")
