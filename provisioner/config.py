@@ -189,9 +189,27 @@ class OptimizerSettings(_Section):
 
 
 class CloudSettings(_Section):
-    """Which driver launches instances."""
+    """Which driver launches instances, and what a cloud worker installs
+    (:mod:`provisioner.drivers.artifacts`)."""
 
     driver: Literal["local", "aws", "gcp"] = "local"
+    artifacts: str | None = Field(None, min_length=1, description="where the run's artifacts "
+                                  "go (s3://bucket/prefix, gs://bucket/prefix): the daemon "
+                                  "stores its wheel there and each launch pins it by SHA-256; "
+                                  "unset: workers install what terraform put on them")
+    wheel: str | None = Field(None, min_length=1, description="the spotring wheel this daemon "
+                              "runs (a .whl path), shipped to [cloud] artifacts; unset: built "
+                              "from the checkout the daemon runs from")
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, url: str | None) -> str | None:
+        if url is None or "://" not in url:
+            return url
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("s3", "gs", "file") or not rest.split("/", 1)[0]:
+            raise ValueError("use s3://bucket/prefix, gs://bucket/prefix or a folder")
+        return url
 
 
 class AwsSettings(_Section):
