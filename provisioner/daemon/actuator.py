@@ -25,7 +25,7 @@ from pricing.model import Offering
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
-from provisioner.drivers.identity import drain_instance, left
+from provisioner.drivers.identity import drain_instance, holds_the_ring_alone, left
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache
@@ -103,8 +103,17 @@ class WriteAheadActuator:
 
     def drain(self, removal: Removal) -> None:
         """Mark draining and ask the ring to let it go at a step boundary; an instance not
-        in the ring is terminated at once."""
+        in the ring is terminated at once. One whose workers alone hold the ring's state
+        waits (a later round drains it) until a replacement has joined: draining it now
+        would empty the ring."""
         t = self.clock()
+        if self.coordinator is not None and holds_the_ring_alone(
+                removal.instance_id, self.coordinator.members(),
+                [r.id for r in self.state.live_instances() if r.draining_since is not None]):
+            self.state.record_event(t, EventKind.RECONCILE_NOTE, removal.instance_id,
+                                    removal.offering, f"{removal.reason}: kept until a "
+                                    f"replacement joins (its workers hold the ring alone)")
+            return
         if not self.state.mark_draining(removal.instance_id, t):
             return
         self.state.record_event(t, EventKind.DRAIN, removal.instance_id, removal.offering,

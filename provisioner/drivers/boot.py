@@ -61,8 +61,8 @@ LAUNCH_VALUES: dict[str, LaunchValue] = {
                                 BootExit.JOB),
     "SPOTRING_MODE": LaunchValue(r"^(ring|hybrid)$", "the training mode the run chose",
                                  BootExit.MODE),
-    "SPOTRING_ZONE": LaunchValue(r"^[a-z0-9][a-z0-9-]{0,62}$",
-                                 "the hybrid group (default: the instance's zone)",
+    "SPOTRING_ZONE": LaunchValue(r"^[a-z0-9][a-z0-9/._-]{0,126}$", "the hybrid group the run "
+                                 "planned (``<region>/<zone>``; default: the instance's zone)",
                                  BootExit.ZONE),
     "SPOTRING_GPUS": LaunchValue(r"^[0-9]{1,2}$", "workers to start, one per GPU (default: "
                                  "the GPUs nvidia-smi lists)", BootExit.GPUS),

@@ -9,11 +9,13 @@ instance, in one place (:func:`instance_of`), never by comparing strings. The sp
 unambiguous: no instance id ends in ``/<digits>`` (AWS ids start ``i-``, GCE names with a
 letter, local ids ``loc-``), and :class:`WorkerName` refuses one that would.
 
-The helpers below are the three questions the daemon asks the ring about an instance
-(pure, over member names): which members are its (:func:`by_instance`), how fast the
-instance is as a whole (:func:`per_instance`, the sum of its GPUs' workers: the planner's
-throughput is per instance), and which draining instances have no member left
-(:func:`left`); :func:`drain_instance` asks the ring to let every worker of an instance go.
+The helpers below are the questions the daemon asks the ring about an instance (pure, over
+member names): which members are its (:func:`by_instance`), how fast the instance is as a
+whole (:func:`per_instance`, the sum of its GPUs' workers: the planner's throughput is per
+instance), which draining instances have no member left (:func:`left`), and whether its
+workers hold the ring's state alone (:func:`holds_the_ring_alone`: a planned drain waits for
+a replacement to join then); :func:`drain_instance` asks the ring to let every worker of an
+instance go.
 
 Rule for callers: match ring members to instances only through this module.
 """
@@ -100,6 +102,20 @@ def instance_phase(states: Sequence[str]) -> str:
     """One instance's phase from its members' states: ``active`` when any member trains,
     else the first member's state (``joining``, ``draining``...)."""
     return "active" if "active" in states else (states[0] if states else "booting")
+
+
+def holds_the_ring_alone(instance_id: str, members: Iterable[Any],
+                         leaving: Iterable[str] = ()) -> bool:
+    """Would the ring be left with no active member if ``instance_id``'s workers left?
+
+    ``members``: the ring's members (``name`` and ``state``); ``leaving``: instances already
+    draining. True when ``instance_id`` has an active worker and no instance outside
+    ``leaving`` has one: its workers hold the training state alone (a joiner receives it only
+    once it has joined), so draining it now would empty the ring.
+    """
+    gone = set(leaving) | {instance_id}
+    active = [instance_of(m.name) for m in members if str(m.state) == "active"]
+    return instance_id in active and all(iid in gone for iid in active)
 
 
 class _Ring(Protocol):

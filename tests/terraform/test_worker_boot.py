@@ -124,12 +124,13 @@ def refused(box: fi.Sandbox, code: int) -> str:
 
 def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) -> None:
     box, iid, _ = aws.boot(aws.launch_values(SPOTRING_JOB="spotring_boot_job",
-                                             SPOTRING_MODE="hybrid", SPOTRING_ZONE="grp-1"),
+                                             SPOTRING_MODE="hybrid",
+                                             SPOTRING_ZONE="us-east-1/us-east-1b"),
                            gpus=2)
     assert fi.wait_rc(box, 180) == 0, box.log()
     unit = box.unit_file("spotring-worker@.service")
     start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
-    assert (f"--job spotring_boot_job --zone grp-1 --mode hybrid --name {iid}/%i "
+    assert (f"--job spotring_boot_job --zone us-east-1/us-east-1b --mode hybrid --name {iid}/%i "
             f"--device cuda:%i --notice-url http://169.254.169.254/latest/meta-data/spot/"
             f"instance-action") in start
     two = {"spotring-worker@0.service", "spotring-worker@1.service"}
@@ -160,7 +161,7 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
 @pytest.mark.parametrize(("env", "gpus", "code", "says"), [
     ({"SPOTRING_JOB": "x; touch /tmp/pwned"}, 0, BootExit.JOB, "SPOTRING_JOB"),
     ({"SPOTRING_MODE": "pipeline"}, 0, BootExit.MODE, "SPOTRING_MODE"),
-    ({"SPOTRING_ZONE": "Zone A"}, 0, BootExit.ZONE, "SPOTRING_ZONE"),
+    ({"SPOTRING_ZONE": "Zone A"}, 0, BootExit.ZONE, "SPOTRING_ZONE"),  # a group: region/zone
     ({"SPOTRING_GPUS": "4"}, 1, BootExit.GPUS, "nvidia-smi -L lists 1 GPUs"),
     ({"SPOTRING_DEVICE": "tpu"}, 0, BootExit.GPUS, "SPOTRING_DEVICE"),
     ({"SPOTRING_DEVICE": "cuda"}, 0, BootExit.GPUS, "no GPU"),

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from provisioner.drivers.gcp import instance_name
-from provisioner.drivers.identity import (WorkerName, by_instance, drain_instance, instance_of,
-                                          instance_phase, left, per_instance)
+from provisioner.drivers.identity import (WorkerName, by_instance, drain_instance,
+                                          holds_the_ring_alone, instance_of, instance_phase,
+                                          left, per_instance)
 from tests.fakes.ring import FakeRing
 
 GCP_ID = f"us-central1-a/{instance_name('job', 'tok', 0)}"
@@ -57,3 +58,14 @@ def test_draining_an_instance_drains_each_of_its_workers() -> None:
     assert sorted(ring.drains) == [(f"{GCP_ID}/0", "planned"), (f"{GCP_ID}/1", "planned")]
     assert not drain_instance(ring, "i-missing", "planned")
     assert len(ring.drains) == 2
+
+
+def test_an_instance_whose_workers_hold_the_ring_alone_is_known() -> None:
+    from tests.fakes.ring import Member
+
+    ring = [Member(f"{GCP_ID}/0", 1.0), Member(f"{GCP_ID}/1", 1.0),
+            Member("i-new/0", 0.0, state="joining")]
+    assert holds_the_ring_alone(GCP_ID, ring)  # the joiner has no state yet
+    assert not holds_the_ring_alone(GCP_ID, ring + [Member("i-2/0", 1.0)])
+    assert holds_the_ring_alone(GCP_ID, ring + [Member("i-2/0", 1.0)], leaving=["i-2"])
+    assert not holds_the_ring_alone("i-booting", ring)  # no worker in the ring: nothing held
