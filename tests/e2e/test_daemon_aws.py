@@ -71,6 +71,39 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
     assert world.instances("e2e-notice") == []
 
 
+def test_a_rebalance_recommendation_drains_and_the_instance_goes_once_its_worker_left(
+        world, tmp_path):
+    """A rebalance recommendation (the only notice some reclaims get) drains the instance at
+    a step boundary and launches its replacement elsewhere at once; the instance is terminated
+    as soon as its worker has left the ring, not after the drain timeout."""
+    coord = FakeCoordinator()
+    settings = world.settings("e2e-rebalance", notice_poll_s=0.3, plan_s=600.0,
+                              drain_timeout_s=3600.0)
+    d = build_daemon(settings, tmp_path / "state.sqlite", coordinator=coord)
+    d.start()
+    try:
+        live = {r.id: r for r in d.state.live_instances()}
+        coord.speeds = {f"{i}/0": 50.0 for i in live}
+        victim = sorted(live)[0]
+        world.rebalance(victim)
+        assert wait_for(lambda: len(set(r.id for r in d.state.live_instances()) - set(live))
+                        == 1, 10.0), "no replacement after the rebalance recommendation"
+        assert (f"{victim}/0", "revocation notice") in coord.drains
+        assert [e.instance_id for e in d.state.events(kinds=["rebalance"])] == [victim]
+        row = {r.id: r for r in d.state.live_instances()}[victim]
+        assert row.draining_since is not None
+        new = [r for r in d.state.live_instances() if r.id not in live]
+        assert new[0].offering.zone != live[victim].offering.zone
+        del coord.speeds[f"{victim}/0"]  # its worker left the ring at a step boundary
+        assert wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 10.0)
+        assert {r.id: r for r in d.state.instances()}[victim].end_reason == \
+            "its workers left the ring"
+        assert victim not in {i["InstanceId"] for i in world.instances("e2e-rebalance")}
+    finally:
+        d.stop("terminate")
+    assert world.instances("e2e-rebalance") == []
+
+
 def test_restart_adopts_the_fleet_and_an_unknown_instance_of_the_job(world, tmp_path):
     """A restart on the same state adopts its fleet; an instance tagged with the job that no
     intent of this state launched (another state file, a lost one) is adopted too, never

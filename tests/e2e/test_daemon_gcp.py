@@ -296,3 +296,59 @@ def test_real_workers_boot_train_and_drain_on_the_preemption_notice(world, tmp_p
         finally:
             fi.shutil.rmtree(image.site, ignore_errors=True)
     assert world.instances(job) == {}
+
+
+@pytest.mark.parametrize("adc", ["none", "unrefreshable"])
+def test_provision_run_without_usable_gcp_credentials_says_so_in_one_line(world, tmp_path, adc):
+    """`provision run` on GCP with no Application Default Credentials at all, or with ones
+    whose access token cannot be refreshed (the token endpoint out of reach, as for a revoked
+    login): one line naming the fix, exit 2, no traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from datetime import datetime, timedelta, timezone
+
+    from tests.conftest import REPO
+    from tests.fakes.gcp_world import PROJECT, ZONES
+
+    now = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat()
+    (tmp_path / "prices.csv").write_text(
+        "time,cloud,region,zone,instance_type,market,price_per_hour,on_demand_per_hour,"
+        "available\n" + "".join(f"{now},gcp,us-central1,{z},g2-standard-8,spot,0.48,0.85,\n"
+                                for z in ZONES))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"""
+[job]
+id = "cli-gcp-creds"
+[cloud]
+driver = "gcp"
+[gcp]
+project = "{PROJECT}"
+zones = {json.dumps(list(ZONES))}
+api_endpoint = "{world.endpoint}"
+[source]
+kind = "trace"
+[fleet]
+max_size = 1
+markets = ["spot"]
+[daemon]
+state_path = "state.sqlite"
+""")
+    env = {k: v for k, v in os.environ.items() if k != "GOOGLE_APPLICATION_CREDENTIALS"}
+    env.update(PYTHONPATH=str(REPO), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+               GCE_METADATA_HOST="127.0.0.1:9", GCE_METADATA_IP="127.0.0.1:9")
+    if adc == "unrefreshable":
+        (tmp_path / "adc.json").write_text(json.dumps({
+            "type": "authorized_user", "client_id": "1.apps", "client_secret": "s",
+            "refresh_token": "r", "quota_project_id": PROJECT}))
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = str(tmp_path / "adc.json")
+    done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
+                           "--trace", str(tmp_path / "prices.csv")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("provision run: error:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "gcloud auth application-default login" in lines[0]
+    assert ("could not be refreshed" in lines[0]) == (adc == "unrefreshable")
+    assert world.instances("cli-gcp-creds") == {}
