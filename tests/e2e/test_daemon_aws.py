@@ -230,9 +230,6 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             assert wait_for(lambda: other not in run.live() and len(run.live()) == 2, 60)
             assert wait_for(lambda: run.step() >= 5, 60)
             assert run.steps_lost() == 0 and run.events("lost") == []
-            import json, os
-            if os.environ.get("BOOT_DEBUG"):
-                print(json.dumps(run.coordinator.events(), default=str, indent=0)[:20000])
             assert not vms.errors
     finally:
         fi.shutil.rmtree(image.site, ignore_errors=True)

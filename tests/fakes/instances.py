@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from tests.fakes.metadata import AwsView, GcpView, MetadataServer
 
@@ -395,5 +395,3 @@ def wait_rc(box: Sandbox, timeout_s: float, step_s: float = 0.1) -> int | None:
         time.sleep(step_s)
     return box.rc
 
-
-Boot = Callable[[str, Any], Sandbox]

@@ -276,3 +276,10 @@ def test_the_scripts_check_each_launch_value_as_the_drivers_do(cloud: str) -> No
     assert codes <= {int(c) for c in BootExit}, codes
     assert {int(BootExit.PYTHON), int(BootExit.METADATA), int(BootExit.TOKEN),
             int(BootExit.DEPS), int(BootExit.FETCH)} <= codes
+
+
+def test_docs_list_every_boot_exit_code() -> None:
+    text = (fi.REPO / "docs" / "deploy.md").read_text()
+    table = text.split("### Boot exit codes", 1)[1].split("###", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
+    assert listed == {int(c) for c in BootExit}
