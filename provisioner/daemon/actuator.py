@@ -25,7 +25,8 @@ from pricing.model import Offering
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
-from provisioner.drivers.identity import drain_instance, holds_the_ring_alone, left
+from provisioner.drivers.identity import (drain_instance, formed_names, holds_the_ring_alone,
+                                          left)
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache
@@ -135,13 +136,15 @@ class WriteAheadActuator:
             self.state.record_event(self.clock(), EventKind.TERMINATED, iid, detail=reason)
 
     def release_left(self) -> None:
-        """Terminate each draining instance none of whose workers is in the ring any more:
-        it is paid for from its workers' leaving on, not until the drain timeout."""
+        """Terminate each draining instance none of whose workers is in the ring any more
+        (nor in its newest formed generation: the others no longer step with them): it is
+        paid for until its workers left, not until the drain timeout."""
         if self.coordinator is None:
             return
         draining = [r.id for r in self.state.live_instances() if r.draining_since is not None]
         if draining:
-            gone = left(draining, [m.name for m in self.coordinator.members()])
+            gone = left(draining, [m.name for m in self.coordinator.members()],
+                        formed_names(self.coordinator.events()))
             if gone:
                 self.terminate_ids(gone, "its workers left the ring")
 

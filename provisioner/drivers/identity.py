@@ -12,7 +12,8 @@ letter, local ids ``loc-``), and :class:`WorkerName` refuses one that would.
 The helpers below are the questions the daemon asks the ring about an instance (pure, over
 member names): which members are its (:func:`by_instance`), how fast the instance is as a
 whole (:func:`per_instance`, the sum of its GPUs' workers: the planner's throughput is per
-instance), which draining instances have no member left (:func:`left`), and whether its
+instance), which draining instances have no worker left in the ring (:func:`left`: gone from
+the members and from the newest formed generation), and whether its
 workers hold the ring's state alone (:func:`holds_the_ring_alone`: a planned drain waits for
 a replacement to join then); :func:`drain_instance` asks the ring to let every worker of an
 instance go.
@@ -92,10 +93,24 @@ def per_instance(values: Mapping[str, float]) -> dict[str, float]:
     return dict(out)
 
 
-def left(instance_ids: Iterable[str], member_names: Iterable[str]) -> list[str]:
-    """Those of ``instance_ids`` with no member among ``member_names`` (in the given order)."""
-    present = set(by_instance(member_names))
+def left(instance_ids: Iterable[str], member_names: Iterable[str],
+         formed_names: Iterable[str] = ()) -> list[str]:
+    """Those of ``instance_ids`` whose workers have left the ring: none among
+    ``member_names`` (the ring's members and joiners), and none in the ring's newest formed
+    generation (``formed_names``). A worker leaves the member list when the generation
+    without it is *published*; until the others have *formed* it they may still be finishing
+    a step with it, so its instance is not gone until then (in the given order)."""
+    present = set(by_instance(member_names)) | set(by_instance(formed_names))
     return [iid for iid in instance_ids if iid not in present]
+
+
+def formed_names(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The members of the ring's newest formed generation, from the coordinator's events
+    (``formed``: ``name`` holds the members' names, comma-joined)."""
+    for e in reversed(events):
+        if e.get("kind") == "formed":
+            return [n for n in str(e.get("name") or "").split(",") if n]
+    return []
 
 
 def instance_phase(states: Sequence[str]) -> str:

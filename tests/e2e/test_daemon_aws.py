@@ -229,7 +229,12 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             world.state_change(other, "shutting-down")
             assert wait_for(lambda: other not in run.live() and len(run.live()) == 2, 60)
             assert wait_for(lambda: run.step() >= 5, 60)
-            assert run.steps_lost() == 0 and run.events("lost") == []
+            import json
+
+            (tmp_path / "ring-events.json").write_text(json.dumps(run.coordinator.events(),
+                                                                   default=str))
+            assert run.steps_lost() == 0 and run.events("lost") == [], \
+                f"see {tmp_path / 'ring-events.json'}"
             assert not vms.errors
     finally:
         fi.shutil.rmtree(image.site, ignore_errors=True)

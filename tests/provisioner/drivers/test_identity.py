@@ -7,8 +7,8 @@ import pytest
 
 from provisioner.drivers.gcp import instance_name
 from provisioner.drivers.identity import (WorkerName, by_instance, drain_instance,
-                                          holds_the_ring_alone, instance_of, instance_phase,
-                                          left, per_instance)
+                                          formed_names, holds_the_ring_alone, instance_of,
+                                          instance_phase, left, per_instance)
 from tests.fakes.ring import FakeRing
 
 GCP_ID = f"us-central1-a/{instance_name('job', 'tok', 0)}"
@@ -69,3 +69,14 @@ def test_an_instance_whose_workers_hold_the_ring_alone_is_known() -> None:
     assert not holds_the_ring_alone(GCP_ID, ring + [Member("i-2/0", 1.0)])
     assert holds_the_ring_alone(GCP_ID, ring + [Member("i-2/0", 1.0)], leaving=["i-2"])
     assert not holds_the_ring_alone("i-booting", ring)  # no worker in the ring: nothing held
+
+
+def test_an_instance_has_left_once_a_generation_without_it_formed() -> None:
+    events = [{"kind": "formed", "name": f"{GCP_ID}/0,i-1"}, {"kind": "leave",
+                                                              "name": f"{GCP_ID}/0"},
+              {"kind": "generation", "name": "i-1"}]
+    # dropped from the members at the publish, but the others may still be stepping with it
+    assert left([GCP_ID], ["i-1"], formed_names(events)) == []
+    events.append({"kind": "formed", "name": "i-1"})
+    assert left([GCP_ID], ["i-1"], formed_names(events)) == [GCP_ID]
+    assert formed_names([]) == []
