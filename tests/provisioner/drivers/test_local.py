@@ -207,3 +207,30 @@ def test_an_instance_runs_one_worker_per_gpu(tmp_path):
     assert d.list("job") == []
     with pytest.raises(DriverError, match="gpus_per_instance"):
         LocalDriver(tmp_path / "cloud2", command, gpus_per_instance=0)
+
+
+@pytest.mark.slow
+def test_provision_run_trains_with_two_workers_per_local_instance(tmp_path):
+    """`provision run` on the local cloud with ``[local] gpus_per_instance = 2``: each instance
+    runs two real workers, ``<id>/0`` and ``<id>/1``, both in the ring, and the job trains to
+    its end with no step lost."""
+    import subprocess
+
+    from provisioner.daemon.state import State
+
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("[local]\ngpus_per_instance = 2\n[fleet]\nmax_size = 1\n")
+    done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
+                           "--workdir", str(tmp_path / "wd"),
+                           "--duration", "12h"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    st = State.read_only(tmp_path / "wd" / "state.sqlite")
+    try:
+        (instance,) = st.instances()
+        joined = {e.instance_id for e in st.events(kinds=["ring-join"])}
+        assert joined == {f"{instance.id}/0", f"{instance.id}/1"}
+        ring = st.get_meta("ring")
+        assert ring["outcome"] == "done" and ring["steps_lost"] == 0
+    finally:
+        st.close()
