@@ -28,6 +28,7 @@ every instance they booted on exit.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import functools
 import hashlib
@@ -122,12 +123,14 @@ def make_image(python_home: Path | None = None, modules: Mapping[str, str] | Non
                ) -> Image:
     """An image of ``python_home`` (default: this environment's base Python) whose packages are
     this environment's, minus spotring's own, plus ``modules`` (name -> source). The folder is
-    made under /tmp readable by the workers' user (``image.site``; remove it when done)."""
+    made under /tmp readable by the workers' user (``image.site``; removed at exit at the
+    latest)."""
     import sysconfig
 
     home = python_home or Path(sys.base_prefix)
     here = Path(sysconfig.get_paths()["purelib"])
     folder = Path(tempfile.mkdtemp(prefix="spotring-image-", dir="/tmp"))
+    atexit.register(shutil.rmtree, folder, True)  # also when a test stops half way
     folder.chmod(0o755)
     skip = ("spotring", "__editable__", "_sandboxing", "distutils-precedence")
     for entry in here.iterdir():
@@ -147,6 +150,7 @@ def test_wheel() -> tuple[Path, str]:
     src = source_tree()
     assert src is not None, "the tests run from a checkout"
     out = Path(tempfile.mkdtemp(prefix="spotring-test-wheel-"))
+    atexit.register(shutil.rmtree, out, True)
     wheel = build_wheel(src, out)
     return wheel, sha256_of(wheel)
 
