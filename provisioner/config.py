@@ -211,9 +211,27 @@ class OptimizerSettings(_Section):
 
 
 class CloudSettings(_Section):
-    """Which driver launches instances."""
+    """Which driver launches instances, and what a cloud worker installs
+    (:mod:`provisioner.drivers.artifacts`)."""
 
     driver: Literal["local", "aws", "gcp"] = "local"
+    artifacts: str | None = Field(None, min_length=1, description="where the run's artifacts "
+                                  "go (s3://bucket/prefix, gs://bucket/prefix): the daemon "
+                                  "stores its wheel there and each launch pins it by SHA-256; "
+                                  "unset: workers install what terraform put on them")
+    wheel: str | None = Field(None, min_length=1, description="the spotring wheel this daemon "
+                              "runs (a .whl path), shipped to [cloud] artifacts; unset: built "
+                              "from the checkout the daemon runs from")
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, url: str | None) -> str | None:
+        if url is None or "://" not in url:
+            return url
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("s3", "gs", "file") or not rest.split("/", 1)[0]:
+            raise ValueError("use s3://bucket/prefix, gs://bucket/prefix or a folder")
+        return url
 
 
 class AwsSettings(_Section):
@@ -249,6 +267,10 @@ class GcpSettings(_Section):
                                    "custom-mode network, such as the one terraform/gcp makes)")
     service_account: str | None = None
     startup_script: str | None = Field(None, description="boots the worker on each VM")
+    preemption_notice_s: int = Field(120, ge=0, le=120, description="seconds a SPOT VM is told "
+                                     "of its preemption (instance/preempted TRUE) before the "
+                                     "soft-off, so its worker leaves at a step boundary; 0: "
+                                     "none (GCE's 30 s soft-off only)")
 
 
 class LocalSettings(_Section):
@@ -262,6 +284,9 @@ class LocalSettings(_Section):
                                    "revocation notice to the kill (AWS gives 120)")
     hard_kill_every: int = Field(3, ge=0, le=1_000_000, description="every Nth trace revocation comes without "
                                  "notice (0: never)")
+    gpus_per_instance: int = Field(1, ge=1, le=64, description="worker processes per local "
+                                   "instance, as a cloud instance runs one per GPU (named "
+                                   "<instance>/<k>; all on this machine's CPU)")
     python: str | None = Field(None, description="interpreter for the workers (default: this one)")
     worker_args: list[str] = Field(default_factory=list,
                                    description="extra arguments for `python -m trainer worker`")

@@ -76,14 +76,18 @@ def settings_from_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
 
 def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
            state_path: str | None = None, token_path: str | None = None,
-           coordinator: tuple[str, int] | None = None) -> dict[str, dict[str, Any]]:
+           coordinator: tuple[str, int] | None = None,
+           wheel: str | None = None) -> dict[str, dict[str, Any]]:
     """The daemon configuration as nested dicts (TOML tables), from terraform outputs.
 
     ``endpoint_url`` points the driver at an emulator (``[aws] endpoint_url`` or ``[gcp]
     api_endpoint``); ``state_path`` overrides where the daemon keeps its SQLite state;
     ``token_path`` where it reads the ring token (the daemon runs the trainer's coordinator with
     it); ``coordinator`` the (host, port) the coordinator binds (for a daemon run off the host,
-    e.g. in tests). Raises RenderError on incomplete outputs.
+    e.g. in tests). ``[cloud] artifacts`` comes from the outputs; ``wheel`` is the spotring
+    wheel this daemon runs (``[cloud] wheel``: the daemon host's own copy means nothing
+    elsewhere, so it is never taken from the outputs; unset, a daemon run from a checkout
+    builds one). Raises RenderError on incomplete outputs.
     """
     s = settings_from_outputs(outputs)
     cloud = s["cloud"]
@@ -107,7 +111,8 @@ def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
         "job": {"id": s["job_id"], "job_file": s["job_file"]},
         "fleet": {"max_size": int(s["max_workers"])},
         "source": source,
-        "cloud": {"driver": cloud},
+        "cloud": {"driver": cloud, **({"artifacts": s["artifacts"]} if s.get("artifacts") else {}),
+                  **({"wheel": wheel} if wheel else {})},
         cloud: section,
         "daemon": {"state_path": state_path or s["state_path"],
                    "coordinator_host": coordinator[0] if coordinator else s["coordinator_host"],
@@ -137,12 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="AWS endpoint (e.g. a moto server) or GCP Compute API endpoint")
     parser.add_argument("--state-path", default=None, help="daemon state file")
     parser.add_argument("--token-path", default=None, help="ring token file the daemon reads")
+    parser.add_argument("--wheel", default=None, help="the spotring wheel this daemon runs "
+                        "([cloud] wheel; default: built from the checkout it runs from)")
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.outputs == "-" else Path(args.outputs).read_text()
         outputs = json.loads(text)
         config = render(outputs, endpoint_url=args.endpoint_url, state_path=args.state_path,
-                        token_path=args.token_path)
+                        token_path=args.token_path, wheel=args.wheel)
     except (OSError, json.JSONDecodeError, RenderError) as exc:
         sys.stderr.write(f"render_config: {args.outputs}: {exc}\n")
         return 2

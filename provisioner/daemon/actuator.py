@@ -25,6 +25,8 @@ from pricing.model import Offering
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
+from provisioner.drivers.identity import (drain_instance, formed_names, holds_the_ring_alone,
+                                          left)
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache
@@ -102,14 +104,23 @@ class WriteAheadActuator:
 
     def drain(self, removal: Removal) -> None:
         """Mark draining and ask the ring to let it go at a step boundary; an instance not
-        in the ring is terminated at once."""
+        in the ring is terminated at once. One whose workers alone hold the ring's state
+        waits (a later round drains it) until a replacement has joined: draining it now
+        would empty the ring."""
         t = self.clock()
+        if self.coordinator is not None and holds_the_ring_alone(
+                removal.instance_id, self.coordinator.members(),
+                [r.id for r in self.state.live_instances() if r.draining_since is not None]):
+            self.state.record_event(t, EventKind.RECONCILE_NOTE, removal.instance_id,
+                                    removal.offering, f"{removal.reason}: kept until a "
+                                    f"replacement joins (its workers hold the ring alone)")
+            return
         if not self.state.mark_draining(removal.instance_id, t):
             return
         self.state.record_event(t, EventKind.DRAIN, removal.instance_id, removal.offering,
                                 removal.reason)
-        if self.coordinator is None or not self.coordinator.drain(removal.instance_id,
-                                                                  removal.reason):
+        if self.coordinator is None or not drain_instance(self.coordinator, removal.instance_id,
+                                                          removal.reason):
             self.terminate_ids([removal.instance_id], f"{removal.reason} (not in the ring)")
 
     # -- more verbs ----------------------------------------------------------------------------
@@ -123,6 +134,19 @@ class WriteAheadActuator:
         self.state.finish_terminate(token, self.clock(), reason)
         for iid in ids:
             self.state.record_event(self.clock(), EventKind.TERMINATED, iid, detail=reason)
+
+    def release_left(self) -> None:
+        """Terminate each draining instance none of whose workers is in the ring any more
+        (nor in its newest formed generation: the others no longer step with them): it is
+        paid for until its workers left, not until the drain timeout."""
+        if self.coordinator is None:
+            return
+        draining = [r.id for r in self.state.live_instances() if r.draining_since is not None]
+        if draining:
+            gone = left(draining, [m.name for m in self.coordinator.members()],
+                        formed_names(self.coordinator.events()))
+            if gone:
+                self.terminate_ids(gone, "its workers left the ring")
 
     def drain_backstop(self, drain_timeout_s: float) -> None:
         """Terminate instances draining for longer than ``drain_timeout_s``."""
@@ -140,16 +164,16 @@ class WriteAheadActuator:
         if row is None:
             return False
         off = row.offering
-        if n.kind == NoticeKind.REBALANCE:
+        if n.kind == NoticeKind.REBALANCE:  # elevated risk: leave now, at a step boundary, so
+            # a reclaim that follows with no other notice costs no step
             self.state.record_event(t, EventKind.REBALANCE, n.instance_id, off, n.source)
-            return False
-        if n.kind == NoticeKind.INTERRUPTION:
+        if n.kind in (NoticeKind.INTERRUPTION, NoticeKind.REBALANCE):
             if not self.state.mark_draining(n.instance_id, t):
                 return False
-            self._revoked(off, t, "notice")
+            self._revoked(off, t, "notice" if n.kind == NoticeKind.INTERRUPTION else "rebalance")
             self.state.record_event(t, EventKind.NOTICE, n.instance_id, off, n.source)
             if self.coordinator is not None:
-                self.coordinator.drain(n.instance_id, "revocation notice")
+                drain_instance(self.coordinator, n.instance_id, "revocation notice")
             return True
         # PREEMPTED or TERMINATED: it is gone
         was_draining = row.draining_since is not None

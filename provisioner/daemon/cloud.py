@@ -37,6 +37,7 @@ from provisioner.daemon.scheduler import Daemon
 from provisioner.daemon.state import State
 from provisioner.daemon.wiring import (build_daemon, cloud_parts, make_coordinator,
                                        ring_token, snapshot_url)
+from provisioner.drivers.artifacts import ship
 from provisioner.errors import UserError
 
 
@@ -62,6 +63,9 @@ def _address(settings: Settings, state_path: Path) -> tuple[str, int]:
 def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | None) -> int:
     """Run a cloud daemon (real time) until a signal, ``duration`` seconds or the job's end."""
     driver, source = cloud_parts(settings, args.trace)
+    # the wheel this daemon runs, stored with the run ([cloud] artifacts) before anything
+    # starts: SPOTRING_WHEEL and its SHA-256 go with every launch (drivers/artifacts.py)
+    shipped = ship(settings)
     d = settings.daemon
     token = ring_token(settings)
     state_path = Path(d.state_path)
@@ -108,10 +112,11 @@ def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | No
                           config=str(Path(args.config).resolve()) if args.config else None)
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB
         # (AWS tag spotring:env:SPOTRING_JOB, GCP metadata spotring-env-SPOTRING_JOB)
+        # and the wheel this daemon runs, pinned by its SHA-256 (`shipped`, below)
         daemon = build_daemon(settings, driver, source, state,
                               now=lambda: datetime.now(timezone.utc), metrics=metrics,
                               coordinator=coordinator,
-                              launch_env={"SPOTRING_JOB": settings.job.job_file})
+                              launch_env={"SPOTRING_JOB": settings.job.job_file, **shipped})
         t0 = time.monotonic()
         daemon.start()
         while v is None:

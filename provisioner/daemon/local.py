@@ -82,9 +82,9 @@ def worker_argv(python: str, coordinator: str, token_file: Path, job: str, name:
     argv = [python, "-m", "trainer", "worker", "--coordinator", coordinator,
             "--token-file", str(token_file), "--job", job, "--name", name,
             "--slowdown", f"{slowdown:.4f}", "--threads", "1", "--no-rejoin",
-            "--metrics-file", str(metrics_dir / f"{name}.jsonl")]
+            "--metrics-file", str(metrics_dir / f"{name.replace('/', '.')}.jsonl")]
     if samples_dir is not None:
-        argv += ["--record-samples", str(samples_dir / f"{name}.jsonl")]
+        argv += ["--record-samples", str(samples_dir / f"{name.replace('/', '.')}.jsonl")]
     return argv + list(extra)
 
 
@@ -404,12 +404,13 @@ class LocalRun:
 
         def command(spec: Any) -> list[str]:
             return worker_argv(loc.python or sys.executable, f"{host}:{port}", token_file, job,
-                               spec.instance_id, spec.slowdown, workers, samples,
+                               spec.name, spec.slowdown, workers, samples,
                                loc.worker_args)
 
         driver = LocalDriver(self.wd.cloud, command, clock=now, availability=availability,
                              notice_window_s=loc.notice_window_s,
-                             hard_kill_every=loc.hard_kill_every)
+                             hard_kill_every=loc.hard_kill_every,
+                             gpus_per_instance=loc.gpus_per_instance)
         self._driver = driver
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
         if self.args.until_epochs:
@@ -422,6 +423,7 @@ class LocalRun:
         from dataclasses import replace
 
         from provisioner.daemon.outages import META_KEY, JobTimeOutages
+        from provisioner.drivers.identity import instance_of
 
         params = synthetic.GeneratorParams(seed=self.args.seed)
         if self.args.outages_per_hour is not None:
@@ -432,7 +434,7 @@ class LocalRun:
         state, driver = daemon.state, self._driver
 
         def active() -> set[str]:
-            return {m.name for m in coordinator.members() if m.state == "active"}
+            return {instance_of(m.name) for m in coordinator.members() if m.state == "active"}
 
         def live() -> list[tuple[str, float]]:
             return [(r.id, r.launched_at) for r in state.live_instances()

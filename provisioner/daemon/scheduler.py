@@ -214,6 +214,7 @@ class Daemon:
         replan = False
         for n in self.driver.notices():
             replan |= self.actuator.on_notice(n)
+        self.actuator.release_left()
         if replan:
             self.plan_and_reconcile("notice")
 

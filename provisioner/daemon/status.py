@@ -25,6 +25,7 @@ from provisioner.daemon.ports import RingCoordinator
 from provisioner.daemon.savings import (Savings, checkpoint_every_s, eta_from_state,
                                         from_state)
 from provisioner.daemon.state import Event, EventKind, State
+from provisioner.drivers.identity import by_instance, instance_phase, per_instance
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
         progress = dict(coordinator.stats())
         sps = sum(workers.values())
     rows = []
+    speeds = per_instance(workers)  # members -> their instances (one worker per GPU)
+    states = by_instance(phases)
     for r in live:
-        phase = "draining" if r.draining_since is not None else phases.get(r.id, "booting")
-        rows.append(WorkerRow(r.id, r.offering.key, phase, workers.get(r.id),
+        phase = "draining" if r.draining_since is not None else instance_phase(
+            [phases[m] for m in states.get(r.id, [])])
+        rows.append(WorkerRow(r.id, r.offering.key, phase, speeds.get(r.id),
                               by_key.get(r.offering.key, state.price_at(r.offering, t))))
     every_s = checkpoint_every_s(state)
     run = state.get_meta("run") or {}

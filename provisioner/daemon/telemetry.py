@@ -29,6 +29,7 @@ from provisioner.daemon.outcome import Ledger, advance, restarted, totals
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import State, ring_kind
 from provisioner.daemon.status import Status
+from provisioner.drivers.identity import per_instance
 from provisioner.plan.throughput import ThroughputModel
 
 
@@ -96,12 +97,13 @@ class Telemetry:
         self.state.set_meta("ring", finite({k: v for k, v in stats.items() if k != "rejected"}))
 
     def observe(self, workers: Mapping[str, float]) -> None:
-        """Measured samples/s per worker, averaged per instance type, into the model."""
+        """Measured samples/s per instance (its workers' sum), averaged per instance type,
+        into the model."""
         by_type: dict[str, list[float]] = defaultdict(list)
         offering = {r.id: r.offering for r in self.state.live_instances()}
-        for name, sps in workers.items():
-            if name in offering and sps > 0:
-                by_type[offering[name].instance_type].append(sps)
+        for iid, sps in per_instance(workers).items():  # an instance: all its GPUs' workers
+            if iid in offering and sps > 0:
+                by_type[offering[iid].instance_type].append(sps)
         with self._lock:
             for itype, values in sorted(by_type.items()):
                 self.throughput = self.throughput.observe(itype, sum(values) / len(values))

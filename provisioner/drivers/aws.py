@@ -10,8 +10,9 @@ every botocore error is translated into :mod:`provisioner.errors` at the edge
   or ``run_instances`` with spot market options (``launch_mode="run-instances"``), always
   from the configured launch template, in the offering's zone (its subnet: configured, or the
   default VPC's subnet for that zone). Every instance is tagged at launch with
-  ``spotring:job``, ``spotring:offering`` and ``spotring:token``; ``env`` goes into
-  ``spotring:env:<KEY>`` tags (workers read them from instance metadata).
+  ``spotring:job``, ``spotring:offering`` and ``spotring:token``; ``env`` (the launch values
+  of :mod:`provisioner.drivers.boot`, checked there) goes into ``spotring:env:<KEY>`` tags,
+  which the worker's boot script reads through IMDSv2.
 - **Idempotency.** ``ClientToken`` is the request's token, and before launching the driver
   looks for instances tagged ``spotring:token=<token>`` and returns those instead: moto does
   not honour ``ClientToken``, and the tag check also covers a daemon killed after the call
@@ -46,6 +47,7 @@ from provisioner.drivers.aws_notices import parse_message
 from provisioner.drivers.base import (PENDING, PREEMPTED, RUNNING, STOPPING, TERMINATED,
                                       TERMINATED_NOTICE, Instance, LaunchRequest, LaunchResult,
                                       Notice)
+from provisioner.drivers.boot import launch_env
 from provisioner.errors import CapacityError, CredentialsError, DriverError
 from provisioner.timing import DESCRIBE_FALLBACK_S
 
@@ -105,14 +107,22 @@ def _edge(what: str, offering_key: str | None = None,
 
     A ``ClientError`` whose code is in ``passthrough`` is re-raised as is, for the caller.
     """
-    from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
-                                     PartialCredentialsError)
+    from botocore import exceptions as bce
 
     try:
         yield
-    except (NoCredentialsError, PartialCredentialsError):
+    except (bce.NoCredentialsError, bce.PartialCredentialsError):
         raise CredentialsError(CREDENTIALS_HELP) from None
-    except ClientError as exc:
+    except bce.ProfileNotFound as exc:
+        raise CredentialsError(f"{exc}: set AWS_PROFILE to a profile of ~/.aws/config (or unset "
+                               f"it to use the environment or the instance role)") from None
+    except (bce.CredentialRetrievalError, bce.TokenRetrievalError, bce.SSOError,
+            bce.SSOTokenLoadError, bce.UnauthorizedSSOTokenError,
+            bce.UnknownCredentialError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise CredentialsError(f"{what}: the AWS credentials could not be loaded ({first}); "
+                               f"renew them (e.g. `aws sso login`) or {CREDENTIALS_HELP}") from None
+    except bce.ClientError as exc:
         code = _error_code(exc)
         if code in passthrough:
             raise
@@ -122,7 +132,7 @@ def _edge(what: str, offering_key: str | None = None,
             raise CredentialsError(f"{what}: AWS refused the call ({code}); {CREDENTIALS_HELP} "
                                    f"and grant the actions listed in docs/drivers.md") from None
         raise DriverError(f"{what}: {code or 'error'}: {exc}") from None
-    except BotoCoreError as exc:
+    except bce.BotoCoreError as exc:
         raise DriverError(f"{what}: {exc}") from None
 
 
@@ -156,10 +166,13 @@ class AwsDriver:
                               "the launch template of the workers in the [aws] section")
         self.settings = settings
         self.region = settings.region
-        self._ec2 = ec2 or make_client("ec2", settings.region, endpoint_url=settings.endpoint_url)
-        self._sqs = sqs
-        if self._sqs is None and settings.queue_url:
-            self._sqs = make_client("sqs", settings.region, endpoint_url=settings.endpoint_url)
+        with _edge("creating the EC2 and SQS clients"):
+            self._ec2 = ec2 or make_client("ec2", settings.region,
+                                           endpoint_url=settings.endpoint_url)
+            self._sqs = sqs
+            if self._sqs is None and settings.queue_url:
+                self._sqs = make_client("sqs", settings.region,
+                                        endpoint_url=settings.endpoint_url)
         self._now = now
         self._monotonic = monotonic
         self._fallback_interval_s = fallback_interval_s
@@ -211,12 +224,13 @@ class AwsDriver:
         return LaunchResult(instances, tuple(errors))
 
     def _launch_tags(self, request: LaunchRequest) -> dict[str, str]:
-        if len(request.env) > _MAX_ENV_TAGS:
-            raise DriverError(f"launch env has {len(request.env)} entries; at most {_MAX_ENV_TAGS} "
+        env = launch_env(request.offering, request.env)
+        if len(env) > _MAX_ENV_TAGS:
+            raise DriverError(f"launch env has {len(env)} entries; at most {_MAX_ENV_TAGS} "
                               f"fit in instance tags")
         tags = {TAG_JOB: request.job_id, TAG_OFFERING: request.offering.key,
                 TAG_TOKEN: request.token}
-        tags.update({f"{TAG_ENV_PREFIX}{k}": str(v) for k, v in request.env.items()})
+        tags.update({f"{TAG_ENV_PREFIX}{k}": v for k, v in env.items()})
         return tags
 
     def _template_spec(self) -> dict[str, str]:

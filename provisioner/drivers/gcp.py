@@ -24,9 +24,16 @@ SDKs lazily): ``InstancesClient.insert/delete/aggregated_list`` and
   other) returns what was launched with the error in ``LaunchResult.errors``; an insert whose
   operation is still running after :data:`OPERATION_TIMEOUT_S` counts as launched (pending):
   GCE accepted it, and if it fails after all the list fallback reports the VM gone.
-- **Notices.** Zone operations filtered by ``operationType="compute.instances.preempted"`` in
-  every zone the job uses, each delivered once; plus a list fallback every
+- **Notices.** SPOT VMs get a preemption notice of ``[gcp] preemption_notice_s`` (up to 120 s,
+  ``scheduling.preemptionNoticeDuration``): ``instance/preempted`` reads TRUE on the VM, whose
+  worker drains at its step boundary. The driver reads zone operations filtered by
+  ``operationType="compute.instances.preempted"`` in every zone the job uses, each once,
+  parsed by :mod:`provisioner.drivers.gcp_notices` (a VM still alive: an interruption with a
+  deadline; gone: preempted); plus a list fallback every
   :data:`provisioner.timing.LIST_FALLBACK_S` for VMs that vanished otherwise.
+- **Launch values.** The run's job, mode, hybrid group, GPUs and wheel go into
+  ``spotring-env-<KEY>`` metadata (:mod:`provisioner.drivers.boot`, checked there), which the
+  worker's startup script reads from the metadata server.
 
 Rule for callers: ``settings.project`` must be set; call :meth:`GcpDriver.list` at start to
 adopt the VMs a previous daemon launched (it also tells the driver which zones to watch).
@@ -49,6 +56,8 @@ from pricing.model import Offering
 from provisioner.drivers.base import (PENDING, PREEMPTED, RUNNING, STOPPING, TERMINATED,
                                       TERMINATED_NOTICE, Instance, LaunchRequest, LaunchResult,
                                       Notice)
+from provisioner.drivers.boot import launch_env
+from provisioner.drivers.gcp_notices import PREEMPTED_TYPE, Operation, parse_operation
 from provisioner.errors import CapacityError, CredentialsError, DriverError
 from provisioner.timing import LIST_FALLBACK_S
 
@@ -62,7 +71,12 @@ LABEL_TOKEN = "spotring-token"
 META_OFFERING = "spotring-offering"
 META_TOKEN = "spotring-token"  # the raw token (a label value is lowercased and cut to 63)
 META_ENV_PREFIX = "spotring-env-"
-PREEMPTED_FILTER = 'operationType="compute.instances.preempted"'
+PREEMPTED_FILTER = f'operationType="{PREEMPTED_TYPE}"'
+
+#: How to give the driver credentials (Application Default Credentials).
+CREDENTIALS_FIX = ("run `gcloud auth application-default login`, or set "
+                   "GOOGLE_APPLICATION_CREDENTIALS to a valid service account key, or run on a "
+                   "VM with a service account")
 
 #: Seconds to wait for an insert operation: GCE answers stockouts within a few seconds.
 OPERATION_TIMEOUT_S = 120.0
@@ -112,8 +126,13 @@ def _edge(what: str, offering_key: str | None = None) -> Iterator[None]:
     try:
         yield
     except auth_exceptions.DefaultCredentialsError:
-        raise CredentialsError("no GCP credentials found: run `gcloud auth application-default "
-                               "login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+        raise CredentialsError(f"no GCP credentials found: {CREDENTIALS_FIX}") from None
+    except (auth_exceptions.RefreshError, auth_exceptions.TransportError) as exc:
+        # the credentials were found but Google refused to (or could not) renew their access
+        # token: a revoked or deleted key, an expired user login, no metadata server
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise CredentialsError(f"{what}: the GCP credentials could not be refreshed ({first}); "
+                               f"{CREDENTIALS_FIX}") from None
     except exceptions.GoogleAPICallError as exc:
         codes = _codes(exc)
         if offering_key is not None and codes & CAPACITY_CODES:
@@ -227,10 +246,14 @@ class GcpDriver:
             on_host_maintenance="TERMINATE", automatic_restart=False)
         if spot:
             scheduling.instance_termination_action = "DELETE"
+            if self.settings.preemption_notice_s > 0:  # instance/preempted reads TRUE this
+                # long before the soft-off: the worker drains at a step boundary meanwhile
+                scheduling.preemption_notice_duration = c.Duration(
+                    seconds=self.settings.preemption_notice_s)
         items = [c.Items(key=META_OFFERING, value=off.key),
                  c.Items(key=META_TOKEN, value=request.token)]
-        items += [c.Items(key=f"{META_ENV_PREFIX}{k}", value=str(v))
-                  for k, v in request.env.items()]
+        items += [c.Items(key=f"{META_ENV_PREFIX}{k}", value=v)
+                  for k, v in launch_env(off, request.env).items()]
         if self.settings.startup_script:
             items.append(c.Items(key="startup-script", value=self.settings.startup_script))
         resource = c.Instance(
@@ -390,14 +413,17 @@ class GcpDriver:
             with _edge(f"list operations {zone}"):
                 ops = list(self._operations.list(request=request, retry=_retry()))
             for op in ops:
-                if op.id in self._seen_ops or op.operation_type != "compute.instances.preempted":
+                if op.id in self._seen_ops:
                     continue
                 self._seen_ops.add(op.id)
                 name = op.target_link.rsplit("/", 1)[-1]
-                when = self._now()
-                with contextlib.suppress(ValueError):
-                    when = datetime.fromisoformat(op.insert_time).astimezone(timezone.utc)
-                found.append(Notice(f"{zone}/{name}", PREEMPTED, when, source="gcp-operations"))
+                target = f"{zone}/{name}"
+                notice = parse_operation(
+                    Operation(str(op.id), op.operation_type, target, op.insert_time,
+                              alive=op.operation_type == PREEMPTED_TYPE and self._exists(target)),
+                    float(self.settings.preemption_notice_s), self._now())
+                if notice is not None:
+                    found.append(notice)
         now = self._monotonic()
         if self._last_fallback is None or now - self._last_fallback >= self._fallback_interval_s:
             self._last_fallback = now
@@ -414,6 +440,22 @@ class GcpDriver:
                 self._watch.discard(notice.instance_id)
                 out.append(notice)
         return out
+
+    def _exists(self, instance_id: str) -> bool:
+        """Does the VM still exist (not deleted, not stopped)? One ``instances.get``."""
+        from google.api_core import exceptions
+
+        zone, _, name = instance_id.partition("/")
+        try:
+            with _edge(f"get {instance_id}"):
+                try:
+                    raw = self._instances.get(project=self.project, zone=zone, instance=name,
+                                              retry=_retry())
+                except exceptions.NotFound:
+                    return False
+        except DriverError:
+            return False  # unknown: treat it as gone (a preemption, nothing left to drain)
+        return _STATE_MAP.get(raw.status, PENDING) != TERMINATED
 
     def _list_fallback(self) -> list[Notice]:
         with self._lock:

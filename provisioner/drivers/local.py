@@ -10,6 +10,10 @@ same verbs and the same crash-safety as a real cloud, so the daemon cannot tell 
   and tracked by JSON files in ``state_dir/instances`` holding the pid and the kernel start
   time of the process (so a recycled pid is never mistaken for the worker). ``list`` re-reads
   the files, so a restarted daemon finds every live worker.
+- *GPUs*: an instance runs ``gpus_per_instance`` worker processes (one per GPU of a cloud
+  instance, here all on the CPU), named ``<id>/<k>`` (:class:`~provisioner.drivers.identity.
+  WorkerName`) with ``SPOTRING_LOCAL_RANK=k``; one worker per instance is named ``<id>``. The
+  instance is alive while any of its workers runs; a notice or a kill reaches all of them.
 - *Instance types* map to a slowdown factor passed to the worker: a small table for the
   ``local.*`` types, otherwise the GPU throughput prior of :mod:`pricing.catalog`
   (V100 = 1.0; anything faster than the reference runs at 1.0 since this machine cannot
@@ -51,6 +55,7 @@ from typing import Callable, Mapping, Sequence
 from pricing.model import Offering
 from provisioner.drivers.base import (INTERRUPTION, PREEMPTED, RUNNING, TERMINATED_NOTICE,
                                       Instance, LaunchRequest, LaunchResult, Notice)
+from provisioner.drivers.identity import WorkerName
 from provisioner.errors import CapacityError, DriverError
 from provisioner.timing import LOCAL_NOTICE_WINDOW_S
 
@@ -82,13 +87,19 @@ def slowdown_for(instance_type: str) -> float:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What the command builder gets to start one instance."""
+    """What the command builder gets to start one worker of an instance: ``name`` is its ring
+    name (``--name``), ``gpu`` its index on the instance (None: the instance's only one)."""
 
     instance_id: str
     offering: Offering
     job_id: str
     slowdown: float
     env: Mapping[str, str]
+    gpu: int | None = None
+
+    @property
+    def name(self) -> str:
+        return str(WorkerName(self.instance_id, self.gpu))
 
 
 CommandBuilder = Callable[[WorkerSpec], Sequence[str]]
@@ -118,8 +129,21 @@ def proc_start(pid: int) -> str | None:
     return fields[19].decode()
 
 
+def procs(rec: dict) -> list[tuple[int, str | None]]:
+    """(pid, kernel start time) of every worker process of an instance record (records
+    written before instances had several workers hold one ``pid``/``start``)."""
+    many = rec.get("procs")
+    if isinstance(many, list):
+        return [(int(p["pid"]), p.get("start")) for p in many if p.get("pid")]
+    return [(int(rec["pid"]), rec.get("start"))] if rec.get("pid") else []
+
+
+def _any_alive(rec: dict) -> bool:
+    return any(proc_start(pid) == start for pid, start in procs(rec))
+
+
 def running(state_dir: str | Path, job_id: str) -> list[dict]:
-    """The records (id, pid, offering, ...) of ``job_id``'s live workers under ``state_dir``;
+    """The records (id, pid, offering, ...) of ``job_id``'s live instances under ``state_dir``;
     reads only (see the module docstring)."""
     out = []
     for p in sorted((Path(state_dir) / "instances").glob("*.json")):
@@ -127,9 +151,7 @@ def running(state_dir: str | Path, job_id: str) -> list[dict]:
             rec = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        pid = rec.get("pid")
-        if (rec.get("job") == job_id and pid and not rec.get("terminated")
-                and proc_start(pid) == rec.get("start")):
+        if rec.get("job") == job_id and not rec.get("terminated") and _any_alive(rec):
             out.append(rec)
     return out
 
@@ -143,7 +165,12 @@ class LocalDriver:
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  availability: Availability | None = None,
                  notice_window_s: float = LOCAL_NOTICE_WINDOW_S,
-                 hard_kill_every: int = 0, terminate_grace_s: float = 2.0) -> None:
+                 hard_kill_every: int = 0, terminate_grace_s: float = 2.0,
+                 gpus_per_instance: int = 1) -> None:
+        if not 1 <= gpus_per_instance <= 64:
+            raise DriverError(f"gpus_per_instance={gpus_per_instance}: expected 1 to 64 "
+                              f"(local.gpus_per_instance)")
+        self.gpus_per_instance = gpus_per_instance
         self.dir = Path(state_dir)
         for sub in ("instances", "tokens", "notices", "logs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -182,13 +209,16 @@ class LocalDriver:
         return out
 
     def _alive(self, rec: dict) -> bool:
-        pid = rec.get("pid")
-        if not pid or rec.get("terminated"):
+        """Is any worker process of the instance running?"""
+        if rec.get("terminated"):
             return False
+        return any(self._proc_alive(pid, start) for pid, start in procs(rec))
+
+    def _proc_alive(self, pid: int, start: str | None) -> bool:
         child = self._children.get(pid)
         if child is not None and child.poll() is not None:
             return False
-        return proc_start(pid) == rec.get("start")
+        return proc_start(pid) == start
 
     # -- CloudDriver -------------------------------------------------------------------------
     @_locked
@@ -227,14 +257,30 @@ class LocalDriver:
         return LaunchResult(tuple(out))
 
     def _spawn(self, iid: str, request: LaunchRequest) -> dict:
-        spec = WorkerSpec(iid, request.offering, request.job_id,
-                          slowdown_for(request.offering.instance_type), dict(request.env))
+        """Start the instance's workers (one per GPU) and write its record."""
+        n = self.gpus_per_instance
+        slowdown = slowdown_for(request.offering.instance_type)
+        started = [self._spawn_one(WorkerSpec(iid, request.offering, request.job_id, slowdown,
+                                              dict(request.env), k if n > 1 else None))
+                   for k in range(n)]
+        rec = {"id": iid, "job": request.job_id, "offering": request.offering.key,
+               "token": request.token, "pid": started[0][0], "start": started[0][1],
+               "procs": [{"pid": pid, "start": start} for pid, start, _ in started],
+               "launched_at": self._clock().isoformat(), "slowdown": slowdown,
+               "argv": started[0][2]}
+        self._write(self.dir / "instances" / f"{iid}.json", rec)
+        log.info("local launch %s %s pids=%s slowdown=%.2f", iid, request.offering,
+                 ",".join(str(p) for p, _, _ in started), slowdown)
+        return rec
+
+    def _spawn_one(self, spec: WorkerSpec) -> tuple[int, str | None, list[str]]:
         argv = list(self._command(spec))
         # SPOTRING_ZONE: the worker's zone (the hybrid mode all-reduces inside a zone), unless
-        # the launch names its hybrid group
-        env = {**os.environ, "SPOTRING_ZONE": request.offering.zone, **request.env,
-               "SPOTRING_INSTANCE_ID": iid, "SPOTRING_SLOWDOWN": str(spec.slowdown)}
-        logf = open(self.dir / "logs" / f"{iid}.log", "ab")
+        # the launch names its hybrid group; SPOTRING_LOCAL_RANK: its GPU (trainer.devices)
+        env = {**os.environ, "SPOTRING_ZONE": spec.offering.zone, **spec.env,
+               "SPOTRING_INSTANCE_ID": spec.instance_id, "SPOTRING_SLOWDOWN": str(spec.slowdown),
+               "SPOTRING_LOCAL_RANK": str(spec.gpu or 0)}
+        logf = open(self.dir / "logs" / f"{spec.instance_id}.log", "ab")
         try:
             proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -249,14 +295,7 @@ class LocalDriver:
             if start is not None or proc.poll() is not None:
                 break
             time.sleep(0.001)
-        rec = {"id": iid, "job": request.job_id, "offering": request.offering.key,
-               "token": request.token, "pid": proc.pid, "start": start,
-               "launched_at": self._clock().isoformat(), "slowdown": spec.slowdown,
-               "argv": argv}
-        self._write(self.dir / "instances" / f"{iid}.json", rec)
-        log.info("local launch %s %s pid=%d slowdown=%.2f", iid, request.offering, proc.pid,
-                 spec.slowdown)
-        return rec
+        return proc.pid, start, argv
 
     @_locked
     def list(self, job_id: str) -> list[Instance]:
@@ -286,28 +325,35 @@ class LocalDriver:
             if alive:
                 self._signal(rec, signal.SIGTERM)
                 targets.append(rec)
+        left = [p for rec in targets for p in procs(rec)]
         deadline = time.monotonic() + self.terminate_grace_s
-        while targets and time.monotonic() < deadline:
-            targets = [r for r in targets if proc_start(r["pid"]) == r["start"]
-                       and not self._reaped(r["pid"])]
-            if targets:
+        while left and time.monotonic() < deadline:
+            left = [(pid, start) for pid, start in left
+                    if proc_start(pid) == start and not self._reaped(pid)]
+            if left:
                 time.sleep(0.02)
-        for rec in targets:
-            self._signal(rec, signal.SIGKILL)
-            self._reaped(rec["pid"])
+        for pid, start in left:
+            self._signal_proc(pid, start, signal.SIGKILL)
+            self._reaped(pid)
 
     def _reaped(self, pid: int) -> bool:
         child = self._children.get(pid)
         return child is not None and child.poll() is not None
 
     def _signal(self, rec: dict, sig: int) -> None:
-        if proc_start(rec["pid"]) != rec.get("start"):
+        """``sig`` to every worker process of the instance (each in its own session)."""
+        for pid, start in procs(rec):
+            self._signal_proc(pid, start, sig)
+
+    @staticmethod
+    def _signal_proc(pid: int, start: str | None, sig: int) -> None:
+        if proc_start(pid) != start:
             return
         try:
-            os.killpg(rec["pid"], sig)
+            os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             try:
-                os.kill(rec["pid"], sig)
+                os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 

@@ -33,6 +33,10 @@ locals {
     coordinator_port = var.coordinator_port
     token_path       = local.token_path
     state_path       = "/var/lib/spotring/state.sqlite"
+    # The run's artifacts: the daemon stores the wheel it runs there and pins it on every
+    # launch; `wheel` is where the daemon host keeps that wheel ("" with the index opt-in).
+    artifacts = var.spotring_wheel == null ? "" : local.artifacts_url
+    wheel     = var.spotring_wheel == null ? "" : "/opt/spotring-dist/${basename(var.spotring_wheel)}"
   }
 }
 
@@ -45,11 +49,14 @@ resource "aws_instance" "daemon" {
 
   user_data_replace_on_change = true
   user_data = templatefile("${path.module}/templates/daemon-user-data.sh.tftpl", {
-    region           = var.region
-    token_parameter  = aws_ssm_parameter.ring_token.name
-    token_path       = local.token_path
-    spotring_package = var.spotring_package
-    config_toml      = templatefile("${path.module}/templates/daemon-config.toml.tftpl", local.daemon_settings)
+    region            = var.region
+    token_parameter   = aws_ssm_parameter.ring_token.name
+    token_path        = local.token_path
+    wheel_url         = local.wheel_url
+    wheel_sha256      = local.wheel_sha256
+    wheel_path        = local.daemon_settings.wheel
+    index_requirement = var.spotring_index_requirement == null ? "" : var.spotring_index_requirement
+    config_toml       = templatefile("${path.module}/templates/daemon-config.toml.tftpl", local.daemon_settings)
   })
 
   subnet_id              = var.subnet_ids[0]

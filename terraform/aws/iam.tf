@@ -1,6 +1,6 @@
-# Least privilege. The daemon's API policy (daemon_api) lists exactly the EC2, SQS and pricing
-# actions that pricing/sources/aws.py and provisioner/drivers/aws.py call (tests/terraform
-# compares both ways). Mutating EC2 actions only touch resources tagged spotring:job=<job_id>,
+# Least privilege. The daemon's API policy (daemon_api) lists exactly the EC2, SQS, S3 and
+# pricing actions that pricing/sources/aws.py, provisioner/drivers/aws.py and
+# provisioner/drivers/artifacts.py call (tests/terraform compares both ways). Mutating EC2 actions only touch resources tagged spotring:job=<job_id>,
 # launches only use this job's launch template, subnets, security group and worker AMI, and
 # iam:PassRole only passes the worker role to EC2. The bootstrap policy (user data, not the
 # Python code) reads the ring token; workers can read nothing else.
@@ -120,6 +120,15 @@ data "aws_iam_policy_document" "daemon_api" {
       variable = "iam:PassedToService"
       values   = ["ec2.amazonaws.com"]
     }
+  }
+
+  # provisioner/drivers/artifacts.py: the wheel the daemon runs, stored with the run
+  # (head_object, then put_object when absent) and fetched by the host's bootstrap.
+  statement {
+    sid       = "ShipTheRunsWheel"
+    effect    = "Allow"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${aws_s3_bucket.artifacts.arn}/${local.artifacts_prefix}/*"]
   }
 
   statement {

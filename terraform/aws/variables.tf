@@ -20,12 +20,12 @@ variable "job_id" {
 }
 
 variable "job_module" {
-  description = "What the workers train: a module name or .py path defining make_job, importable on the workers (`python -m trainer worker --job`; the daemon's [job] job_file)."
+  description = "What the workers train by default: a module name defining make_job, importable on the workers (`python -m trainer worker --job`; the daemon's [job] job_file, which a launch overrides with SPOTRING_JOB). A .py path is not accepted on a cloud."
   type        = string
 
   validation {
-    condition     = can(regex("^[A-Za-z0-9_./-]+$", var.job_module))
-    error_message = "job_module must be a module name or path made of letters, digits, '_', '.', '/' and '-'."
+    condition     = can(regex("^[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*$", var.job_module)) && !endswith(var.job_module, ".py")
+    error_message = "job_module must be a module name such as spotring_examples.digits (letters, digits and '_', dotted), not a .py path: the daemon and the workers import it."
   }
 }
 
@@ -50,7 +50,7 @@ variable "subnet_ids" {
 }
 
 variable "worker_ami_id" {
-  description = "AMI for GPU workers: it must have NVIDIA drivers, python3 (>= 3.11) and the AWS CLI, e.g. an AWS Deep Learning Base AMI."
+  description = "AMI for GPU workers: NVIDIA drivers, the AWS CLI, and a Python >= 3.11 with PyTorch (worker_python); docs/deploy.md names tested images."
   type        = string
 
   validation {
@@ -165,14 +165,41 @@ variable "ring_token_version" {
   }
 }
 
-variable "spotring_package" {
-  description = "pip requirement that installs spotring on the daemon host and the workers (a version pin, a wheel URL or a git URL)."
+variable "spotring_wheel" {
+  description = "Path of the spotring wheel to deploy (`pip wheel --no-deps -w dist .`). Terraform uploads it to the artifacts bucket; the daemon host and the workers install it pinned by its SHA-256 (nothing of spotring comes from a package index). Null only with spotring_index_requirement."
   type        = string
-  default     = "spotring[aws]" # the AWS SDK is an extra: the daemon and s3:// snapshots need it
+  default     = null
 
   validation {
-    condition     = length(var.spotring_package) > 0 && !can(regex("['\\n\\\\$`]", var.spotring_package))
-    error_message = "spotring_package must be a non-empty pip requirement without quotes, backslashes, '$', backticks or newlines."
+    condition     = var.spotring_wheel == null || can(regex("^[^'\n\\\\$`]*spotring-[0-9][^/]*\\.whl$", coalesce(var.spotring_wheel, "x")))
+    error_message = "spotring_wheel must be the path of a spotring-<version>-...whl file (no quotes, backslashes, '$', backticks or newlines)."
+  }
+}
+
+variable "spotring_index_requirement" {
+  description = "Opt-in: install spotring from a package index instead of a wheel, as a pinned and hashed pip requirement (`spotring==0.1.0 --hash=sha256:<64 hex>`). Null (default): the wheel of spotring_wheel."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.spotring_index_requirement == null || can(regex("^spotring(\\[[a-z,]+\\])?==[0-9][0-9A-Za-z.+!-]*( --hash=sha256:[0-9a-f]{64})+$", coalesce(var.spotring_index_requirement, "x")))
+    error_message = "spotring_index_requirement must pin a version and its hash: spotring==<version> --hash=sha256:<64 hex digits> (one or more hashes); an unpinned name could install anyone's package as root."
+  }
+
+  validation {
+    condition     = (var.spotring_index_requirement == null) != (var.spotring_wheel == null)
+    error_message = "set exactly one of spotring_wheel (the default way: the wheel you built) and spotring_index_requirement (the opt-in)."
+  }
+}
+
+variable "worker_python" {
+  description = "The worker image's Python (>= 3.11) that has PyTorch; the workers' venv sees its packages (e.g. /opt/conda/bin/python3 on a Deep Learning AMI with conda)."
+  type        = string
+  default     = "python3"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_./-]+$", var.worker_python))
+    error_message = "worker_python must be a command or path made of letters, digits, '_', '.', '/' and '-'."
   }
 }
 

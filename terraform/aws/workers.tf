@@ -1,7 +1,9 @@
 # The GPU worker launch template. The daemon launches from it with the instance type, subnet and
 # spot market of the offering it chose (a launch template used by EC2 Fleet may not carry
-# InstanceMarketOptions, so the market is set per launch, not here). User data installs
-# spotring and starts `python -m trainer worker` against the coordinator on the daemon host.
+# InstanceMarketOptions, so the market is set per launch, not here). User data reads the
+# launch's values (spotring:env:* tags, instance metadata tags enabled below), installs the
+# spotring wheel the daemon ships (pinned by SHA-256) and starts one `python -m trainer worker`
+# per GPU against the coordinator on the daemon host.
 
 resource "aws_launch_template" "worker" {
   name                   = "${local.name}-worker"
@@ -13,13 +15,17 @@ resource "aws_launch_template" "worker" {
   update_default_version = true
 
   user_data = base64encode(templatefile("${path.module}/templates/worker-user-data.sh.tftpl", {
-    region           = var.region
-    coordinator      = local.coordinator_address
-    token_parameter  = aws_ssm_parameter.ring_token.name
-    token_path       = local.token_path
-    spotring_package = var.spotring_package
-    job_module       = var.job_module
-    extra_args       = var.worker_extra_args
+    region            = var.region
+    coordinator       = local.coordinator_address
+    token_parameter   = aws_ssm_parameter.ring_token.name
+    token_path        = local.token_path
+    job_module        = var.job_module
+    extra_args        = var.worker_extra_args
+    python            = var.worker_python
+    artifacts         = local.artifacts_url
+    wheel_url         = local.wheel_url
+    wheel_sha256      = local.wheel_sha256
+    index_requirement = var.spotring_index_requirement == null ? "" : var.spotring_index_requirement
   }))
 
   iam_instance_profile {

@@ -17,7 +17,11 @@ worker_volume_gb     = 100
 daemon_instance_type = "t3.small"
 max_workers          = 8
 price_regions        = ["us-east-1", "us-west-2"]
-spotring_package     = "spotring[aws]==0.1.0"
+
+# The spotring wheel to deploy, built from a checkout (`pip wheel --no-deps -w dist .`); the
+# path is read from terraform/aws (-chdir). Terraform uploads it to the run's artifacts
+# bucket and every VM installs it pinned by its SHA-256: nothing of spotring comes from PyPI.
+spotring_wheel = "../../dist/spotring-0.1.0-py3-none-any.whl"
 
 tags = {
   team = "ml"

@@ -12,6 +12,10 @@ job_module = "spotring_examples.digits"
 #   network    = "shared-vpc"
 #   subnetwork = "shared-vpc-us-central1"
 
+# Workers need NVIDIA drivers, gcloud and a Python >= 3.11 with PyTorch (worker_python): an
+# image of your own (docs/deploy.md, "Images"); Python 3.10 images are refused at boot.
+worker_image        = "projects/my-training-project/global/images/family/spotring-worker"
+worker_python       = "python3"
 worker_machine_type = "n1-standard-8"
 worker_gpu = {
   type  = "nvidia-tesla-t4"
@@ -20,4 +24,8 @@ worker_gpu = {
 
 daemon_machine_type = "e2-small"
 max_workers         = 8
-spotring_package    = "spotring[gcp]==0.1.0"
+
+# The spotring wheel to deploy, built from a checkout (`pip wheel --no-deps -w dist .`); the
+# path is read from terraform/gcp (-chdir). Terraform uploads it to the run's artifacts
+# bucket and every VM installs it pinned by its SHA-256: nothing of spotring comes from PyPI.
+spotring_wheel = "../../dist/spotring-0.1.0-py3-none-any.whl"

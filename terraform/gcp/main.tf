@@ -95,12 +95,17 @@ locals {
   coordinator_address = "${google_compute_address.daemon.address}:${var.coordinator_port}"
 
   worker_startup = templatefile("${path.module}/templates/worker-startup.sh.tftpl", {
-    secret           = google_secret_manager_secret.ring_token.secret_id
-    project          = var.project
-    coordinator      = local.coordinator_address
-    token_path       = local.token_path
-    spotring_package = var.spotring_package
-    job_module       = var.job_module
+    secret            = google_secret_manager_secret.ring_token.secret_id
+    project           = var.project
+    coordinator       = local.coordinator_address
+    token_path        = local.token_path
+    job_module        = var.job_module
+    extra_args        = var.worker_extra_args
+    python            = var.worker_python
+    artifacts         = local.artifacts_url
+    wheel_url         = local.wheel_url
+    wheel_sha256      = local.wheel_sha256
+    index_requirement = var.spotring_index_requirement == null ? "" : var.spotring_index_requirement
   })
 }
 
@@ -197,6 +202,10 @@ locals {
     coordinator_port = var.coordinator_port
     token_path       = local.token_path
     state_path       = local.state_path
+    # The run's artifacts: the daemon stores the wheel it runs there and pins it on every
+    # launch; `wheel` is where the daemon VM keeps that wheel ("" with the index opt-in).
+    artifacts = var.spotring_wheel == null ? "" : local.artifacts_url
+    wheel     = var.spotring_wheel == null ? "" : "/opt/spotring-dist/${basename(var.spotring_wheel)}"
   }
 }
 
@@ -239,11 +248,14 @@ resource "google_compute_instance" "daemon" {
     block-project-ssh-keys = "true"
     enable-oslogin         = "TRUE"
     startup-script = templatefile("${path.module}/templates/daemon-startup.sh.tftpl", {
-      secret           = google_secret_manager_secret.ring_token.secret_id
-      project          = var.project
-      token_path       = local.token_path
-      spotring_package = var.spotring_package
-      config_toml      = templatefile("${path.module}/templates/daemon-config.toml.tftpl", local.daemon_settings)
+      secret            = google_secret_manager_secret.ring_token.secret_id
+      project           = var.project
+      token_path        = local.token_path
+      wheel_url         = local.wheel_url
+      wheel_sha256      = local.wheel_sha256
+      wheel_path        = local.daemon_settings.wheel
+      index_requirement = var.spotring_index_requirement == null ? "" : var.spotring_index_requirement
+      config_toml       = templatefile("${path.module}/templates/daemon-config.toml.tftpl", local.daemon_settings)
     })
   }
 }

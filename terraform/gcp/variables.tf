@@ -46,12 +46,12 @@ variable "job_id" {
 }
 
 variable "job_module" {
-  description = "What the workers train: a module name or .py path defining make_job (`python -m trainer worker --job`)."
+  description = "What the workers train by default: a module name defining make_job, importable on the workers (`python -m trainer worker --job`; the daemon's [job] job_file, which a launch overrides with SPOTRING_JOB). A .py path is not accepted on a cloud."
   type        = string
 
   validation {
-    condition     = can(regex("^[A-Za-z0-9_./-]+$", var.job_module))
-    error_message = "job_module must be made of letters, digits, '_', '.', '/' and '-'."
+    condition     = can(regex("^[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*$", var.job_module)) && !endswith(var.job_module, ".py")
+    error_message = "job_module must be a module name such as spotring_examples.digits (letters, digits and '_', dotted), not a .py path: the daemon and the workers import it."
   }
 }
 
@@ -122,9 +122,13 @@ variable "worker_gpu" {
 }
 
 variable "worker_image" {
-  description = "Boot image of the workers: NVIDIA drivers and python3 >= 3.11 (e.g. a Deep Learning VM image)."
+  description = "Boot image of the workers: NVIDIA drivers, gcloud, and a Python >= 3.11 with PyTorch (worker_python). No default: the Deep Learning VM families this module named before ship Python 3.10, which the workers refuse (exit 10); docs/deploy.md says what was tested."
   type        = string
-  default     = "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
+
+  validation {
+    condition     = can(regex("^(projects/[a-z][-a-z0-9]*[a-z0-9]/global/images/(family/)?[a-z][-a-z0-9]*|https://www\\.googleapis\\.com/compute/v1/projects/.+)$", var.worker_image))
+    error_message = "worker_image must be an image or image family path such as projects/my-project/global/images/family/spotring-worker."
+  }
 }
 
 variable "worker_disk_gb" {
@@ -196,14 +200,52 @@ variable "ring_token_version" {
   default     = 1
 }
 
-variable "spotring_package" {
-  description = "pip requirement that installs spotring on the VMs."
+variable "spotring_wheel" {
+  description = "Path of the spotring wheel to deploy (`pip wheel --no-deps -w dist .`). Terraform uploads it to the artifacts bucket; the daemon VM and the workers install it pinned by its SHA-256 (nothing of spotring comes from a package index). Null only with spotring_index_requirement."
   type        = string
-  default     = "spotring[gcp]" # the Google SDKs are an extra: the daemon and gs:// snapshots need them
+  default     = null
 
   validation {
-    condition     = length(var.spotring_package) > 0 && !can(regex("['\\n\\\\$`]", var.spotring_package))
-    error_message = "spotring_package must be a non-empty pip requirement without quotes, backslashes, '$', backticks or newlines."
+    condition     = var.spotring_wheel == null || can(regex("^[^'\n\\\\$`]*spotring-[0-9][^/]*\\.whl$", coalesce(var.spotring_wheel, "x")))
+    error_message = "spotring_wheel must be the path of a spotring-<version>-...whl file (no quotes, backslashes, '$', backticks or newlines)."
+  }
+}
+
+variable "spotring_index_requirement" {
+  description = "Opt-in: install spotring from a package index instead of a wheel, as a pinned and hashed pip requirement (`spotring==0.1.0 --hash=sha256:<64 hex>`). Null (default): the wheel of spotring_wheel."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.spotring_index_requirement == null || can(regex("^spotring(\\[[a-z,]+\\])?==[0-9][0-9A-Za-z.+!-]*( --hash=sha256:[0-9a-f]{64})+$", coalesce(var.spotring_index_requirement, "x")))
+    error_message = "spotring_index_requirement must pin a version and its hash: spotring==<version> --hash=sha256:<64 hex digits> (one or more hashes); an unpinned name could install anyone's package as root."
+  }
+
+  validation {
+    condition     = (var.spotring_index_requirement == null) != (var.spotring_wheel == null)
+    error_message = "set exactly one of spotring_wheel (the default way: the wheel you built) and spotring_index_requirement (the opt-in)."
+  }
+}
+
+variable "worker_python" {
+  description = "The worker image's Python (>= 3.11) that has PyTorch; the workers' venv sees its packages (e.g. /opt/conda/bin/python3 on a Deep Learning VM image)."
+  type        = string
+  default     = "python3"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_./-]+$", var.worker_python))
+    error_message = "worker_python must be a command or path made of letters, digits, '_', '.', '/' and '-'."
+  }
+}
+
+variable "worker_extra_args" {
+  description = "Extra arguments appended to `python -m trainer worker` on every worker."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = !can(regex("['\n\\\\$`]", var.worker_extra_args))
+    error_message = "worker_extra_args must not contain quotes, backslashes, '$', backticks or newlines (it is placed in a systemd unit)."
   }
 }
 

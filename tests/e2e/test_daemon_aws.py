@@ -39,7 +39,8 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
         for iid, row in live.items():  # the state's offering is where EC2 put it
             assert row.offering.zone == cloud[iid]["Placement"]["AvailabilityZone"]
             assert row.offering.instance_type == cloud[iid]["InstanceType"]
-        coord.speeds = {i: 50.0 for i in live}
+        # the ring's members named as the boot script names them: <instance id>/<gpu>
+        coord.speeds = {f"{i}/0": 50.0 for i in live}
         victim = sorted(live)[0]
         revoked_zone = live[victim].offering.zone
 
@@ -49,7 +50,7 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
                                         - set(live)) >= 1, timeout_s=5.0)
         elapsed = time.monotonic() - t0
         assert replaced, "no replacement launched within 5 s of the interruption event"
-        assert (victim, "revocation notice") in coord.drains
+        assert (f"{victim}/0", "revocation notice") in coord.drains
         rows = {r.id: r for r in d.state.live_instances()}
         assert rows[victim].draining_since is not None  # drained, not killed
         new = [r for r in rows.values() if r.id not in live]
@@ -68,6 +69,39 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
     finally:
         d.stop("terminate")
     assert world.instances("e2e-notice") == []
+
+
+def test_a_rebalance_recommendation_drains_and_the_instance_goes_once_its_worker_left(
+        world, tmp_path):
+    """A rebalance recommendation (the only notice some reclaims get) drains the instance at
+    a step boundary and launches its replacement elsewhere at once; the instance is terminated
+    as soon as its worker has left the ring, not after the drain timeout."""
+    coord = FakeCoordinator()
+    settings = world.settings("e2e-rebalance", notice_poll_s=0.3, plan_s=600.0,
+                              drain_timeout_s=3600.0)
+    d = build_daemon(settings, tmp_path / "state.sqlite", coordinator=coord)
+    d.start()
+    try:
+        live = {r.id: r for r in d.state.live_instances()}
+        coord.speeds = {f"{i}/0": 50.0 for i in live}
+        victim = sorted(live)[0]
+        world.rebalance(victim)
+        assert wait_for(lambda: len(set(r.id for r in d.state.live_instances()) - set(live))
+                        == 1, 10.0), "no replacement after the rebalance recommendation"
+        assert (f"{victim}/0", "revocation notice") in coord.drains
+        assert [e.instance_id for e in d.state.events(kinds=["rebalance"])] == [victim]
+        row = {r.id: r for r in d.state.live_instances()}[victim]
+        assert row.draining_since is not None
+        new = [r for r in d.state.live_instances() if r.id not in live]
+        assert new[0].offering.zone != live[victim].offering.zone
+        del coord.speeds[f"{victim}/0"]  # its worker left the ring at a step boundary
+        assert wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 10.0)
+        assert {r.id: r for r in d.state.instances()}[victim].end_reason == \
+            "its workers left the ring"
+        assert victim not in {i["InstanceId"] for i in world.instances("e2e-rebalance")}
+    finally:
+        d.stop("terminate")
+    assert world.instances("e2e-rebalance") == []
 
 
 def test_restart_adopts_the_fleet_and_an_unknown_instance_of_the_job(world, tmp_path):
@@ -99,3 +133,109 @@ def test_restart_adopts_the_fleet_and_an_unknown_instance_of_the_job(world, tmp_
     d3.state.close()
     d2.stop("terminate")
     assert world.instances("e2e-restart") == []
+
+
+# -- the boot path for real: the rendered user data on fake instances ----------------------------
+
+def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_path):
+    """The daemon launches from a launch template holding the rendered worker user data; each
+    moto instance boots it for real (tests/fakes/instances.py): the wheel the daemon shipped to
+    the run's artifacts, pinned by SHA-256, the token from SSM, one worker per GPU (two here,
+    on the CPU) named ``<instance id>/<gpu>``, which join the real coordinator and train.
+    An interruption through both paths (spot/instance-action on IMDS, and EventBridge -> SQS)
+    drains both workers of the instance at a step boundary; the daemon terminates it as soon
+    as they left (not after the drain timeout) and its replacement boots and joins. A notice
+    through the metadata path alone drains too, and a replacement is launched when EC2 takes
+    it. No step is lost; no worker is ever dropped."""
+    import base64
+
+    import boto3
+
+    from pricing.sources.trace import TraceSource
+    from provisioner.config import parse_settings
+    from provisioner.drivers.aws import AwsDriver
+    from tests.fakes import instances as fi
+    from tests.fakes.aws_world import REGION, TEMPLATE, market
+    from tests.fakes.cloud_run import CloudRun, free_port, new_token
+
+    why = fi.unavailable()
+    if why:
+        pytest.skip(why)
+    job, bucket, token, port = "e2e-boot", "e2e-boot-artifacts", new_token(), free_port()
+    kw = {"region_name": REGION, "endpoint_url": world.endpoint}
+    boto3.client("ssm", **kw).put_parameter(Name=f"/spotring/{job}/ring-token", Value=token,
+                                            Type="SecureString", Overwrite=True)
+    boto3.client("s3", **kw).create_bucket(Bucket=bucket)
+    script = fi.render("aws", {
+        "region": REGION, "coordinator": f"127.0.0.1:{port}",
+        "token_parameter": f"/spotring/{job}/ring-token", "token_path": "/etc/spotring/ring-token",
+        "job_module": "spotring_boot_job", "extra_args": "", "python": fi.IMAGE_PYTHON,
+        "artifacts": f"s3://{bucket}/artifacts/", "wheel_url": "", "wheel_sha256": "",
+        "index_requirement": ""})
+    version = world.ec2.create_launch_template_version(
+        LaunchTemplateName=TEMPLATE, SourceVersion="1",
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "t3.micro",
+                            "UserData": base64.b64encode(script.encode()).decode()},
+    )["LaunchTemplateVersion"]["VersionNumber"]
+    world.ec2.modify_launch_template(LaunchTemplateName=TEMPLATE, DefaultVersion=str(version))
+    wheel, sha = fi.test_wheel()
+    base = world.settings(job, max_size=2, notice_poll_s=0.5, plan_s=600.0,
+                          drain_timeout_s=600.0).model_dump()
+    settings = parse_settings({**base, "cloud": {"driver": "aws", "wheel": str(wheel),
+                                                 "artifacts": f"s3://{bucket}/artifacts"}})
+    image = fi.make_image()
+    try:
+        with fi.AwsInstances(world, job, tmp_path / "vms", image) as vms, CloudRun(
+                settings, AwsDriver(settings.aws), TraceSource([], snapshot=market()),
+                tmp_path / "state.sqlite", port=port, token=token,
+                launch_env={"SPOTRING_JOB": "spotring_boot_job", "SPOTRING_DEVICE": "cpu",
+                            "SPOTRING_GPUS": "2"}) as run:
+            d = run.daemon
+
+            def booted() -> str | None:  # a boot that failed says so at once
+                bad = {i: b.log() for i, b in vms.boxes.items() if b.rc not in (None, 0)}
+                return f"a boot failed: {bad}" if bad else None
+
+            fleet = set(run.live())
+            assert len(fleet) == 2
+            both = {i: [f"{i}/0", f"{i}/1"] for i in fleet}
+            assert wait_for(lambda: run.members_of() == both and len(run.active()) == 4, 150,
+                            abort=booted), (run.members_of(), {i: b.log() for i, b in
+                                                              vms.boxes.items()})
+            tags = {t["Key"]: t["Value"] for t in world.instances(job)[0]["Tags"]}
+            assert tags["spotring:env:SPOTRING_WHEEL"].startswith(f"s3://{bucket}/artifacts/{sha}/")
+            assert {w.phase for w in d.status().instances} == {"active"}  # matched by id
+            assert wait_for(lambda: run.step() >= 5, 60)
+
+            victim = sorted(fleet)[0]
+            vms.views[victim].interrupt()  # the metadata path...
+            world.interrupt(victim)  # ...and EventBridge -> SQS
+            assert wait_for(lambda: victim not in run.live(), 60), run.members_of()
+            ended = {r.id: r for r in d.state.instances()}[victim]
+            assert ended.end_reason == "its workers left the ring"  # not the drain timeout
+            left = {e["name"] for e in run.events("leave")}
+            assert {f"{victim}/0", f"{victim}/1"} <= left
+            assert wait_for(lambda: len(set(run.live()) - fleet) == 1, 60), run.live()
+            (new,) = set(run.live()) - fleet
+            assert wait_for(lambda: run.members_of().get(new) == [f"{new}/0", f"{new}/1"]
+                            and len(run.active()) == 4, 150, abort=booted), run.members_of()
+
+            # the metadata path alone: the workers leave; EC2 takes the instance at the end
+            # of its window and the daemon replaces it
+            other = sorted(fleet - {victim})[0]
+            vms.views[other].interrupt()
+            assert wait_for(lambda: other not in run.members_of(), 60), run.members_of()
+            world.ec2.terminate_instances(InstanceIds=[other])
+            world.state_change(other, "shutting-down")
+            assert wait_for(lambda: other not in run.live() and len(run.live()) == 2, 60)
+            assert wait_for(lambda: run.step() >= 5, 60)
+            import json
+
+            (tmp_path / "ring-events.json").write_text(json.dumps(run.coordinator.events(),
+                                                                   default=str))
+            assert run.steps_lost() == 0 and run.events("lost") == [], \
+                f"see {tmp_path / 'ring-events.json'}"
+            assert not vms.errors
+    finally:
+        fi.shutil.rmtree(image.site, ignore_errors=True)
+    assert world.instances(job) == []

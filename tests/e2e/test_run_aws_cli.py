@@ -34,6 +34,9 @@ def world():
     w.close()
 
 
+BUCKET = "cli-aws-artifacts"
+
+
 def write_inputs(world: AwsWorld, tmp: Path) -> Path:
     """A user price trace (fresh quotes for g4dn.xlarge in three zones) and the config."""
     now = datetime.now(timezone.utc) - timedelta(minutes=1)
@@ -43,12 +46,17 @@ def write_inputs(world: AwsWorld, tmp: Path) -> Path:
         rows.append(f"{now.isoformat()},aws,us-east-1,{zone},g4dn.xlarge,spot,{price},0.526,")
     (tmp / "prices.csv").write_text("\n".join(rows) + "\n")
     (tmp / "ring-token").write_text("a-test-token\n")  # the daemon runs the coordinator
+    import boto3
+
+    from tests.fakes.instances import test_wheel
+
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=world.endpoint)
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
     cfg = tmp / "config.toml"
     cfg.write_text(f"""
 [job]
 id = "{JOB}"
-[cloud]
-driver = "aws"
 [aws]
 region = "us-east-1"
 endpoint_url = "{world.endpoint}"
@@ -56,6 +64,10 @@ launch_template = "spotring-worker"
 queue_url = "{world.queue_url}"
 [source]
 kind = "trace"
+[cloud]
+driver = "aws"
+artifacts = "s3://{BUCKET}/artifacts"
+wheel = "{test_wheel()[0]}"
 [fleet]
 max_size = 2
 markets = ["spot"]
@@ -88,6 +100,17 @@ def test_provision_run_against_moto(world, tmp_path):
     try:
         assert wait_for(lambda: len(alive(world)) == 2, 60), (tmp_path / "run1.log").read_text()
         fleet = alive(world)
+        # every launch pins the wheel the daemon stored with the run ([cloud] artifacts)
+        from provisioner.drivers.artifacts import sha256_of
+        from tests.fakes.instances import test_wheel
+
+        wheel, sha = test_wheel()
+        assert sha == sha256_of(wheel)
+        for inst in world.instances(JOB):
+            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+            assert tags["spotring:env:SPOTRING_WHEEL"] == \
+                f"s3://{BUCKET}/artifacts/{sha}/{wheel.name}"
+            assert tags["spotring:env:SPOTRING_WHEEL_SHA256"] == sha
         coordinator = _meta(tmp_path, "coordinator")
         assert coordinator and coordinator["port"] > 0
         busy = start(cfg, tmp_path, 9)
@@ -149,3 +172,30 @@ def _events(tmp: Path) -> list[str]:
         return [e.kind for e in st.events()]
     finally:
         st.close()
+
+
+@pytest.mark.parametrize(("setup", "says"), [
+    ("profile", "AWS_PROFILE"),
+    ("wheel", "[cloud] wheel"),
+    ("bucket", "[cloud] artifacts"),
+])
+def test_a_run_that_cannot_start_says_why_in_one_line(world, tmp_path, setup, says):
+    """An AWS profile that does not exist, a wheel that is not there, an artifacts bucket
+    that does not exist: one line naming it and the fix, exit 2, and nothing started (no
+    state file, no instance)."""
+    cfg = write_inputs(world, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if setup == "profile":
+        env["AWS_PROFILE"] = "spotring-no-such-profile"
+        env["AWS_CONFIG_FILE"] = str(tmp_path / "no-aws-config")
+    elif setup == "wheel":
+        cfg.write_text(cfg.read_text().replace('wheel = "', 'wheel = "/nonexistent/'))
+    else:
+        cfg.write_text(cfg.read_text().replace(f"s3://{BUCKET}/", "s3://no-such-bucket-x/"))
+    done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
+                           "--trace", str(tmp_path / "prices.csv")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "state.sqlite").exists() and alive(world) == set()

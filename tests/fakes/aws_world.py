@@ -123,6 +123,13 @@ class AwsWorld:
         assert out["FailedEntryCount"] == 0, out
 
 
+    def rebalance(self, instance_id: str) -> None:
+        """Put an EC2 instance rebalance recommendation through EventBridge (elevated risk)."""
+        out = self.events.put_events(Entries=[{
+            "Source": "aws.ec2", "DetailType": EVENT_KINDS[1],
+            "Detail": json.dumps({"instance-id": instance_id})}])
+        assert out["FailedEntryCount"] == 0, out
+
     def state_change(self, instance_id: str, state: str) -> None:
         """Put an EC2 state-change event through EventBridge (moto does not emit them)."""
         out = self.events.put_events(Entries=[{

@@ -18,7 +18,14 @@ Fault injection: :meth:`GcpFake.fail_next` answers the next matching requests (a
 :meth:`GcpFake.stockout` makes inserts in a zone end in a ``ZONE_RESOURCE_POOL_EXHAUSTED``
 operation; :meth:`GcpFake.slow_inserts` leaves a zone's insert operations ``RUNNING`` (the VM
 ``PROVISIONING``) until turned off; :meth:`GcpFake.preempt` deletes an instance and records a
-``compute.instances.preempted`` operation, as a SPOT VM with termination action DELETE does.
+``compute.instances.preempted`` operation, as a SPOT VM with termination action DELETE does
+(with ``notice_s``: the operation first, ``instance/preempted`` reads TRUE on the VM
+(:meth:`GcpFake.is_preempted`, for :mod:`tests.fakes.metadata`) and the VM goes
+``notice_s`` later, as with ``scheduling.preemptionNoticeDuration``).
+
+Secret Manager's ``GET /v1/projects/P/secrets/S/versions/latest:access`` answers what
+:meth:`GcpFake.set_secret` stored (the fake ``gcloud`` of the boot tests reads the ring token
+there).
 
 Rule for callers: use it as a context manager (``with GcpFake() as fake``); it serves on an
 ephemeral port from a daemon thread (the scaffold of :mod:`tests.fakes.http_fake`) and is
@@ -27,6 +34,7 @@ thread-safe.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -42,6 +50,7 @@ _TERM = re.compile(r'([A-Za-z][\w.\-]*)\s*(=|!=|eq|ne)\s*"?([^"\s)]+)"?')
 _ZONE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
                         r"(?:/([^/]+))?$")
 _AGG_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$")
+_SECRET_PATH = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/latest:access$")
 
 
 def _now() -> str:
@@ -81,6 +90,8 @@ class GcpFake(HttpFake):
         self.slow_zones: set[str] = set()
         self.failures: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
+        self.secrets: dict[tuple[str, str], str] = {}  # (project, secret) -> latest value
+        self.noticed: set[tuple[str, str, str]] = set()  # VMs told of their preemption
         self._ids = itertools.count(1000)
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -118,11 +129,36 @@ class GcpFake(HttpFake):
                 if z == zone and inst["status"] == "PROVISIONING":
                     inst["status"] = "RUNNING"
 
-    def preempt(self, project: str, zone: str, name: str) -> None:
-        """Take a SPOT VM back: delete it and record a compute.instances.preempted operation."""
+    def preempt(self, project: str, zone: str, name: str, notice_s: float = 0.0) -> None:
+        """Take a SPOT VM back: record a compute.instances.preempted operation and delete it,
+        at once or, with ``notice_s``, after a notice during which the VM's
+        ``instance/preempted`` reads TRUE (unless something deleted it first)."""
+        key = (project, zone, name)
         with self.lock:
-            inst = self.instances.pop((project, zone, name))
+            inst = self.instances[key]
             self._operation(project, zone, "compute.instances.preempted", inst)
+            self.noticed.add(key)
+            if notice_s <= 0:
+                self.instances.pop(key)
+                return
+
+        def gone() -> None:
+            with self.lock:
+                self.instances.pop(key, None)
+
+        timer = threading.Timer(notice_s, gone)
+        timer.daemon = True
+        timer.start()
+
+    def is_preempted(self, project: str, zone: str, name: str) -> bool:
+        """Has the VM been told of its preemption (``instance/preempted`` TRUE)?"""
+        with self.lock:
+            return (project, zone, name) in self.noticed
+
+    def set_secret(self, project: str, secret: str, value: str) -> None:
+        """Store a Secret Manager secret's latest version."""
+        with self.lock:
+            self.secrets[(project, secret)] = value
 
     def alive(self, project: str) -> list[dict[str, Any]]:
         """Every instance of ``project`` still present."""
@@ -199,6 +235,15 @@ def _handler(fake: GcpFake) -> type[BaseHTTPRequestHandler]:
             m = _AGG_PATH.match(url.path)
             if m and method == "GET":
                 return self._aggregated(m.group(1), query)
+            m = _SECRET_PATH.match(url.path)
+            if m and method == "GET":
+                with fake.lock:
+                    value = fake.secrets.get((m.group(1), m.group(2)))
+                if value is None:
+                    return self._send(404, _error_body(404, f"Secret [{m.group(2)}] not found",
+                                                       "notFound"))
+                return self._send(200, {"name": url.path.removeprefix("/v1/"), "payload": {
+                    "data": base64.b64encode(value.encode()).decode()}})
             m = _ZONE_PATH.match(url.path)
             if not m:
                 return self._send(404, _error_body(404, f"no route {url.path}", "notFound"))

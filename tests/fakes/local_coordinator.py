@@ -26,3 +26,6 @@ class FakeCoordinator:
 
     def stats(self):
         return dict(self.progress)
+
+    def events(self):  # the ring's membership events (provisioner.daemon.ports.RingCoordinator)
+        return []

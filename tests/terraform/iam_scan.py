@@ -2,7 +2,7 @@
 
 Design: calls are found with :mod:`ast` (``client.describe_subnets(...)``,
 ``client.get_paginator("describe_instances")``) and named through botocore's own service
-models, so a method counts only if it is a real operation of EC2, SQS or the Price List API;
+models, so a method counts only if it is a real operation of EC2, SQS, S3 or the Price List API;
 a method name that two services share is resolved by the receiver's text (``self._sqs``,
 ``client("ec2", ...)``). IAM actions that an operation needs beyond its own name (a launch that
 tags and passes a role) come from :data:`IMPLIED`, as documented by AWS.
@@ -19,13 +19,14 @@ from pathlib import Path
 
 import hcl2
 
-SERVICES = ("ec2", "sqs", "pricing")
+SERVICES = ("ec2", "sqs", "pricing", "s3")
 
 #: Operations whose IAM action has another name (batch calls are authorised per entry).
 ACTION_NAME = {
     "sqs:DeleteMessageBatch": "sqs:DeleteMessage",
     "sqs:SendMessageBatch": "sqs:SendMessage",
     "sqs:ChangeMessageVisibilityBatch": "sqs:ChangeMessageVisibility",
+    "s3:HeadObject": "s3:GetObject",  # S3 authorises HEAD as a read of the object
 }
 
 #: Further actions a call needs (AWS EC2 docs: "Grant permission to tag resources during

@@ -25,12 +25,25 @@ pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 JOB = "e2e"
 REGION = "us-east-1"
 TOKEN = "e2e-" + "0123456789abcdef" * 2
-SERVICES = ("ec2", "iam", "sqs", "events", "ssm", "sts")
+SERVICES = ("ec2", "iam", "sqs", "events", "ssm", "sts", "s3")
 
 
 def _override(endpoint: str) -> str:
     endpoints = "\n".join(f'    {s} = "{endpoint}"' for s in SERVICES)
     return f'''# test only: the AWS provider talks to a moto server
+# moto enforces bucket policies, and its endpoint is plain HTTP: the module's deny of
+# non-TLS requests to the artifacts bucket would refuse every call, so here it denies
+# something no call does (the policy itself is checked by terraform test and checkov)
+resource "aws_s3_bucket_policy" "artifacts" {{
+  policy = jsonencode({{
+    Version = "2012-10-17"
+    Statement = [{{
+      Sid = "TestOnlyNoTlsOnMoto", Effect = "Deny", Principal = "*",
+      Action = "s3:PutBucketAcl", Resource = aws_s3_bucket.artifacts.arn
+    }}]
+  }})
+}}
+
 provider "aws" {{
   access_key                  = "testing"
   secret_key                  = "testing"
@@ -71,7 +84,7 @@ def _clients(endpoint: str) -> dict:
     import boto3
 
     return {s: boto3.client(s, region_name=REGION, endpoint_url=endpoint)
-            for s in ("ec2", "iam", "sqs", "events", "ssm")}
+            for s in ("ec2", "iam", "sqs", "events", "ssm", "s3")}
 
 
 def _job_instances(ec2) -> list[dict]:
@@ -92,11 +105,18 @@ def _apply(tf: Terraform, aws: dict, endpoint: str) -> tuple[dict, str]:
         "job_id": JOB, "job_module": "examples.digits", "vpc_id": vpc["VpcId"],
         "subnet_ids": subnet_ids, "worker_ami_id": ami, "daemon_ami_id": ami,
         "daemon_detailed_monitoring": False,  # moto lacks MonitorInstances
-        "max_workers": 2}))
+        "max_workers": 2, "spotring_wheel": str(_wheel())}))
     tf.env["TF_VAR_ring_token"] = TOKEN
     tf.init()
     tf.run("apply", "-auto-approve", "-input=false", "-no-color", timeout=420)
     return tf.outputs(), ami
+
+
+def _wheel() -> Path:
+    """The wheel of this checkout (what the module uploads and the daemon ships)."""
+    from tests.fakes.instances import test_wheel
+
+    return test_wheel()[0]
 
 
 def _check_applied(aws: dict, outputs: dict, ami: str) -> None:
@@ -172,7 +192,7 @@ def _daemon_config(aws: dict, outputs: dict, endpoint: str, tmp: Path,
     # binds loopback (the module's fixed private address is not this machine's).
     config = render_config.render(outputs, endpoint_url=endpoint,
                                   state_path=str(tmp / "state.sqlite"), token_path=str(token),
-                                  coordinator=("127.0.0.1", 0))
+                                  coordinator=("127.0.0.1", 0), wheel=str(_wheel()))
     _host_config_matches_rendered(aws, outputs, config)
     # Every cloud call goes to moto, but moto's spot price history is synthetic (below the
     # GPU price floors and stale, so sanity rejects all of it): prices come from the real
@@ -201,7 +221,11 @@ def _host_config_matches_rendered(aws: dict, outputs: dict, rendered: dict) -> N
     ours = parse_settings(rendered, origin="render_config")
     assert on_host.aws.model_copy(update={"endpoint_url": None}) == ours.aws.model_copy(
         update={"endpoint_url": None})
-    assert (on_host.job, on_host.fleet, on_host.cloud) == (ours.job, ours.fleet, ours.cloud)
+    assert (on_host.job, on_host.fleet) == (ours.job, ours.fleet)
+    # the same artifacts; the host ships its own copy of the wheel, this daemon the original
+    assert on_host.cloud.model_copy(update={"wheel": None}) == ours.cloud.model_copy(
+        update={"wheel": None})
+    assert on_host.cloud.wheel == f"/opt/spotring-dist/{_wheel().name}"
     assert on_host.daemon.coordinator_host == outputs["daemon_settings"]["value"]["coordinator_host"]
     assert on_host.daemon.coordinator_port == outputs["daemon_settings"]["value"]["coordinator_port"]
     assert on_host.daemon.token_path == outputs["daemon_settings"]["value"]["token_path"]
@@ -250,6 +274,18 @@ def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
             assert inst["SubnetId"] in outputs["subnet_ids"]["value"]
             tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
             assert tags.get("aws:ec2launchtemplate:id", lt_id) == lt_id
+        # every launch pins the wheel terraform uploaded (the daemon found it stored already)
+        from provisioner.drivers.artifacts import sha256_of
+
+        artifacts = outputs["daemon_settings"]["value"]["artifacts"]
+        wheel_url = f"{artifacts}{sha256_of(_wheel())}/{_wheel().name}"
+        for inst in workers:
+            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+            assert tags["spotring:env:SPOTRING_WHEEL"] == wheel_url
+            assert tags["spotring:env:SPOTRING_WHEEL_SHA256"] == sha256_of(_wheel())
+        bucket = artifacts.removeprefix("s3://").split("/", 1)[0]
+        assert [o["Key"] for o in aws["s3"].list_objects_v2(Bucket=bucket)["Contents"]] == [
+            wheel_url.removeprefix(f"s3://{bucket}/")]
         _interruption_reaches_the_queue(aws, outputs, workers[0]["InstanceId"])
         aws["ec2"].terminate_instances(InstanceIds=[i["InstanceId"] for i in workers])
     finally:
@@ -267,6 +303,8 @@ def test_apply_daemon_launches_from_the_template_and_destroy_leaves_nothing(
     assert aws["sqs"].list_queues().get("QueueUrls", []) == []
     assert aws["events"].list_rules(NamePrefix=f"spotring-{JOB}")["Rules"] == []
     assert aws["ssm"].describe_parameters()["Parameters"] == []
+    assert not [b for b in aws["s3"].list_buckets()["Buckets"]
+                if b["Name"].startswith(f"spotring-{JOB}")]
     daemon = outputs["daemon_instance_id"]["value"]
     state = ec2.describe_instances(InstanceIds=[daemon])["Reservations"][0]["Instances"][0]
     assert state["State"]["Name"] == "terminated"

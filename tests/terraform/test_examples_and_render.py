@@ -51,7 +51,9 @@ OUTPUTS = {"daemon_settings": {"sensitive": False, "value": {
     "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/spotring-e2e-notices",
     "subnets": {"us-east-1a": "subnet-0123456789abcdef0", "use1-az1": "subnet-0123456789abcdef0"},
     "coordinator_host": "10.0.1.10", "coordinator_port": 29500, "token_path": "/etc/spotring/t",
-    "state_path": "/var/lib/spotring/state.sqlite"}}}
+    "state_path": "/var/lib/spotring/state.sqlite",
+    "artifacts": "s3://spotring-e2e-artifacts-x/artifacts/",
+    "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl"}}}
 
 
 def test_rendered_config_is_what_the_daemon_reads() -> None:
@@ -66,6 +68,10 @@ def test_rendered_config_is_what_the_daemon_reads() -> None:
     assert (settings.daemon.coordinator_host, settings.daemon.coordinator_port) == ("10.0.1.10", 29500)
     assert settings.daemon.token_path == "/etc/spotring/t"  # the daemon runs the coordinator
     assert settings.fleet.max_size == 2 and settings.job.id == "e2e"
+    # the run's artifacts (the daemon ships its wheel there); the host's wheel path is not
+    # taken from the outputs
+    assert settings.cloud.artifacts == "s3://spotring-e2e-artifacts-x/artifacts/"
+    assert settings.cloud.wheel is None
 
 
 def test_incomplete_outputs_name_the_missing_field(tmp_path: Path, capsys) -> None:

@@ -33,7 +33,9 @@ SETTINGS = {"cloud": "gcp", "job_id": "gcp-job", "job_file": "examples.digits", 
             "boot_disk_gb": 100, "service_account": "w@my-training-project.iam.gserviceaccount.com",
             "startup_script": STARTUP, "coordinator_host": "10.64.0.5", "coordinator_port": 29500,
             "token_path": "/etc/spotring/ring-token",
-            "state_path": "/var/lib/spotring/state.sqlite"}
+            "state_path": "/var/lib/spotring/state.sqlite",
+            "artifacts": "gs://spotring-gcp-job-artifacts-123456/artifacts/",
+            "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl"}
 #: GcpSettings gains `subnetwork` in the lead's driver change (custom-mode networks need it).
 HAS_SUBNETWORK = "subnetwork" in GcpSettings.model_fields
 
@@ -101,8 +103,13 @@ def test_the_daemon_reads_the_subnetwork(rendered: dict[str, Any]) -> None:
 
 def test_render_config_makes_the_same_config_from_the_outputs(rendered: dict[str, Any]) -> None:
     outputs = {"daemon_settings": {"sensitive": False, "value": SETTINGS}}
-    ours = tomllib.loads(render_config.to_toml(render_config.render(outputs)))
+    # the daemon VM's own copy of the wheel is named on that VM only: elsewhere, --wheel
+    ours = tomllib.loads(render_config.to_toml(render_config.render(
+        outputs, wheel=SETTINGS["wheel"])))
     assert ours == rendered
+    assert rendered["cloud"]["artifacts"] == SETTINGS["artifacts"]
+    elsewhere = render_config.render(outputs)
+    assert "wheel" not in elsewhere["cloud"] and elsewhere["cloud"]["artifacts"]
     config = ours if HAS_SUBNETWORK else _without_subnetwork(ours)
     assert parse_settings(config).gcp.api_endpoint is None
     emulated = render_config.render(outputs, endpoint_url="http://127.0.0.1:8080")

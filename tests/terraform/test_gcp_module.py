@@ -25,7 +25,9 @@ pytestmark = pytest.mark.terraform
 MODULE = "gcp"
 BASE = {"project": "my-training-project", "region": "us-central1",
         "zones": ["us-central1-a", "us-central1-b"], "job_id": "resnet-cifar",
-        "job_module": "examples.digits"}
+        "job_module": "examples.digits",
+        "worker_image": "projects/my-training-project/global/images/family/spotring-worker",
+        "spotring_wheel": "../../dist/spotring-0.1.0-py3-none-any.whl"}
 NAMING = ("name", "job_key", "instance_prefix", "daemon_iam_condition", "daemon_account_id",
           "worker_account_id", "own_network", "given_network", "given_subnetwork",
           "ring_allow_priority", "ring_deny_priority")
@@ -155,6 +157,13 @@ def test_an_existing_network_is_named_by_its_path(naming: Naming) -> None:
     ({"subnet_cidr": "10.64.0.0/8"}, "subnet_cidr must be an IPv4 CIDR block"),
     ({"subnet_cidr": "10.64.0.7/20"}, "subnet_cidr must be an IPv4 CIDR block"),
     ({"network": "Bad Net", "subnetwork": "s"}, "network must be null, a network name"),
+    # the boot inputs (not network, but refused the same way, by terraform itself)
+    ({"job_module": "train.py"}, "job_module must be a module name"),
+    ({"spotring_wheel": None, "spotring_index_requirement": "spotring[gcp]"},
+     "spotring_index_requirement must pin a version and its hash"),
+    ({"spotring_index_requirement": "spotring==0.1.0 --hash=sha256:" + "0" * 64},
+     "set exactly one of spotring_wheel"),
+    ({"worker_extra_args": "--x $(reboot)"}, "worker_extra_args must not contain"),
 ])
 def test_network_inputs_are_validated(naming: Naming, variables: dict, message: str) -> None:
     assert message in naming.refusal(**variables)

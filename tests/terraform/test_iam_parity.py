@@ -1,7 +1,8 @@
 """The daemon's IAM policy in terraform/aws grants exactly what the AWS code calls.
 
-The code side is found by scanning pricing/sources/aws.py and provisioner/drivers/aws.py for
-boto3 operations (paginators included); the policy side by parsing iam.tf with python-hcl2.
+The code side is found by scanning pricing/sources/aws.py, provisioner/drivers/aws.py and
+provisioner/drivers/artifacts.py for boto3 operations (paginators included); the policy side by
+parsing iam.tf with python-hcl2.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tests.terraform.iam_scan import (called_actions, granted_actions, policy_st
 IAM_TF = TF_ROOT / "aws" / "iam.tf"
 SOURCE = REPO / "pricing" / "sources" / "aws.py"
 DRIVER = REPO / "provisioner" / "drivers" / "aws.py"
-CODE = [SOURCE, DRIVER]
+ARTIFACTS = REPO / "provisioner" / "drivers" / "artifacts.py"  # the wheel shipped to S3
+CODE = [SOURCE, DRIVER, ARTIFACTS]
 
 
 def test_the_scanner_maps_calls_paginators_and_batches(tmp_path: Path) -> None:

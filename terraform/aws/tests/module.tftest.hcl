@@ -67,6 +67,8 @@ variables {
   worker_ami_id = "ami-0123456789abcdef0"
   daemon_ami_id = "ami-0fedcba9876543210"
   ring_token    = "0123456789abcdef0123456789abcdef"
+  # a fixture file (not a wheel): terraform uploads it and pins its SHA-256, nothing installs it
+  spotring_wheel = "tests/spotring-0.0.0-py3-none-any.whl"
 }
 
 run "wires_least_privilege_and_closed_network" {
@@ -88,8 +90,35 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
-    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "|| job='examples.digits'")
+    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "job=$${job:-'examples.digits'}")
     error_message = "workers must train the module's job_module unless the launch names another (spotring:env:SPOTRING_JOB)"
+  }
+
+  # Nothing of spotring comes from a package index: the wheel goes to the artifacts bucket
+  # under its SHA-256, and the workers and the daemon host install it pinned by it.
+  assert {
+    condition     = aws_s3_object.wheel[0].key == "artifacts/${filesha256("tests/spotring-0.0.0-py3-none-any.whl")}/spotring-0.0.0-py3-none-any.whl"
+    error_message = "the wheel must be stored content-addressed under artifacts/<sha256>/"
+  }
+
+  assert {
+    condition     = strcontains(base64decode(aws_launch_template.worker.user_data), "sha='${filesha256("tests/spotring-0.0.0-py3-none-any.whl")}'") && strcontains(base64decode(aws_launch_template.worker.user_data), "--no-deps --require-hashes") && !strcontains(base64decode(aws_launch_template.worker.user_data), "pip install --upgrade")
+    error_message = "workers must install the wheel pinned by its SHA-256, and nothing by name"
+  }
+
+  assert {
+    condition     = strcontains(aws_instance.daemon.user_data, "wheel = \"/opt/spotring-dist/spotring-0.0.0-py3-none-any.whl\"") && strcontains(aws_instance.daemon.user_data, "artifacts = \"s3://") && strcontains(aws_instance.daemon.user_data, "sha256sum -c")
+    error_message = "the daemon host must install the same wheel, checked, and ship it ([cloud] wheel and artifacts)"
+  }
+
+  assert {
+    condition     = aws_s3_bucket_public_access_block.artifacts.block_public_acls && aws_s3_bucket_public_access_block.artifacts.block_public_policy && aws_s3_bucket_public_access_block.artifacts.ignore_public_acls && aws_s3_bucket_public_access_block.artifacts.restrict_public_buckets
+    error_message = "the artifacts bucket must never be public"
+  }
+
+  assert {
+    condition     = [for s in data.aws_iam_policy_document.read_artifacts.statement : s.actions] == [toset(["s3:GetObject"])]
+    error_message = "workers may only read the artifacts"
   }
 
   assert {
@@ -227,10 +256,38 @@ run "rejects_bad_inputs" {
 
   variables {
     job_id     = "Bad_Job"
+    job_module = "train.py"
     subnet_ids = []
     ring_ports = { from = 40000, to = 30000 }
     ring_token = "short"
+    # the index opt-in without a pinned version and hash (and beside a wheel: one or the other)
+    spotring_index_requirement = "spotring[aws]"
   }
 
-  expect_failures = [var.job_id, var.subnet_ids, var.ring_ports, var.ring_token]
+  expect_failures = [var.job_id, var.job_module, var.subnet_ids, var.ring_ports, var.ring_token, var.spotring_index_requirement]
+}
+
+run "index_opt_in_is_pinned_and_hashed" {
+  command = plan
+
+  variables {
+    spotring_wheel             = null
+    spotring_index_requirement = "spotring==0.1.0 --hash=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  }
+
+  assert {
+    condition     = length(aws_s3_object.wheel) == 0 && strcontains(base64decode(aws_launch_template.worker.user_data), "index_requirement='spotring==0.1.0 --hash=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'")
+    error_message = "with the opt-in the workers install the pinned, hashed requirement"
+  }
+}
+
+run "index_opt_in_refuses_a_bare_name" {
+  command = plan
+
+  variables {
+    spotring_wheel             = null
+    spotring_index_requirement = "spotring==0.1.0"
+  }
+
+  expect_failures = [var.spotring_index_requirement]
 }

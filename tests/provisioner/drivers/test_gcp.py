@@ -45,6 +45,8 @@ def driver(fake):
         fake.instances.clear()
         fake.failures.clear()
         fake.stockout_zones.clear()
+        fake.operations.clear()  # a later driver must not read this test's preemptions
+        fake.noticed.clear()
 
 
 def req(token: str, count: int = 1, off: Offering = V100, job: str = "job-a") -> LaunchRequest:
@@ -125,6 +127,43 @@ def test_preemption_operation_is_a_notice_once(driver, fake):
     assert driver.notices() == []
 
 
+def test_a_preemption_with_notice_is_an_interruption_to_drain(driver, fake):
+    """SPOT VMs ask for the 120 s preemption notice; a preemption operation on a VM that is
+    still there (its notice running: instance/preempted is TRUE on it) is an interruption with
+    a deadline, so the daemon drains it instead of deleting it under its worker."""
+    from datetime import timedelta
+
+    from provisioner.drivers.base import INTERRUPTION
+    from provisioner.drivers.gcp_notices import SOFT_OFF_S
+
+    (a,) = [i.id for i in driver.launch(req("tok-13", 1)).instances]
+    body = fake.alive(PROJECT)[0]
+    assert body["scheduling"]["preemptionNoticeDuration"] == {"seconds": "120"}
+    meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+    assert meta["spotring-env-SPOTRING_GPUS"] == "2"  # the offering's V100s: one worker each
+    fake.preempt(PROJECT, ZONE_A, a.split("/")[1], notice_s=3600)
+    assert fake.is_preempted(PROJECT, ZONE_A, a.split("/")[1])
+    (n,) = driver.notices()
+    assert (n.instance_id, n.kind) == (a, INTERRUPTION)
+    assert n.deadline - n.time == timedelta(seconds=120 + SOFT_OFF_S)
+    assert driver.notices() == []  # each operation once
+    driver.terminate([a])
+
+
+def test_unknown_operation_types_are_ignored():
+    from datetime import datetime, timezone
+
+    from provisioner.drivers.gcp_notices import Operation, parse_operation
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert parse_operation(Operation("1", "compute.instances.setLabels", "z/vm", ""), 120, now) \
+        is None
+    gone = parse_operation(Operation("2", "compute.instances.preempted", "z/vm",
+                                     "2026-01-01T00:00:05+00:00"), 120, now)
+    assert gone is not None and gone.kind == PREEMPTED and gone.deadline is None
+    assert gone.time == datetime(2026, 1, 1, 0, 0, 5, tzinfo=timezone.utc)
+
+
 def test_list_fallback_catches_a_vm_deleted_elsewhere(driver, fake):
     (a,) = [i.id for i in driver.launch(req("tok-5", 1)).instances]
     driver.notices()
@@ -175,6 +214,69 @@ def test_no_credentials_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
     with pytest.raises(CredentialsError, match="application-default"):
         GcpDriver(GcpSettings(project=PROJECT))
+
+
+def test_a_credential_refresh_failure_is_one_line_with_the_fix(fake, tmp_path, monkeypatch):
+    """Credentials found but not renewable: a refresh token Google refuses (revoked, an expired
+    login) and a token endpoint this host cannot reach (Application Default Credentials of
+    `gcloud auth application-default login`, offline here). google-auth's RefreshError on the
+    first call is a CredentialsError naming the fix, in one line."""
+    from google.oauth2.credentials import Credentials
+
+    from provisioner.errors import CredentialsError
+
+    revoked = Credentials(token=None, refresh_token="r", client_id="1.apps", client_secret="s",
+                          token_uri=_refusing_token_server())
+    d = GcpDriver(GcpSettings(project=PROJECT), credentials=revoked,
+                  client_options=ClientOptions(api_endpoint=fake.endpoint))
+    with pytest.raises(CredentialsError) as err:
+        d.list("job-a")
+    assert "could not be refreshed" in str(err.value) and "invalid_grant" in str(err.value)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(_user_credentials(tmp_path)))
+    d = GcpDriver(GcpSettings(project=PROJECT, api_endpoint=fake.endpoint))
+    with pytest.raises(CredentialsError) as err:
+        d.list("job-a")
+    for text in (str(err.value),):
+        assert "could not be refreshed" in text and "GOOGLE_APPLICATION_CREDENTIALS" in text
+        assert "\n" not in text and len(text) < 600
+
+
+def _refusing_token_server() -> str:
+    """An OAuth token endpoint that refuses every grant (a revoked refresh token)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"error": "invalid_grant",
+                               "error_description": "Token has been expired or revoked."}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/token"
+
+
+def _user_credentials(tmp_path):
+    """An ``authorized_user`` ADC file (what `gcloud auth application-default login` writes;
+    its token endpoint is Google's, which this host cannot reach)."""
+    import json
+
+    path = tmp_path / "adc.json"
+    path.write_text(json.dumps({"type": "authorized_user", "client_id": "1.apps",
+                                "client_secret": "s", "refresh_token": "r",
+                                "quota_project_id": PROJECT}))
+    return path
 
 
 def test_partial_stockout_returns_what_was_launched(driver, fake, monkeypatch):

@@ -169,3 +169,68 @@ def test_slowdown_table_and_catalog():
     assert slowdown_for("p2.xlarge") > 1.5
     with pytest.raises(DriverError, match="m5.large"):
         slowdown_for("m5.large")
+
+
+def test_an_instance_runs_one_worker_per_gpu(tmp_path):
+    """``gpus_per_instance=2``: two worker processes per instance, named ``<id>/0`` and
+    ``<id>/1`` with their local rank; the instance lives while one does, and a notice, a kill
+    or a terminate reaches both."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = ("import os, signal, sys, time\n"
+              "out, name = sys.argv[1], sys.argv[2]\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (open(os.path.join(out, name + '.noticed'),"
+              " 'w').close(), sys.exit(0)))\n"
+              "open(os.path.join(out, name + '.started'), 'w').write("
+              "os.environ['SPOTRING_LOCAL_RANK'] + ' ' + os.environ['SPOTRING_INSTANCE_ID'])\n"
+              "while True: time.sleep(0.05)\n")
+    names = []
+
+    def command(spec):
+        names.append(spec.name)
+        return [sys.executable, "-c", script, str(out), spec.name.replace("/", "+")]
+
+    d = LocalDriver(tmp_path / "cloud", command, clock=Clock(), terminate_grace_s=1.0,
+                    gpus_per_instance=2)
+    ids = [i.id for i in d.launch(LaunchRequest(V, 2, "job", "tok-1")).instances]
+    assert sorted(names) == sorted(f"{i}/{k}" for i in ids for k in (0, 1))
+    assert wait_for(lambda: len(list(out.glob("*.started"))) == 4, 10.0)
+    for iid in ids:
+        for k in (0, 1):
+            assert (out / f"{iid}+{k}.started").read_text() == f"{k} {iid}"
+    assert sorted(i.id for i in d.list("job")) == sorted(ids)
+    assert d.revoke(ids[0], window_s=30)  # a notice: both of its workers drain
+    assert wait_for(lambda: {p.name for p in out.glob(f"{ids[0]}*.noticed")}
+                    == {f"{ids[0]}+0.noticed", f"{ids[0]}+1.noticed"}, 10.0)
+    assert wait_for(lambda: [i.id for i in d.list("job")] == [ids[1]], 10.0)
+    d.terminate([ids[1]])
+    assert d.list("job") == []
+    with pytest.raises(DriverError, match="gpus_per_instance"):
+        LocalDriver(tmp_path / "cloud2", command, gpus_per_instance=0)
+
+
+@pytest.mark.slow
+def test_provision_run_trains_with_two_workers_per_local_instance(tmp_path):
+    """`provision run` on the local cloud with ``[local] gpus_per_instance = 2``: each instance
+    runs two real workers, ``<id>/0`` and ``<id>/1``, both in the ring, and the job trains to
+    its end with no step lost."""
+    import subprocess
+
+    from provisioner.daemon.state import State
+
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("[local]\ngpus_per_instance = 2\n[fleet]\nmax_size = 1\n")
+    done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
+                           "--workdir", str(tmp_path / "wd"),
+                           "--duration", "12h"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    st = State.read_only(tmp_path / "wd" / "state.sqlite")
+    try:
+        (instance,) = st.instances()
+        joined = {e.instance_id for e in st.events(kinds=["ring-join"])}
+        assert joined == {f"{instance.id}/0", f"{instance.id}/1"}
+        ring = st.get_meta("ring")
+        assert ring["outcome"] == "done" and ring["steps_lost"] == 0
+    finally:
+        st.close()

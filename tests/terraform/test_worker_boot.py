@@ -1,0 +1,285 @@
+"""The worker boot scripts, rendered by terraform and run for real as root on fake instances
+(tests/fakes/instances.py: own /etc, /opt and /var/lib, PATH shims, a metadata service that
+answers from the instance's moto tags or fake-GCP metadata).
+
+What a launch says reaches the workers: job, mode, hybrid group, GPUs; one worker per GPU,
+named ``<instance id>/<gpu>``; spotring is the wheel the daemon shipped, fetched from the run's
+artifacts and installed pinned by its SHA-256. A value the boot cannot use is refused before
+anything is installed, with one line in the instance's log and its own exit code
+(provisioner/drivers/boot.py); Python is checked first of all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("moto.server")
+
+from provisioner.drivers.boot import LAUNCH_VALUES, BootExit  # noqa: E402
+from tests.fakes import instances as fi  # noqa: E402
+from tests.fakes.metadata import AwsView, GcpView, MetadataServer  # noqa: E402
+from tests.fakes.wait import wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+WHY = fi.unavailable()
+TOKEN = "ring-token-0123456789abcdef0123456789abcdef"
+BUCKET = "spotring-boot-artifacts"
+PY310 = Path("/root/.pyenv/versions/3.10.13")
+
+
+def _values(cloud: str, **over: str) -> dict[str, str]:
+    common = {"coordinator": "127.0.0.1:29999", "token_path": "/etc/spotring/ring-token",
+              "job_module": "spotring_boot_job", "extra_args": "--connect-timeout 2",
+              "python": fi.IMAGE_PYTHON, "wheel_url": "", "wheel_sha256": "",
+              "index_requirement": ""}
+    if cloud == "aws":
+        common.update(region="us-east-1", token_parameter="/spotring/boot/ring-token",
+                      artifacts=f"s3://{BUCKET}/artifacts/")
+    else:
+        common.update(project="spotring-e2e", secret="spotring-boot-ring-token",
+                      artifacts=f"gs://{BUCKET}/artifacts/")
+    return {**common, **over}
+
+
+class AwsBoot:
+    """A moto account with the token in SSM and the wheel in the artifacts bucket; boots
+    fake instances tagged as a launch would tag them."""
+
+    def __init__(self, tmp: Path) -> None:
+        import boto3
+
+        from tests.fakes.aws_world import AwsWorld
+
+        self.world = AwsWorld()
+        self.tmp = tmp
+        kw = {"region_name": "us-east-1", "endpoint_url": self.world.endpoint}
+        boto3.client("ssm", **kw).put_parameter(Name="/spotring/boot/ring-token", Value=TOKEN,
+                                                Type="SecureString")
+        s3 = boto3.client("s3", **kw)
+        s3.create_bucket(Bucket=BUCKET)
+        wheel, self.sha = fi.test_wheel()
+        self.wheel = f"s3://{BUCKET}/artifacts/{self.sha}/{wheel.name}"
+        s3.upload_file(str(wheel), BUCKET, f"artifacts/{self.sha}/{wheel.name}")
+        self.image = fi.make_image()
+        self.servers: list[MetadataServer] = []
+        self.boxes: list[fi.Sandbox] = []
+        self.n = 0
+
+    def launch_values(self, **values: str) -> dict[str, str]:
+        return {"SPOTRING_WHEEL": self.wheel, "SPOTRING_WHEEL_SHA256": self.sha, **values}
+
+    def boot(self, env: dict[str, str], *, gpus: int = 0, image: fi.Image | None = None,
+             **render: str) -> tuple[fi.Sandbox, str, MetadataServer]:
+        tags = [{"Key": "spotring:job", "Value": "boot"}] + [
+            {"Key": f"spotring:env:{k}", "Value": v} for k, v in env.items()]
+        iid = self.world.ec2.run_instances(
+            ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0][
+            "InstanceId"]
+        server = MetadataServer(AwsView(self.world.ec2, iid)).__enter__()
+        self.servers.append(server)
+        self.n += 1
+        box = fi.Sandbox(self.tmp / f"i{self.n}", fi.render("aws", _values("aws", **render)),
+                         image or self.image,
+                         {"http_proxy": server.endpoint, "AWS_ENDPOINT_URL": self.world.endpoint,
+                          "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                          "AWS_DEFAULT_REGION": "us-east-1"}, gpus=gpus).start()
+        self.boxes.append(box)
+        return box, iid, server
+
+    def close(self) -> None:
+        for box in self.boxes:
+            box.kill()
+        for server in self.servers:
+            server.__exit__(None, None, None)
+        self.world.close()
+        fi.shutil.rmtree(self.image.site, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def aws(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    if WHY:
+        pytest.skip(WHY)
+    boot = AwsBoot(tmp_path_factory.mktemp("boot-aws"))
+    yield boot
+    boot.close()
+
+
+def refused(box: fi.Sandbox, code: int) -> str:
+    """The one error line of a boot that exited ``code`` having installed and started
+    nothing."""
+    assert fi.wait_rc(box, 120) == code, box.log()
+    lines = [ln for ln in box.log().splitlines() if ln.startswith("spotring-boot: error:")]
+    assert len(lines) == 1 and lines[0].endswith(f"(exit {code})"), box.log()
+    assert not (box.root / "opt" / "spotring").exists(), "installed before refusing"
+    assert not (box.root / "etc" / "spotring" / "ring-token").exists()
+    assert box.units() == {}
+    return lines[0]
+
+
+def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) -> None:
+    box, iid, _ = aws.boot(aws.launch_values(SPOTRING_JOB="spotring_boot_job",
+                                             SPOTRING_MODE="hybrid",
+                                             SPOTRING_ZONE="us-east-1/us-east-1b"),
+                           gpus=2)
+    assert fi.wait_rc(box, 180) == 0, box.log()
+    unit = box.unit_file("spotring-worker@.service")
+    start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    assert (f"--job spotring_boot_job --zone us-east-1/us-east-1b --mode hybrid --name {iid}/%i "
+            f"--device cuda:%i --notice-url http://169.254.169.254/latest/meta-data/spot/"
+            f"instance-action") in start
+    two = {"spotring-worker@0.service", "spotring-worker@1.service"}
+    assert wait_for(lambda: set(box.units()) == two, 60), box.units()
+    # spotring is the shipped wheel, in the workers' own venv (the checkout is not visible)
+    site = next((box.root / "opt" / "spotring" / "lib").glob("python3.*")) / "site-packages"
+    assert (site / "trainer" / "__main__.py").is_file()
+    record = json.loads((next(site.glob("spotring-*.dist-info")) / "direct_url.json")
+                        .read_text())
+    assert record["url"].endswith(Path(aws.wheel).name)
+    # the token: the service user's, 0600, and in no log
+    token = box.root / "etc" / "spotring" / "ring-token"
+    uid = next(int(ln.split(":")[2]) for ln in (box.root / "etc" / "passwd").read_text()
+               .splitlines() if ln.startswith("spotring:"))
+    assert token.read_text().strip() == TOKEN
+    assert (token.stat().st_mode & 0o777, token.stat().st_uid) == (0o600, uid)
+    # each worker ran as that user on cuda:<its GPU>; this host has no CUDA, so each ends with
+    # a device error (exit 2), which the unit does not restart in a loop
+    assert wait_for(lambda: all(u["runs"][-1]["rc"] is not None for u in box.units().values())
+                    and len(box.units()) == 2, 120)
+    for name, unit_state in box.units().items():
+        assert [r["rc"] for r in unit_state["runs"]] == [2], box.journal(name)
+        gpu = name.split("@")[1].split(".")[0]
+        assert f"--device cuda:{gpu}" in box.journal(name)
+    assert TOKEN not in box.log() + "".join(box.journal(u) for u in box.units())
+
+
+@pytest.mark.parametrize(("env", "gpus", "code", "says"), [
+    ({"SPOTRING_JOB": "x; touch /tmp/pwned"}, 0, BootExit.JOB, "SPOTRING_JOB"),
+    ({"SPOTRING_MODE": "pipeline"}, 0, BootExit.MODE, "SPOTRING_MODE"),
+    ({"SPOTRING_ZONE": "Zone A"}, 0, BootExit.ZONE, "SPOTRING_ZONE"),  # a group: region/zone
+    ({"SPOTRING_GPUS": "4"}, 1, BootExit.GPUS, "nvidia-smi -L lists 1 GPUs"),
+    ({"SPOTRING_DEVICE": "tpu"}, 0, BootExit.GPUS, "SPOTRING_DEVICE"),
+    ({"SPOTRING_DEVICE": "cuda"}, 0, BootExit.GPUS, "no GPU"),
+    ({"SPOTRING_WHEEL": "s3://elsewhere/a/spotring-0.1.0-py3-none-any.whl"}, 0, BootExit.WHEEL,
+     "not in this deployment's artifacts"),
+    ({"SPOTRING_WHEEL_SHA256": "0" * 64}, 0, BootExit.FETCH, "its SHA-256 is not"),
+    ({"SPOTRING_WHEEL": "", "SPOTRING_WHEEL_SHA256": ""}, 0, BootExit.WHEEL,
+     "no spotring wheel"),
+], ids=["job", "mode", "zone", "gpus-missing", "device", "no-gpu", "wheel-elsewhere",
+        "sha-differs", "no-wheel"])
+def test_a_value_the_boot_cannot_use_is_refused_before_anything_runs(
+        aws: AwsBoot, env: dict[str, str], gpus: int, code: int, says: str) -> None:
+    values = {k: v for k, v in aws.launch_values(**env).items() if v}
+    box, _, _ = aws.boot(values, gpus=gpus)
+    assert says in refused(box, code)
+
+
+def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
+    box, _, _ = aws.boot(aws.launch_values(), token_parameter="/spotring/none/ring-token")
+    assert fi.wait_rc(box, 180) == BootExit.TOKEN, box.log()
+    assert not (box.root / "etc" / "spotring" / "ring-token").exists()
+    assert not list((box.root / "etc" / "spotring").glob(".ring-token.*"))
+    assert box.units() == {}
+
+
+@pytest.mark.skipif(not PY310.is_dir(), reason=f"no Python 3.10 at {PY310}")
+def test_an_image_with_python_310_is_refused_first(aws: AwsBoot) -> None:
+    image = fi.Image(PY310, aws.image.site)
+    box, _, server = aws.boot(aws.launch_values(), image=image)
+    line = refused(box, BootExit.PYTHON)
+    assert "Python 3.10" in line and ">= 3.11" in line
+    assert server.requests == []  # before anything else: not even the metadata service
+
+
+def test_an_image_without_torch_is_refused(aws: AwsBoot, tmp_path: Path) -> None:
+    bare = fi.make_image()
+    try:
+        for entry in bare.site.iterdir():
+            if entry.name.startswith("torch"):
+                entry.unlink()
+        box, _, _ = aws.boot(aws.launch_values(), image=bare)
+        assert fi.wait_rc(box, 180) == BootExit.DEPS, box.log()
+        assert "has no torch" in box.log() and box.units() == {}
+    finally:
+        fi.shutil.rmtree(bare.site, ignore_errors=True)
+
+
+# -- GCP -----------------------------------------------------------------------------------------
+
+def test_gcp_boot_names_each_worker_after_the_drivers_id(tmp_path: Path) -> None:
+    """A VM launched by the real GCP driver (its metadata carries the launch values) boots:
+    the token from Secret Manager, the wheel from GCS, and each worker named
+    ``<zone>/<vm name>/<gpu>``: the driver's instance id, which the daemon matches."""
+    if WHY:
+        pytest.skip(WHY)
+    pytest.importorskip("google.cloud.storage")
+    from pricing.model import Offering
+    from provisioner.drivers.base import LaunchRequest
+    from tests.fakes.gcp_world import PROJECT, GcpWorld
+    from tests.fakes.gcs_fake import GcsFake
+
+    wheel, sha = fi.test_wheel()
+    image = fi.make_image()
+    script = fi.render("gcp", _values("gcp"))
+    with GcpWorld() as world, GcsFake(buckets=[BUCKET]) as gcs:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        storage.Client(project="x", credentials=AnonymousCredentials(), client_options={
+            "api_endpoint": gcs.endpoint}).bucket(BUCKET).blob(
+            f"artifacts/{sha}/{wheel.name}").upload_from_filename(str(wheel))
+        world.fake.set_secret(PROJECT, "spotring-boot-ring-token", TOKEN)
+        settings = world.settings("boot-gcp")
+        launched = world.driver(settings).launch(LaunchRequest(
+            Offering("gcp", "us-central1", "us-central1-a", "g2-standard-8"), 1, "boot-gcp",
+            "tok-1", {"SPOTRING_JOB": "spotring_boot_job", "SPOTRING_DEVICE": "cpu",
+                      "SPOTRING_GPUS": "2", "SPOTRING_WHEEL":
+                      f"gs://{BUCKET}/artifacts/{sha}/{wheel.name}",
+                      "SPOTRING_WHEEL_SHA256": sha})).instances[0]
+        zone, _, name = launched.id.partition("/")
+        with MetadataServer(GcpView(world.fake, PROJECT, zone, name)) as server:
+            box = fi.Sandbox(tmp_path / "vm", script, image, {
+                "http_proxy": server.endpoint,
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": world.endpoint + "/",
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": gcs.endpoint + "/"}).start()
+            try:
+                assert fi.wait_rc(box, 180) == 0, box.log()
+                start = next(ln for ln in box.unit_file("spotring-worker@.service").splitlines()
+                             if ln.startswith("ExecStart="))
+                assert f"--name {launched.id}/%i --device cpu" in start
+                assert "--zone us-central1-a " in start and "--mode" not in start
+                assert "--notice-url http://metadata.google.internal/computeMetadata/v1/" \
+                       "instance/preempted" in start
+                assert wait_for(lambda: set(box.units()) == {"spotring-worker@0.service",
+                                                             "spotring-worker@1.service"}, 60)
+                token = box.root / "etc" / "spotring" / "ring-token"
+                assert token.read_text() == TOKEN and token.stat().st_mode & 0o777 == 0o600
+            finally:
+                box.kill()
+    fi.shutil.rmtree(image.site, ignore_errors=True)
+
+
+# -- one contract: the patterns and exit codes of boot.py are the scripts' ----------------------
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_scripts_check_each_launch_value_as_the_drivers_do(cloud: str) -> None:
+    text = fi.TEMPLATES[cloud].read_text()
+    checks = dict((m[0], (int(m[1]), m[2])) for m in re.findall(
+        r"check (SPOTRING_\w+) \"\$\w+\" (\d+) '([^']+)'", text))
+    assert checks == {k: (int(v.code), v.pattern) for k, v in LAUNCH_VALUES.items()}
+    codes = {int(c) for c in re.findall(r"fail (\d+) ", text)}
+    assert codes <= {int(c) for c in BootExit}, codes
+    assert {int(BootExit.PYTHON), int(BootExit.METADATA), int(BootExit.TOKEN),
+            int(BootExit.DEPS), int(BootExit.FETCH)} <= codes
+
+
+def test_docs_list_every_boot_exit_code() -> None:
+    text = (fi.REPO / "docs" / "deploy.md").read_text()
+    table = text.split("### Boot exit codes", 1)[1].split("###", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
+    assert listed == {int(c) for c in BootExit}
