@@ -1,6 +1,6 @@
 """``provision down [WORKDIR|RUN]``: terminate the fleet a run left (``--on-exit keep``).
 
-Design: argparse only; the work is :func:`provisioner.daemon.down.down` (the run's lock
+Design: argparse only; the work is :func:`provisioner.daemon.run.down.down` (the run's lock
 taken as a daemon takes it, the instances ended through the daemon's write-ahead actuator
 and driver). Refused with one line, exit 2, while a daemon holds the run.
 """
@@ -28,8 +28,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.down import down
-    from provisioner.daemon.target import resolve
+    from provisioner.daemon.run.down import down
+    from provisioner.daemon.run.target import resolve
 
     target = resolve(args.run, args.config)
     done = down(target)

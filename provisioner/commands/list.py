@@ -1,8 +1,8 @@
 """``provision list`` (alias ``runs``): the runs on this machine, like ``sky status``.
 
-Design: the registry (:mod:`provisioner.daemon.registry`, pruned of dead daemons as it is
+Design: the registry (:mod:`provisioner.daemon.run.registry`, pruned of dead daemons as it is
 read) says which daemons run and where their files are; each run's progress comes from its
-own state file through :func:`provisioner.daemon.status.summary`, read-only, the reader
+own state file through :func:`provisioner.daemon.view.status.summary`, read-only, the reader
 ``provision status`` uses. ``--json`` is one document (a list).
 """
 
@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
 
 def _progress(state_path: str) -> dict[str, Any]:
     from provisioner.daemon.state import State
-    from provisioner.daemon.status import summary
+    from provisioner.daemon.view.status import summary
     from provisioner.errors import UserError
 
     try:
@@ -45,8 +45,8 @@ def _progress(state_path: str) -> dict[str, Any]:
 
 def rows() -> list[dict[str, Any]]:
     """One row per live run (see the module docstring)."""
-    from provisioner.daemon import registry
-    from provisioner.daemon.lock import held_by
+    from provisioner.daemon.run import registry
+    from provisioner.daemon.run.lock import held_by
 
     out = []
     for e in registry.entries():

@@ -1,10 +1,10 @@
 """``provision logs [WORKDIR|RUN] [-f] [--worker ID]``: a run's daemon log, and a worker's,
 like ``sky logs`` and ``docker logs``.
 
-Design: the files are the run's own (:mod:`provisioner.daemon.target`: ``WORKDIR/daemon.log``
+Design: the files are the run's own (:mod:`provisioner.daemon.run.target`: ``WORKDIR/daemon.log``
 of a detached run, ``WORKDIR/cloud/logs/<ID>.log`` of a local worker); this command only
 reads them. ``-f`` follows while the run's daemon holds its lock
-(:func:`provisioner.daemon.lock.held_by`, read from ``/proc/locks``: following never takes the
+(:func:`provisioner.daemon.run.lock.held_by`, read from ``/proc/locks``: following never takes the
 lock) and ends, after printing what is left, when the daemon exits, as ``sky logs`` ends with
 its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
 where it comes from.
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
 
 
 def _files(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Path]]]:
-    from provisioner.daemon.target import resolve
+    from provisioner.daemon.run.target import resolve
 
     target = resolve(args.run, args.config)
     files: list[tuple[str, Path]] = []
@@ -93,7 +93,7 @@ def _emit(out: TextIO, name: str, text: str, prefix: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.lock import held_by
+    from provisioner.daemon.run.lock import held_by
 
     if args.lines is not None and args.lines < 0:
         raise UserError(f"--lines {args.lines}: must be >= 0")

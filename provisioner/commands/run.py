@@ -1,16 +1,16 @@
 """``provision run``: the daemon, on the embedded local cloud (default) or on AWS/GCP.
 
 Design: argparse only. Flags are checked here; the run itself is
-:class:`provisioner.daemon.local.LocalRun` (no ``--config``, or ``[cloud] driver =
-"local"``) or :func:`provisioner.daemon.cloud.run_cloud`, both wired by
+:class:`provisioner.daemon.run.local.LocalRun` (no ``--config``, or ``[cloud] driver =
+"local"``) or :func:`provisioner.daemon.run.cloud.run_cloud`, both wired by
 :mod:`provisioner.daemon.wiring`.
 
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
 finite and within a bound that names the flag and the fix (:func:`check_flags`); the job
 (``--job``, else ``job.job_file``) is checked without importing it
-(:func:`provisioner.daemon.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
+(:func:`provisioner.daemon.run.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
 address is decided once (:func:`metrics_endpoint`). ``--detach`` re-runs the same command
-line in its own session (:mod:`provisioner.daemon.detach`).
+line in its own session (:mod:`provisioner.daemon.run.detach`).
 
 Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or a limit reached, 2 bad
 input, 3 the job was lost, 4 the job failed, 130 Ctrl-C or SIGTERM (after draining).
@@ -122,7 +122,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.jobspec import check_job
+    from provisioner.daemon.run.jobspec import check_job
 
     if not getattr(args, "verbose", 0):
         # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
@@ -145,15 +145,15 @@ def run(args: argparse.Namespace) -> int:
         update={"job_file": job})})
     args.metrics_endpoint = metrics_endpoint(args, settings)
     if args.detach and not os.environ.get(DETACHED_ENV):
-        from provisioner.daemon.detach import detach
-        from provisioner.daemon.target import from_settings
+        from provisioner.daemon.run.detach import detach
+        from provisioner.daemon.run.target import from_settings
 
         return detach(list(args.argv), from_settings(settings, args.config, args.workdir))
     if settings.cloud.driver == "local":
-        from provisioner.daemon.local import LocalRun
+        from provisioner.daemon.run.local import LocalRun
 
         return LocalRun(settings, args, duration).run()
-    from provisioner.daemon.cloud import run_cloud
+    from provisioner.daemon.run.cloud import run_cloud
 
     return run_cloud(settings, args, duration)
 

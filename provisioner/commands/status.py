@@ -40,7 +40,7 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from provisioner.daemon.state import State
-    from provisioner.daemon.status import summary
+    from provisioner.daemon.view.status import summary
 
     path = _state_path(args)
     state = State.read_only(path)

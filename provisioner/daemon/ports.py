@@ -75,7 +75,7 @@ class Revocations(Protocol):
 
 
 class MetricsSink(Protocol):
-    """What the daemon writes to Prometheus (:class:`provisioner.daemon.metrics.Metrics`)."""
+    """What the daemon writes to Prometheus (:class:`provisioner.daemon.view.metrics.Metrics`)."""
 
     revocations: Revocations
 

@@ -13,7 +13,7 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.cli import main
-from provisioner.daemon.lock import Created, RunLock
+from provisioner.daemon.run.lock import Created, RunLock
 from provisioner.daemon.state import State
 from tests.conftest import REPO
 

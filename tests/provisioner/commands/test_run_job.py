@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.cli import main
-from provisioner.daemon.jobspec import DEFAULT_JOB, check_job
+from provisioner.daemon.run.jobspec import DEFAULT_JOB, check_job
 from provisioner.errors import UserError
 
 from tests.conftest import REPO

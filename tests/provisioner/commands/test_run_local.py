@@ -148,8 +148,8 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
 
     from rich.console import Console
 
-    from provisioner.daemon.status import Status, WorkerRow
-    from provisioner.daemon.dashboard import render
+    from provisioner.daemon.view.status import Status, WorkerRow
+    from provisioner.daemon.view.dashboard import render
     from provisioner.daemon.state import Event
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 import pytest
 from rich.console import Console
 
-from provisioner.daemon.dashboard import render
-from provisioner.daemon.savings import Savings
+from provisioner.daemon.view.dashboard import render
+from provisioner.daemon.view.savings import Savings
 from provisioner.daemon.state import Event
-from provisioner.daemon.status import Status, WorkerRow, describe
+from provisioner.daemon.view.status import Status, WorkerRow, describe
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
 SPOT = "local/local-1/local-1{z}/{t}/spot"

@@ -6,7 +6,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from provisioner.config import parse_settings
-from provisioner.daemon.local import LocalRun
+from provisioner.daemon.run.local import LocalRun
 from provisioner.daemon.state import State
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

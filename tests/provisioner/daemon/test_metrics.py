@@ -10,11 +10,11 @@ import urllib.request
 import pytest
 
 from pricing.model import Offering
-from provisioner.daemon.metrics import Metrics
-from provisioner.daemon.savings import from_state
+from provisioner.daemon.view.metrics import Metrics
+from provisioner.daemon.view.savings import from_state
 from provisioner.daemon.state import State
-from provisioner.daemon.telemetry import Telemetry
-from provisioner.daemon.status import Status
+from provisioner.daemon.loop.telemetry import Telemetry
+from provisioner.daemon.view.status import Status
 from provisioner.errors import UserError
 from provisioner.plan.throughput import ThroughputModel
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.daemon.lock import Created, RunLock, writable_folder
-from provisioner.daemon.workdir import (RunIdentity, StartKind, Workdir, archive,
+from provisioner.daemon.run.lock import Created, RunLock, writable_folder
+from provisioner.daemon.run.workdir import (RunIdentity, StartKind, Workdir, archive,
                                         decide_start)
 from provisioner.errors import UserError
 from tests.fakes.wait import wait_for
@@ -33,7 +33,7 @@ def test_a_lock_dies_with_its_holder(tmp_path):
     """Stale-safe: a SIGKILLed run's lock is free at once (the kernel drops a flock)."""
     path = tmp_path / ".lock"
     code = ("import sys, time; from pathlib import Path; "
-            "from provisioner.daemon.lock import Created, RunLock; "
+            "from provisioner.daemon.run.lock import Created, RunLock; "
             f"RunLock(Path({str(path)!r}), 'w').acquire(Created()); print('held', flush=True); "
             "time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

@@ -70,7 +70,7 @@ def from_settings(settings: object, config: str | None, workdir: str | None = No
 
 def resolve(ref: str | None, config: str | None) -> Target:
     """What the user named (see the module docstring). Raises UserError naming the fix."""
-    from provisioner.daemon import registry
+    from provisioner.daemon.run import registry
 
     if config is not None:
         from provisioner.config import load_settings
@@ -98,7 +98,7 @@ def resolve(ref: str | None, config: str | None) -> Target:
 
 
 def of_entry(entry: object) -> Target:
-    """The target of a :class:`~provisioner.daemon.registry.Entry`."""
+    """The target of a :class:`~provisioner.daemon.run.registry.Entry`."""
     e = entry
     if e.driver == "local":  # type: ignore[attr-defined]
         return local_target(e.workdir, e.config)  # type: ignore[attr-defined]

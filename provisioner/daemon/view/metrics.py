@@ -6,7 +6,7 @@ telemetry from values it already computed; nothing here reads the state or a clo
 series are the ones a Grafana board of a training fleet plots:
 
 - the fleet and its money: ``spotring_fleet_size{offering}``, ``spotring_cost_per_hour_usd``,
-  ``spotring_spend_usd``, and the savings (:mod:`provisioner.daemon.savings`):
+  ``spotring_spend_usd``, and the savings (:mod:`provisioner.daemon.view.savings`):
   ``spotring_on_demand_equivalent_usd`` (the same instance-hours at the on-demand price, less
   the boots an on-demand fleet would not have paid),
   ``spotring_checkpoint_restart_equivalent_usd``, ``spotring_savings_usd`` (on-demand minus
@@ -50,7 +50,7 @@ class Metrics:
                                "instance-seconds cost at the on-demand price", registry=r)
         self.checkpoint_restart = Gauge(
             "spotring_checkpoint_restart_equivalent_usd", "what a checkpoint-restart trainer "
-            "would have spent on the same fleet (USD; see provisioner.daemon.savings)",
+            "would have spent on the same fleet (USD; see provisioner.daemon.view.savings)",
             registry=r)
         self.savings = Gauge("spotring_savings_usd", "on-demand equivalent minus spend",
                              registry=r)
@@ -110,7 +110,7 @@ class Metrics:
 
     def update_savings(self, spend: float, on_demand: float,
                        checkpoint_restart: float) -> None:
-        """Spend against the two baselines of :mod:`provisioner.daemon.savings`."""
+        """Spend against the two baselines of :mod:`provisioner.daemon.view.savings`."""
         self.on_demand.set(on_demand)
         self.checkpoint_restart.set(checkpoint_restart)
         self.savings.set(on_demand - spend)

@@ -1,6 +1,6 @@
 """The live dashboard of ``provision run`` (rich), sized to the terminal.
 
-Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.status.Status`
+Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.view.status.Status`
 into a rich renderable that fits ``width`` x ``height``; the caller owns the
 ``rich.live.Live``, the refresh and the terminal's size. Nothing here reads the state or a
 clock. What it shows, top to bottom:
@@ -9,12 +9,12 @@ clock. What it shows, top to bottom:
   the total, accuracy, loss, samples/s; notices, kills, steps lost and the ETA (the run's
   hours, and real seconds at the run's speed); the spend and cost per hour against
   on-demand, and against a checkpoint-restart system, with what each saved
-  (:mod:`provisioner.daemon.savings`);
+  (:mod:`provisioner.daemon.view.savings`);
 - every live instance: booting (launched, not in the ring yet), joining, active or
   draining, its offering, samples/s and price;
 - on a terminal of at least :data:`WIDE` (columns x lines), the market beside it: every spot
   offering with what is held there, its price and the on-demand price;
-- the newest events in words (:func:`provisioner.daemon.status.describe`), as many as the
+- the newest events in words (:func:`provisioner.daemon.view.status.describe`), as many as the
   lines left allow.
 
 Every line is cut (an ellipsis) rather than wrapped, so at 80x24 no line is wider than 80
@@ -33,8 +33,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.daemon.savings import pct
-from provisioner.daemon.status import Status, describe, short_offering
+from provisioner.daemon.view.savings import pct
+from provisioner.daemon.view.status import Status, describe, short_offering
 
 #: (columns, lines) from which the market is shown beside the workers.
 WIDE = (120, 40)

@@ -1,11 +1,11 @@
 """Telemetry: metrics rows, Prometheus, the closed throughput loop, the ring's events.
 
 Prometheus gets, beside the status: the savings (the status's
-:class:`~provisioner.daemon.savings.Savings`, the dashboard's and report's own figures),
+:class:`~provisioner.daemon.view.savings.Savings`, the dashboard's and report's own figures),
 each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the
 report's own figure) and each formed generation's switch time (the ring's ``formed`` events).
 
-Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
+Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.view.status.Status` and
 writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
 samples/s into the :class:`~provisioner.plan.throughput.ThroughputModel` the next plan
 reads (the closed loop), and copies the ring's membership events into the time line. It
@@ -28,7 +28,7 @@ from pricing.model import Offering
 from provisioner.daemon.outcome import Ledger, advance, restarted, totals
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import State, ring_kind
-from provisioner.daemon.status import Status
+from provisioner.daemon.view.status import Status
 from provisioner.plan.throughput import ThroughputModel
 
 

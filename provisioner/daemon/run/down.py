@@ -1,8 +1,8 @@
 """``provision down``: terminate the fleet a run left behind (``--on-exit keep``, or a
 daemon that died), like ``sky down``.
 
-Design: the run's own files say what is left (:mod:`provisioner.daemon.target`). The run's
-lock is taken first, exactly as a daemon takes it (:class:`provisioner.daemon.lock.RunLock`),
+Design: the run's own files say what is left (:mod:`provisioner.daemon.run.target`). The run's
+lock is taken first, exactly as a daemon takes it (:class:`provisioner.daemon.run.lock.RunLock`),
 so ``down`` is refused (one line, exit 2) while a daemon holds the run, and no daemon can
 start on it and adopt the fleet while ``down`` ends it. The instances to end are the state's
 live ones plus those the driver still lists for the job (an instance whose launch was
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from provisioner.daemon.lock import Created, RunLock, held_by
-from provisioner.daemon.target import Target
+from provisioner.daemon.run.lock import Created, RunLock, held_by
+from provisioner.daemon.run.target import Target
 from provisioner.errors import UserError
 
 
@@ -76,7 +76,7 @@ def down(target: Target) -> Down:
     """Terminate what ``target``'s run left (see the module docstring).
 
     Raises UserError when a daemon holds the run, or when it has no state."""
-    from provisioner.daemon.actuator import WriteAheadActuator
+    from provisioner.daemon.loop.actuator import WriteAheadActuator
     from provisioner.daemon.state import State
     from provisioner.timing import Intervals
 

@@ -7,7 +7,7 @@ terminates the fleet (``--on-exit``; a lost or failed job's fleet is terminated)
 
 Restart: the state file (``daemon.state_path``, relative to the config file's folder) is
 locked for the run's life (``STATE_PATH.lock``: a second daemon on it is refused); a daemon
-started again on it adopts the fleet (:mod:`provisioner.daemon.recovery`) and runs the
+started again on it adopts the fleet (:mod:`provisioner.daemon.loop.recovery`) and runs the
 coordinator on the address the previous one had (kept in the state, so ``coordinator_port =
 0`` still means the same port the workers dial) with the same token file, so the workers'
 ring goes on. Snapshots go to ``[snapshot] url`` (default ``snapshots/<job.id>`` beside the
@@ -28,12 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provisioner.config import Settings
-from provisioner.daemon import registry
-from provisioner.daemon.lock import Created, RunLock
-from provisioner.daemon.metrics import Metrics
+from provisioner.daemon.run import registry
+from provisioner.daemon.run.lock import Created, RunLock
+from provisioner.daemon.view.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
 from provisioner.daemon.ports import RingCoordinator
-from provisioner.daemon.scheduler import Daemon
+from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.state import State
 from provisioner.daemon.wiring import (build_daemon, cloud_parts, make_coordinator,
                                        ring_token, snapshot_url)

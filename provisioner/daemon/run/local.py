@@ -17,18 +17,18 @@ Design: :class:`LocalRun` wires the whole loop here:
   example as ``DIGITS_EPOCHS``), ``--duration`` (simulated, the run's total), the job
   finishing, lost or failed (exit 3 or 4, the fleet terminated), workers that never join
   (exit 2), or Ctrl-C/SIGTERM (drain, stop, terminate the fleet unless ``--on-exit keep``);
-- the report: ``--report DIR`` (default ``WORKDIR/report``), see :mod:`provisioner.daemon.report`.
+- the report: ``--report DIR`` (default ``WORKDIR/report``), see :mod:`provisioner.daemon.view.report`.
 
 The start changes nothing until every input is known good: flags, market and job file are
 checked, the report folder probed, the work directory's lock taken (a second run on it is
-refused, :mod:`provisioner.daemon.lock`), the run found there read read-only and the start
-decided (fresh, continue or next: :mod:`provisioner.daemon.workdir`), the metrics port and
+refused, :mod:`provisioner.daemon.run.lock`), the run found there read read-only and the start
+decided (fresh, continue or next: :mod:`provisioner.daemon.run.workdir`), the metrics port and
 the coordinator bound (a continued run's on its own address and token). A failure in any of
 these undoes what the start created and is one line, exit 2. Only then is the state opened
 and the daemon started; a continued run's fleet is adopted, never wiped.
 
 Rule for callers: pass settings whose ``job.job_file`` went through
-:func:`provisioner.daemon.jobspec.check_job` (``provision run`` does). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
+:func:`provisioner.daemon.run.jobspec.check_job` (``provision run`` does). The work directory is never wiped: a finished run is moved to ``WORKDIR/runs/``.
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ from typing import Any, Callable, Mapping, Sequence
 from pricing.sources import synthetic
 from pricing.sources.synthetic import AvailabilityIndex
 from provisioner.config import Settings
-from provisioner.daemon import registry
-from provisioner.daemon.lock import Created, RunLock, writable_folder
-from provisioner.daemon.metrics import Metrics
+from provisioner.daemon.run import registry
+from provisioner.daemon.run.lock import Created, RunLock, writable_folder
+from provisioner.daemon.view.metrics import Metrics
 from provisioner.daemon.outcome import Verdict, verdict
 from provisioner.daemon.ports import PriceFeed, RingCoordinator
-from provisioner.daemon.savings import pct
-from provisioner.daemon.scheduler import Daemon
+from provisioner.daemon.view.savings import pct
+from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.state import EventKind, State, ring_kind
 from provisioner.daemon.wiring import build_daemon, make_coordinator, snapshot_url
-from provisioner.daemon.workdir import (RunIdentity, Start, StartKind, Workdir, archive,
+from provisioner.daemon.run.workdir import (RunIdentity, Start, StartKind, Workdir, archive,
                                         decide_start)
 from provisioner.errors import UserError
 
@@ -202,7 +202,7 @@ class LocalRun:
 
     def job_spec(self) -> str:
         """The job the workers train: ``job.job_file`` as ``provision run`` checked it
-        (:func:`provisioner.daemon.jobspec.check_job`: an absolute path or a module)."""
+        (:func:`provisioner.daemon.run.jobspec.check_job`: an absolute path or a module)."""
         return self.settings.job.job_file
 
     # -- the run -------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ class LocalRun:
         host, port = ready.coordinator.address
         state.set_meta("coordinator", {"host": host, "port": port})
         # the checkpoint-restart baseline checkpoints as often as this run snapshots
-        # (simulated seconds, :mod:`provisioner.daemon.savings`)
+        # (simulated seconds, :mod:`provisioner.daemon.view.savings`)
         state.set_meta("baseline", {"checkpoint_every_s": self.settings.snapshot.every_s})
         return state
 
@@ -418,10 +418,10 @@ class LocalRun:
                             coordinator=coordinator, metrics=metrics, launch_env=env)
 
     def _job_time_outages(self, daemon: Daemon, coordinator: RingCoordinator) -> Any:
-        """The built-in market's job-time outages (:mod:`provisioner.daemon.outages`), or None."""
+        """The built-in market's job-time outages (:mod:`provisioner.daemon.run.outages`), or None."""
         from dataclasses import replace
 
-        from provisioner.daemon.outages import META_KEY, JobTimeOutages
+        from provisioner.daemon.run.outages import META_KEY, JobTimeOutages
 
         params = synthetic.GeneratorParams(seed=self.args.seed)
         if self.args.outages_per_hour is not None:
@@ -518,7 +518,7 @@ class LocalRun:
     @staticmethod
     def _frame(daemon: Daemon, t0: float, live: Any) -> Any:
         """The dashboard sized to the terminal as it is now (it may have been resized)."""
-        from provisioner.daemon.dashboard import render
+        from provisioner.daemon.view.dashboard import render
         from rich.console import Console
 
         size = (live.console if live is not None else Console()).size
@@ -529,7 +529,7 @@ class LocalRun:
 
     def _finish(self, daemon: Daemon, ring: Mapping[str, Any], notes: list[str],
                 v: Verdict, terminated: bool) -> int:
-        from provisioner.daemon.report import write_report
+        from provisioner.daemon.view.report import write_report
 
         end_t = daemon.now().timestamp()
         state = daemon.state

@@ -15,7 +15,7 @@ written after the run; nothing here talks to a cloud or the ring. The figures:
   resumed from), ``snapshot_step`` (the newest), ``daemon_restarts``;
 - ``accuracy``: the job's held-out accuracy at the end;
 - counts of launches, notices (drained), kills (no notice), joins and leaves;
-- the spend against two baselines (:mod:`provisioner.daemon.savings`, where the formulas
+- the spend against two baselines (:mod:`provisioner.daemon.view.savings`, where the formulas
   are): ``on_demand_usd`` (the same instance-time at on-demand prices, less the
   replacements' boots an on-demand fleet never needs) and ``checkpoint_restart_usd`` (the
   same spot fleet stopping the job on each revocation of a member: the survivors idle
@@ -43,8 +43,8 @@ from typing import Any, Mapping, Sequence
 from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
-from provisioner.daemon.savings import checkpoint_every_s, from_state, pct
-from provisioner.daemon.status import describe, short_offering
+from provisioner.daemon.view.savings import checkpoint_every_s, from_state, pct
+from provisioner.daemon.view.status import describe, short_offering
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,

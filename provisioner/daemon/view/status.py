@@ -4,7 +4,7 @@ Design: :class:`Status` is frozen data; :func:`build_status` reads the state, th
 prices and the ring's coordinator (members' speeds, progress) at one moment: every
 instance with where it stands (booting, joining, active, draining: a launched worker shows
 before it joins), the spend against on-demand and checkpoint-restart
-(:mod:`provisioner.daemon.savings`) and the ETA. :func:`describe` says an event in words.
+(:mod:`provisioner.daemon.view.savings`) and the ETA. :func:`describe` says an event in words.
 
 :func:`summary` is the one reading of a state file from outside its daemon (``provision
 status``, ``list`` and ``down``): "now" is the newest time the daemon recorded (its clock may
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from pricing.model import Offering
 from provisioner.daemon.ports import RingCoordinator
-from provisioner.daemon.savings import (Savings, checkpoint_every_s, eta_from_state,
+from provisioner.daemon.view.savings import (Savings, checkpoint_every_s, eta_from_state,
                                         from_state)
 from provisioner.daemon.state import Event, EventKind, State
 

@@ -5,14 +5,14 @@ Design: four jobs with fixed ids (``poll_prices``, ``watch_notices``, ``plan_and
 *simulated* seconds divided by the clock's speed. The jobs only move data between the parts
 the composition root (:func:`provisioner.daemon.wiring.build_daemon`) gave it:
 
-- :class:`~provisioner.daemon.market.Market`: the last good prices and availability;
+- :class:`~provisioner.daemon.loop.market.Market`: the last good prices and availability;
 - :class:`~provisioner.plan.pipeline.Planner`: THE decision, the same the simulator runs;
-- :class:`~provisioner.daemon.actuator.WriteAheadActuator`: every cloud call behind an
+- :class:`~provisioner.daemon.loop.actuator.WriteAheadActuator`: every cloud call behind an
   intent, notices, the capacity and zone caches; the plan is carried out by
   :func:`provisioner.plan.reconcile.apply_round` (launches first, nothing removed while a
   replacement is refused; a refusal plans again at once, up to :data:`CAPACITY_REPLANS`);
-- :func:`~provisioner.daemon.recovery.recover`: what a restart finishes and adopts;
-- :class:`~provisioner.daemon.telemetry.Telemetry`: metrics, the closed throughput loop.
+- :func:`~provisioner.daemon.loop.recovery.recover`: what a restart finishes and adopts;
+- :class:`~provisioner.daemon.loop.telemetry.Telemetry`: metrics, the closed throughput loop.
 
 A notice drains first and re-plans at once, so the replacement launch runs in parallel
 with the drain. Progress for a deadline objective is the ring's ``samples_done`` since the
@@ -37,13 +37,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from pricing.model import Offering
 from provisioner.config import Settings
-from provisioner.daemon.actuator import WriteAheadActuator
-from provisioner.daemon.market import Market
+from provisioner.daemon.loop.actuator import WriteAheadActuator
+from provisioner.daemon.loop.market import Market
 from provisioner.daemon.ports import PriceFeed, RingCoordinator
-from provisioner.daemon.recovery import recover
+from provisioner.daemon.loop.recovery import recover
 from provisioner.daemon.state import EventKind, State
-from provisioner.daemon.status import Status, build_status
-from provisioner.daemon.telemetry import Telemetry
+from provisioner.daemon.view.status import Status, build_status
+from provisioner.daemon.loop.telemetry import Telemetry
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import InfeasibleError
 from provisioner.plan.mode import PASSED, ModeChoice, run_mode

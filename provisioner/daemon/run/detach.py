@@ -4,13 +4,13 @@
 Design: :func:`detach` runs the very command line the user typed again
 (``python -m provisioner ...``) in a new session (``start_new_session``: no controlling
 terminal, so closing the terminal or its Ctrl-C never reaches it), stdin from /dev/null and
-stdout and stderr appended to the run's log file (:mod:`provisioner.daemon.target`:
+stdout and stderr appended to the run's log file (:mod:`provisioner.daemon.run.target`:
 ``WORKDIR/daemon.log``, or ``STATE_PATH.log``). The child knows it is the detached daemon by
 ``SPOTRING_DETACHED_LOG`` in its environment (set to its log), so it runs in the foreground
 of its own session and names its log in the registry.
 
 The parent waits until the child has committed its run (its entry is in
-:mod:`provisioner.daemon.registry`: every check passed, the lock held) or exited. A child that
+:mod:`provisioner.daemon.run.registry`: every check passed, the lock held) or exited. A child that
 exits first failed its checks: its output is shown, the log file and folders this start made
 are removed (bad input changes nothing), and its exit code is returned. Otherwise the parent
 prints the pid, the run, the work directory and how to follow, inspect and stop it, and
@@ -30,9 +30,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provisioner.daemon import registry
-from provisioner.daemon.lock import Created, held_by
-from provisioner.daemon.target import Target
+from provisioner.daemon.run import registry
+from provisioner.daemon.run.lock import Created, held_by
+from provisioner.daemon.run.target import Target
 from provisioner.errors import UserError
 
 #: How long the parent waits for the child to commit its run. A start binds the coordinator
