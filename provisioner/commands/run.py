@@ -1,9 +1,10 @@
 """``provision run``: the daemon, on the embedded local cloud (default) or on AWS/GCP.
 
-Design: argparse only. Flags are checked here; the run itself is
-:class:`provisioner.daemon.run.local.LocalRun` (no ``--config``, or ``[cloud] driver =
-"local"``) or :func:`provisioner.daemon.run.cloud.run_cloud`, both wired by
-:mod:`provisioner.daemon.wiring`.
+Design: argparse only. Flags are checked here and become one frozen
+:class:`provisioner.daemon.run.options.RunOptions`; the run itself is a
+:class:`provisioner.daemon.run.session.RunSession` on the local environment (no ``--config``,
+or ``[cloud] driver = "local"``) or the cloud one, shown in this terminal by
+:mod:`provisioner.commands.run_terminal` (the session never prints).
 
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
 finite and within a bound that names the flag and the fix (:func:`check_flags`); the job
@@ -23,10 +24,13 @@ import logging
 import math
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provisioner.config import load_settings, parse_settings
 from provisioner.errors import UserError
+
+if TYPE_CHECKING:
+    from provisioner.daemon.run.options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -143,19 +147,63 @@ def run(args: argparse.Namespace) -> int:
            else check_job(settings.job.job_file, "job.job_file", cloud=cloud))
     settings = settings.model_copy(update={"job": settings.job.model_copy(
         update={"job_file": job})})
-    args.metrics_endpoint = metrics_endpoint(args, settings)
+    options = options_from(args, settings, duration)
     if args.detach and not os.environ.get(DETACHED_ENV):
         from provisioner.daemon.run.detach import detach
         from provisioner.daemon.run.target import from_settings
 
-        return detach(list(args.argv), from_settings(settings, args.config, args.workdir))
-    if settings.cloud.driver == "local":
-        from provisioner.daemon.run.local import LocalRun
+        import sys
 
-        return LocalRun(settings, args, duration).run()
-    from provisioner.daemon.run.cloud import run_cloud
+        done = detach(list(args.argv), from_settings(settings, args.config, args.workdir))
+        for line in done.lines:
+            print(line, file=sys.stderr if done.code else sys.stdout, flush=True)
+        return done.code
+    return run_session(options, dashboard=not args.no_dashboard)
 
-    return run_cloud(settings, args, duration)
+
+def options_from(args: argparse.Namespace, settings: Any,
+                 duration: float | None) -> RunOptions:
+    """The run's frozen options from checked flags and settings (the daemon never sees
+    ``args``)."""
+    from pathlib import Path
+
+    from provisioner.daemon.run.options import RunOptions
+
+    detached = os.environ.get(DETACHED_ENV)
+    return RunOptions(settings=settings, config=args.config,
+                      workdir=Path(args.workdir) if args.workdir else None,
+                      report=Path(args.report) if args.report else None,
+                      traces=tuple(args.trace or ()), speed=args.speed, seed=args.seed,
+                      outages_per_hour=args.outages_per_hour, until_epochs=args.until_epochs,
+                      duration_s=duration, duration_text=args.duration, on_exit=args.on_exit,
+                      metrics_endpoint=metrics_endpoint(args, settings),
+                      record_samples=bool(args.record_samples),
+                      detached_log=Path(detached) if detached else None)
+
+
+def run_session(options: RunOptions, *, dashboard: bool) -> int:
+    """Run the session of ``options`` on its environment (local or cloud), show it in this
+    terminal, print its end; returns the exit code."""
+    import sys
+
+    from provisioner.commands.run_terminal import Terminal, end_lines
+    from provisioner.daemon.run.session import RunSession
+
+    if options.settings.cloud.driver == "local":
+        from provisioner.daemon.run.local import LocalEnvironment
+
+        env: Any = LocalEnvironment(options)
+    else:
+        from provisioner.daemon.run.cloud import CloudEnvironment
+
+        env = CloudEnvironment(options)
+    result = RunSession(options, env, Terminal(dashboard)).run()
+    out, err = end_lines(result)
+    for line in out:
+        print(line, flush=True)
+    if err:
+        print(err, file=sys.stderr, flush=True)
+    return result.exit_code
 
 
 #: Set in the environment of the daemon ``--detach`` starts (its log file's path): that

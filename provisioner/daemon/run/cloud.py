@@ -1,137 +1,131 @@
-"""A cloud daemon run: ``provision run --config FILE`` with ``[cloud] driver = "aws"|"gcp"``.
+"""A cloud as a run's environment: ``provision run --config FILE`` with ``[cloud] driver =
+"aws"|"gcp"``.
 
-Design: the parts come from :mod:`provisioner.daemon.wiring` (driver and source from
-settings, the trainer's coordinator when ``daemon.token_path`` is set); this module only
-runs the daemon in real time until a signal, ``--duration`` or the ring's end, then keeps or
-terminates the fleet (``--on-exit``; a lost or failed job's fleet is terminated).
+Design: :class:`CloudEnvironment` is what a :class:`~provisioner.daemon.run.session.
+RunSession` needs beyond its common lifecycle on AWS or GCP: the driver and price source from
+the settings (:func:`provisioner.daemon.wiring.cloud_parts`), real time, and the state file
+``daemon.state_path`` (relative: to the config file's folder) as the run's place, locked as
+``STATE_PATH.lock``. With ``daemon.token_path`` set the trainer's coordinator runs inside the
+daemon on the address a previous daemon of this state used (kept in the state, so
+``coordinator_port = 0`` still means the port the workers dial), so a restarted daemon adopts
+the fleet (:mod:`provisioner.daemon.loop.recovery`) and the workers' ring goes on. Snapshots go
+to ``[snapshot] url`` (default ``snapshots/<job.id>`` beside the state file). Every launch
+carries the job (``SPOTRING_JOB``: AWS tag ``spotring:env:SPOTRING_JOB``, GCP metadata
+``spotring-env-SPOTRING_JOB``).
 
-Restart: the state file (``daemon.state_path``, relative to the config file's folder) is
-locked for the run's life (``STATE_PATH.lock``: a second daemon on it is refused); a daemon
-started again on it adopts the fleet (:mod:`provisioner.daemon.loop.recovery`) and runs the
-coordinator on the address the previous one had (kept in the state, so ``coordinator_port =
-0`` still means the same port the workers dial) with the same token file, so the workers'
-ring goes on. Snapshots go to ``[snapshot] url`` (default ``snapshots/<job.id>`` beside the
-state file).
+A state file holds one job's run: a start on a state whose job finished is refused (its
+snapshots, keyed by ``job.id``, would train the finished job again); give another
+``job.id`` or ``daemon.state_path``.
 
-Rule: every input is checked before anything starts (exit 2 with one line).
+Rule for callers: build it from checked :class:`~provisioner.daemon.run.options.RunOptions`;
+one environment serves one session.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import signal
-import sys
-import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Callable
 
-from provisioner.config import Settings
-from provisioner.daemon.run import registry
-from provisioner.daemon.run.lock import Created, RunLock
-from provisioner.daemon.view.metrics import Metrics
-from provisioner.daemon.outcome import Verdict, verdict
-from provisioner.daemon.ports import RingCoordinator
 from provisioner.daemon.loop.scheduler import Daemon
+from provisioner.daemon.ports import RingCoordinator
+from provisioner.daemon.run.lock import Created
+from provisioner.daemon.run.options import RunOptions
+from provisioner.daemon.run.session import Found, Parts
+from provisioner.daemon.run.target import cloud_target
+from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide_start
 from provisioner.daemon.state import State
-from provisioner.daemon.wiring import (build_daemon, cloud_parts, make_coordinator,
-                                       ring_token, snapshot_url)
+from provisioner.daemon.wiring import cloud_parts, make_coordinator, ring_token, snapshot_url
 from provisioner.errors import UserError
 
 
-def _address(settings: Settings, state_path: Path) -> tuple[str, int]:
-    """The coordinator's address: the one a previous daemon of this state used, if any."""
-    d = settings.daemon
-    if not state_path.exists():
-        return d.coordinator_host, d.coordinator_port
-    st = State.read_only(state_path)
-    try:
-        prev = st.get_meta("coordinator")
-    finally:
-        st.close()
-    if not prev:
-        return d.coordinator_host, d.coordinator_port
-    if d.coordinator_port not in (0, prev["port"]):
-        raise UserError(f"daemon.coordinator_port {d.coordinator_port}: this state's workers "
-                        f"dial {prev['host']}:{prev['port']}; set {prev['port']} (or 0) to go "
-                        f"on with them")
-    return d.coordinator_host, int(prev["port"])
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
-def run_cloud(settings: Settings, args: argparse.Namespace, duration: float | None) -> int:
-    """Run a cloud daemon (real time) until a signal, ``duration`` seconds or the job's end."""
-    driver, source = cloud_parts(settings, args.trace)
-    d = settings.daemon
-    token = ring_token(settings)
-    state_path = Path(d.state_path)
-    created = Created()
-    lock = RunLock(state_path.with_name(state_path.name + ".lock"),
-                   f"daemon.state_path {state_path}")
-    lock.acquire(created)
-    metrics = Metrics()
-    coordinator: RingCoordinator | None = None
-    daemon: Daemon | None = None
-    stop = threading.Event()
-    v: Verdict | None = None
-    try:
-        try:
-            endpoint = getattr(args, "metrics_endpoint", None)
-            if endpoint is not None:
-                host, mport = endpoint
-                print(f"metrics: http://{host}:{metrics.serve(mport, host)}/metrics",
-                      flush=True)
-            if token is not None:  # the stable member of the ring: workers dial this address
-                host, cport = _address(settings, state_path)
-                default = state_path.parent / "snapshots" / settings.job.id
-                if settings.snapshot.url is None:
-                    created.mkdirs(default)
-                coordinator = make_coordinator(host, cport, token, snapshot=settings.snapshot,
-                                               snapshot_url=snapshot_url(settings, default))
-            state = State(state_path)
-        except BaseException:
-            if coordinator is not None:
-                coordinator.stop()
-            metrics.close()
-            lock.release()
-            created.undo()
-            raise
-        if coordinator is not None:
-            h, p = coordinator.address
-            state.set_meta("coordinator", {"host": h, "port": p})
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        detached = os.environ.get("SPOTRING_DETACHED_LOG")
-        registry.register(run_id=settings.job.id, driver=settings.cloud.driver,
-                          workdir=state_path.parent, state=state_path, lock=lock.path,
-                          job=settings.job.job_file, log=Path(detached) if detached else None,
-                          config=str(Path(args.config).resolve()) if args.config else None)
+class CloudEnvironment:
+    """AWS or GCP (see the module docstring)."""
+
+    speed = 1.0
+
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+        s = options.settings
+        self.target = cloud_target(s.cloud.driver, s.daemon.state_path, options.config)
+        self.report_dir = (Path(options.report).resolve() if options.report
+                           else self.target.report)
+        self.default_on_exit = s.daemon.on_exit
+        self._parts: tuple[Any, Any] | None = None
+        self._token: bytes | None = None
+
+    def check(self) -> None:
+        s = self.options.settings
+        self._parts = cloud_parts(s, list(self.options.traces) or None)
+        self._token = ring_token(s)
+
+    def identity(self) -> RunIdentity:
+        """The job and its limit; the market is the cloud's (a restart may read its prices
+        from another source)."""
+        s = self.options.settings
+        return RunIdentity(s.job.id, self.options.job, self.options.until_epochs,
+                           f"cloud {s.cloud.driver}")
+
+    def decide(self, found: Found) -> Start:
+        start = decide_start(found.run, found.has_state, self.identity(), self.target.what)
+        if start.kind is StartKind.NEXT:
+            raise UserError(f"{self.target.what}: holds job {self.options.settings.job.id}, "
+                            f"which finished; give another job.id (or daemon.state_path) to "
+                            f"train again")
+        return start
+
+    def registry_id(self, run_id: str) -> str:
+        return self.options.settings.job.id
+
+    def coordinator(self, start: Start, found: Found, run_id: str,
+                    created: Created) -> RingCoordinator | None:
+        """The stable member of the ring (None without ``daemon.token_path``): on the address
+        this state's workers dial, if a previous daemon recorded one."""
+        s = self.options.settings
+        if self._token is None:
+            return None
+        d = s.daemon
+        host, port = d.coordinator_host, d.coordinator_port
+        prev = found.get("coordinator")
+        if prev:
+            if d.coordinator_port not in (0, prev["port"]):
+                raise UserError(f"daemon.coordinator_port {d.coordinator_port}: this state's "
+                                f"workers dial {prev['host']}:{prev['port']}; set "
+                                f"{prev['port']} (or 0) to go on with them")
+            port = int(prev["port"])
+        default = self.target.state.parent / "snapshots" / s.job.id
+        if s.snapshot.url is None:
+            created.mkdirs(default)
+        return make_coordinator(host, port, self._token, snapshot=s.snapshot,
+                                snapshot_url=snapshot_url(s, default))
+
+    def commit(self, start: Start, run_id: str) -> list[str]:
+        return []
+
+    def clock(self, state: State, start: Start, found: Found) -> Callable[[], datetime]:
+        return _now
+
+    def parts(self, state: State, coordinator: RingCoordinator | None,
+              now: Callable[[], datetime]) -> Parts:
+        assert self._parts is not None, "check() first"
+        driver, source = self._parts
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB
-        # (AWS tag spotring:env:SPOTRING_JOB, GCP metadata spotring-env-SPOTRING_JOB)
-        daemon = build_daemon(settings, driver, source, state,
-                              now=lambda: datetime.now(timezone.utc), metrics=metrics,
-                              coordinator=coordinator,
-                              launch_env={"SPOTRING_JOB": settings.job.job_file})
-        t0 = time.monotonic()
-        daemon.start()
-        while v is None:
-            stop.wait(1.0)
-            v = verdict(coordinator.stats() if coordinator is not None else {},
-                        interrupted=stop.is_set(), crash_loop=None, until_epochs=None,
-                        elapsed_s=time.monotonic() - t0, duration_s=duration,
-                        duration_text=args.duration)
-    finally:
-        if daemon is not None:  # an unexpected error keeps the fleet: a restart adopts it
-            on_exit = args.on_exit or d.on_exit
-            daemon.stop("terminate" if v is not None and (v.job_over or on_exit == "terminate")
-                        else "keep")
-        if coordinator is not None:
-            coordinator.stop()
-        metrics.close()
-        lock.release()
-        registry.unregister()
-    print(f"stopped: {v.reason}; state in {settings.daemon.state_path} (see `provision "
-          f"status`)")
-    if v.failure:
-        print(f"provision run: error: {v.failure}", file=sys.stderr)
-    return v.exit_code
+        return Parts(driver, source, {"SPOTRING_JOB": self.options.job})
+
+    def begin(self, daemon: Daemon) -> None:
+        return None
+
+    def tick(self, daemon: Daemon) -> None:
+        return None
+
+    def crash_loop(self, state: State) -> str | None:
+        return None
+
+    def notes(self) -> list[str]:
+        s = self.options.settings
+        return [f"cloud: {s.cloud.driver}", "prices: " + (", ".join(self.options.traces)
+                                                          or f"source {s.source.kind}")]

@@ -3,13 +3,13 @@
 
 Design: a run is a work directory (a local run: ``WORKDIR/state.sqlite``, ``WORKDIR/.lock``,
 ``WORKDIR/daemon.log``, its workers' logs in ``WORKDIR/cloud/logs/``) or a cloud state file
-(``STATE_PATH``, ``STATE_PATH.lock``, ``STATE_PATH.log``). :func:`resolve` turns what the
-user typed into a :class:`Target`: ``--config FILE`` (its ``daemon.state_path``, or its
+(``STATE_PATH``, ``STATE_PATH.lock``, ``STATE_PATH.log``, ``STATE_PATH.report/``).
+:func:`resolve` turns what the user typed into a :class:`Target`: ``--config FILE`` (its ``daemon.state_path``, or its
 ``local.state_dir`` for a local config); else a folder; else a run of ``provision list`` by
 pid or run id; else, with nothing typed, ``./spotring-run`` when it exists, or the one run
 this machine has.
 
-Rule: the log and lock names are decided here and nowhere else.
+Rule: the log, lock and default report names are decided here and nowhere else.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ class Target:
     @property
     def local(self) -> bool:
         return self.driver == "local"
+
+    @property
+    def report(self) -> Path:
+        """The default report folder: ``WORKDIR/report``, or ``STATE_PATH.report``."""
+        if self.local:
+            return self.root / "report"
+        return self.state.with_name(self.state.name + ".report")
 
     @property
     def workers_logs(self) -> Path:

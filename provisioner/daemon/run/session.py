@@ -1,0 +1,366 @@
+"""One run on this machine, from its first check to its report: the lifecycle the embedded
+local cloud and AWS/GCP share.
+
+Design: :class:`RunSession` is written once; an :class:`Environment` supplies only what
+differs (:class:`~provisioner.daemon.run.local.LocalEnvironment`: the market replayed from a
+trace or the built-in generator, worker processes, a work directory;
+:class:`~provisioner.daemon.run.cloud.CloudEnvironment`: a cloud driver and price source, a
+state file, real time). The order of a run:
+
+1. ``env.check()``: every input that needs no lock (the market, the driver, the token, the
+   folders writable). Nothing changes.
+2. The run's lock (:class:`~provisioner.daemon.run.lock.RunLock` on ``env.target.lock``),
+   recorded in a :class:`~provisioner.daemon.run.lock.Created` journal.
+3. The run found there, read read-only (:class:`Found`), and the start decided
+   (``env.decide``: fresh, continue, next: :mod:`provisioner.daemon.run.workdir`).
+4. The metrics port bound; the coordinator bound (``env.coordinator``: a continued run's
+   own address and token). A failure in 2-4 undoes what the start created: one line, exit 2.
+5. Commit: ``env.commit`` (a finished run archived, folders made), the state opened, the
+   run's meta written (:data:`RUN_META`), its registry entry.
+6. The daemon built (``env.parts``: driver, price feed, launch environment, by
+   :func:`provisioner.daemon.wiring.build_daemon`) and started: a continued run's fleet is
+   adopted.
+7. Watch, every :data:`WATCH_S`: the verdict (:func:`provisioner.daemon.outcome.verdict`)
+   over the ring's stats, a stop request (SIGINT/SIGTERM), the limits; the environment's
+   tick (the local market's job-time outages); the observer's ``watch`` (the dashboard).
+8. The end: the daemon stopped (the fleet kept or terminated: a job that is over is always
+   terminated), the coordinator stopped, the registry entry removed, the end recorded, the
+   report written; returned as a :class:`RunResult`.
+
+The session never prints: lines a person should read (the metrics URL, a run archived) go to
+the :class:`Observer` the command gives, and the end is data.
+
+Rule for callers: one session per process, run from the main thread (it installs the
+SIGINT/SIGTERM handlers for the run's life and puts the former ones back).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from provisioner.daemon.loop.scheduler import Daemon
+from provisioner.daemon.outcome import Verdict, verdict
+from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
+from provisioner.daemon.run import registry
+from provisioner.daemon.run.lock import Created, RunLock
+from provisioner.daemon.run.options import RunOptions
+from provisioner.daemon.run.target import Target
+from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind
+from provisioner.daemon.state import EventKind, State
+from provisioner.daemon.view.metrics import Metrics
+from provisioner.daemon.view.status import Status
+from provisioner.daemon.wiring import build_daemon
+from provisioner.drivers.base import CloudDriver
+
+log = logging.getLogger(__name__)
+
+#: How often the session looks at the run (the verdict, the environment's tick, the
+#: dashboard): four times a second reads smoothly and costs nothing next to the ring.
+WATCH_S = 0.25
+#: The state meta a start reads from the run found there (read-only, before the lock's run).
+FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at")
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a start reads of the run found at its place (nothing when there is none)."""
+
+    has_state: bool = False
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> "Found":
+        """The run in the state at ``path``, read read-only (see
+        :meth:`provisioner.daemon.state.State.read_only`)."""
+        if not path.exists():
+            return cls()
+        st = State.read_only(path)
+        try:
+            return cls(True, {k: st.get_meta(k) for k in FOUND_KEYS})
+        finally:
+            st.close()
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The ``run`` meta; a state older than it that says ``finished`` reads as done."""
+        run = self.meta.get("run")
+        if run:
+            return dict(run)
+        return {"ended": {"outcome": "done"}} if self.meta.get("finished") else {}
+
+    def get(self, key: str) -> Any:
+        return self.meta.get(key)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The edges a daemon is built over (:func:`provisioner.daemon.wiring.build_daemon`)."""
+
+    driver: CloudDriver
+    source: PriceFeed
+    launch_env: Mapping[str, str]
+
+
+class Environment(Protocol):
+    """What differs between a local and a cloud run (see the module docstring)."""
+
+    target: Target  # the run's files: state, lock, log
+    report_dir: Path  # --report, else the target's default
+    speed: float  # simulated seconds per real second (1.0 on a cloud)
+    default_on_exit: str  # the fleet at exit when --on-exit is not given
+
+    def check(self) -> None:
+        """Every input that needs no lock. Raises UserError; changes nothing."""
+
+    def decide(self, found: Found) -> Start:
+        """Fresh, continue or next for the run found. Raises UserError naming the fix."""
+
+    def coordinator(self, start: Start, found: Found, run_id: str,
+                    created: Created) -> RingCoordinator | None:
+        """The ring's coordinator, started (None: no ring in this daemon). Records what it
+        created in ``created``. Raises UserError."""
+
+    def commit(self, start: Start, run_id: str) -> list[str]:
+        """The first changes before the state opens; returns lines for the person."""
+
+    def identity(self) -> RunIdentity:
+        """What makes two starts the same run."""
+
+    def clock(self, state: State, start: Start, found: Found) -> Callable[[], datetime]:
+        """The run's clock (kept in the state where it is simulated)."""
+
+    def parts(self, state: State, coordinator: RingCoordinator | None,
+              now: Callable[[], datetime]) -> Parts:
+        """The driver, the price feed and what every launch carries."""
+
+    def begin(self, daemon: Daemon) -> None:
+        """Right before the daemon starts (the local market's job-time outages)."""
+
+    def tick(self, daemon: Daemon) -> None:
+        """Once per :data:`WATCH_S` while the run goes on."""
+
+    def crash_loop(self, state: State) -> str | None:
+        """Why the workers keep failing before any joined, or None."""
+
+    def notes(self) -> list[str]:
+        """Lines for the report's notes (the market, the speed)."""
+
+    def registry_id(self, run_id: str) -> str:
+        """The id ``provision list`` shows for the run."""
+
+
+class Observer(Protocol):
+    """What the command shows while the run goes on (the session itself never prints)."""
+
+    def note(self, line: str) -> None:
+        """A line for the person running it (the metrics URL, a finished run archived)."""
+
+    def watch(self, status: Callable[[int], Status], t0: float) -> None:
+        """Every :data:`WATCH_S` while the run goes on; ``status(n)`` is the view with the
+        ``n`` newest events, ``t0`` the run's (simulated) start."""
+
+    def closing(self, status: Callable[[int], Status], t0: float) -> None:
+        """Once, when the run stops (before the fleet is stopped)."""
+
+
+class Quiet:
+    """An :class:`Observer` that shows nothing (tests, benchmarks); notes go to the log."""
+
+    def note(self, line: str) -> None:
+        log.info("%s", line)
+
+    def watch(self, status: Callable[[int], Status], t0: float) -> None:
+        return None
+
+    def closing(self, status: Callable[[int], Status], t0: float) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: its verdict, the report's figures and where the report is."""
+
+    verdict: Verdict
+    figures: Mapping[str, Any]
+    report: Path  # report.md
+    fleet_kept: bool
+    run_id: str
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+class RunSession:
+    """The life of one run (see the module docstring)."""
+
+    def __init__(self, options: RunOptions, env: Environment,
+                 observer: Observer | None = None, *, signals: bool = True) -> None:
+        self.options = options
+        self.env = env
+        self.observer: Observer = observer or Quiet()
+        self.signals = signals
+        self.stop = threading.Event()
+        self.verdict: Verdict | None = None
+        self.daemon: Daemon | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    @property
+    def on_exit(self) -> str:
+        return self.options.on_exit or self.env.default_on_exit
+
+    def request_stop(self) -> None:
+        """Stop the run as Ctrl-C does (drain, then keep or terminate the fleet)."""
+        self.stop.set()
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run until the verdict (see the module docstring). Raises UserError (one line, exit
+        2) for bad input, with nothing changed."""
+        env = self.env
+        env.check()
+        created = Created()
+        lock = RunLock(env.target.lock, env.target.what)
+        lock.acquire(created)
+        metrics = Metrics()
+        coordinator: RingCoordinator | None = None
+        try:
+            try:
+                found = Found.read(env.target.state)
+                start = env.decide(found)
+                run_id = start.run_id()
+                endpoint = self.options.metrics_endpoint
+                if endpoint is not None:
+                    host, port = endpoint
+                    self.observer.note(f"metrics: http://{host}:{metrics.serve(port, host)}"
+                                       f"/metrics")
+                coordinator = env.coordinator(start, found, run_id, created)
+            except BaseException:
+                if coordinator is not None:
+                    coordinator.stop()
+                metrics.close()
+                lock.release()
+                created.undo()
+                raise
+            return self._run(start, found, run_id, coordinator, metrics, lock)
+        finally:
+            metrics.close()
+            lock.release()
+
+    def _commit(self, start: Start, run_id: str, coordinator: RingCoordinator | None) -> State:
+        """The first changes: the environment's, the state opened, the run's meta."""
+        for line in self.env.commit(start, run_id):
+            self.observer.note(line)
+        state = State(self.env.target.state)
+        previous = (state.get_meta("run") or {}) if start.kind is StartKind.CONTINUE else {}
+        state.set_meta("run", {"id": run_id, "identity": self.env.identity().as_meta(),
+                               "ended": None, "previous_end": previous.get("ended")})
+        if coordinator is not None:
+            host, port = coordinator.address
+            state.set_meta("coordinator", {"host": host, "port": port})
+        # the checkpoint-restart baseline checkpoints as often as this run snapshots
+        # (simulated seconds, :mod:`provisioner.daemon.view.savings`)
+        state.set_meta("baseline", {"checkpoint_every_s":
+                                    self.options.settings.snapshot.every_s})
+        return state
+
+    def _run(self, start: Start, found: Found, run_id: str,
+             coordinator: RingCoordinator | None, metrics: MetricsSink,
+             lock: RunLock) -> RunResult:
+        env, o = self.env, self.options
+        daemon: Daemon | None = None
+        ring: Mapping[str, Any] = {}
+        terminate = False
+        try:
+            state = self._commit(start, run_id, coordinator)
+            registry.register(run_id=env.registry_id(run_id), driver=env.target.driver,
+                              workdir=env.target.root, state=env.target.state,
+                              lock=lock.path, job=o.job, log=o.detached_log,
+                              config=str(Path(o.config).resolve()) if o.config else None)
+            now = env.clock(state, start, found)
+            if start.kind is StartKind.CONTINUE:
+                state.record_event(now().timestamp(), EventKind.CONTINUED,
+                                   detail=f"run {start.previous_id}: adopting its fleet")
+            parts = env.parts(state, coordinator, now)
+            daemon = build_daemon(o.settings, parts.driver, parts.source, state, now=now,
+                                  speed=env.speed, coordinator=coordinator, metrics=metrics,
+                                  launch_env=parts.launch_env)
+            self.daemon = daemon
+            env.begin(daemon)
+            self._install_signals()
+            daemon.start()
+            t0 = float(state.get_meta("started_at") or daemon.now().timestamp())
+            self._watch(daemon, t0)
+        finally:
+            v = self.verdict
+            terminate = v is not None and (v.job_over or self.on_exit == "terminate")
+            if daemon is not None:  # an unexpected error keeps the fleet: a restart adopts it
+                daemon.stop("terminate" if terminate else "keep")
+            if coordinator is not None:
+                ring = coordinator.stats()
+                coordinator.stop()
+            self._restore_signals()
+            registry.unregister()
+        assert daemon is not None and self.verdict is not None
+        return self._end(daemon, ring, self.verdict, terminate, run_id)
+
+    def _watch(self, daemon: Daemon, t0: float) -> None:
+        o = self.options
+        status = daemon.status
+        try:
+            while True:
+                stats = daemon.coordinator.stats() if daemon.coordinator else {}
+                v = verdict(stats, interrupted=self.stop.is_set(),
+                            crash_loop=self.env.crash_loop(daemon.state),
+                            until_epochs=o.until_epochs,
+                            elapsed_s=daemon.now().timestamp() - t0,
+                            duration_s=o.duration_s, duration_text=o.duration_text)
+                if v is not None:
+                    self.verdict = v
+                    return
+                self.env.tick(daemon)
+                self.observer.watch(status, t0)
+                self.stop.wait(WATCH_S)
+        finally:
+            self.observer.closing(status, t0)
+
+    def _end(self, daemon: Daemon, ring: Mapping[str, Any], v: Verdict, terminated: bool,
+             run_id: str) -> RunResult:
+        from provisioner.daemon.view.report import write_report
+
+        end_t = daemon.now().timestamp()
+        state = daemon.state
+        run = dict(state.get_meta("run") or {})
+        run["ended"] = {"outcome": v.outcome, "reason": v.reason, "t": end_t,
+                        "fleet_kept": not terminated, "exit_code": v.exit_code,
+                        "failure": v.failure}
+        state.set_meta("run", run)
+        state.set_meta("finished", True)
+        out = self.env.report_dir
+        path = write_report(state, out, end_t, ring, title=f"spotring: {self.options.job}",
+                            notes=self.env.notes() + [f"stopped: {v.reason}"])
+        figures = json.loads((Path(out) / "report.json").read_text())
+        return RunResult(v, figures, path, not terminated, run_id)
+
+    # -- signals -----------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        if not self.signals:
+            return
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
