@@ -17,6 +17,12 @@ Design: two small pure parts, no I/O.
   lost job the steps trained since the newest snapshot (gone with the members) and the
   money spent on every lost step.
 
+- :func:`end_record` and :func:`recorded` write and read a run's end as the state keeps it
+  (the ``run`` meta's ``ended``). The end is recorded BEFORE anything is stopped, with
+  ``stopped = False``, and marked ``stopped`` once the fleet is kept or terminated, so a
+  daemon killed while stopping leaves a run its next start finishes stopping instead of
+  continuing (:func:`provisioner.daemon.run.workdir.decide_start`).
+
 Exit codes: :data:`EXIT_OK` (done, or a limit reached), 2 (bad input, including workers
 that never join: a broken job file), :data:`EXIT_LOST` (the ring lost every holder of the
 state with no snapshot to resume from), :data:`EXIT_FAILED` (the job itself failed),
@@ -79,6 +85,37 @@ def verdict(stats: Mapping[str, Any], *, interrupted: bool, crash_loop: str | No
         return Verdict(f"--duration {duration_text or duration_s} reached", "limit", EXIT_OK,
                        False)
     return None
+
+
+#: Outcomes after which a run is over for good: a start on its place begins the next run.
+FINAL = ("done",)
+
+
+def end_record(v: Verdict, t: float, *, fleet_kept: bool, stopped: bool) -> dict[str, Any]:
+    """The ``ended`` record of a run (the ``run`` meta), plain data."""
+    return {"outcome": v.outcome, "reason": v.reason, "t": t, "fleet_kept": fleet_kept,
+            "exit_code": v.exit_code, "failure": v.failure, "job_over": v.job_over,
+            "stopped": stopped}
+
+
+def recorded(ended: Mapping[str, Any]) -> Verdict:
+    """The :class:`Verdict` an ``ended`` record holds (a record older than ``job_over`` reads
+    it from its outcome)."""
+    outcome = str(ended.get("outcome") or "done")
+    over = ended.get("job_over")
+    if over is None:
+        over = outcome in ("done", "lost", "failed", "workers-failing")
+    return Verdict(str(ended.get("reason") or outcome), outcome,
+                   int(ended.get("exit_code") or 0), bool(over), ended.get("failure"))
+
+
+def stopping(ended: Mapping[str, Any] | None) -> bool:
+    """True when a run's end was recorded but its stop never completed (its daemon was killed
+    while stopping it) and the run must not go on: its job is over, or it ended for good."""
+    if not ended or ended.get("stopped", True):
+        return False
+    v = recorded(ended)
+    return v.job_over or v.outcome in FINAL
 
 
 @dataclass(frozen=True)

@@ -193,11 +193,14 @@ class State:
             self._db.close()
 
     # -- low level ---------------------------------------------------------------------------
-    def _write(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Every single-statement write goes through here (a test's kill seam); returns the
+        number of rows changed."""
         with self._lock:
-            self._db.execute(sql, params)
+            return self._db.execute(sql, params).rowcount
 
     def _writemany(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Every multi-statement write goes through here, as one transaction."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -215,6 +218,11 @@ class State:
     # -- meta --------------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
         self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def set_metas(self, values: Mapping[str, Any]) -> None:
+        """Set several meta keys in one transaction (all or none survive a kill)."""
+        self._writemany(("INSERT OR REPLACE INTO meta VALUES (?, ?)", (k, json.dumps(v)))
+                        for k, v in values.items())
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
@@ -280,19 +288,15 @@ class State:
 
     def mark_draining(self, instance_id: str, t: float) -> bool:
         """Mark an instance as draining; False when it already was (or is gone)."""
-        with self._lock:
-            cur = self._db.execute("UPDATE instances SET state = 'draining', draining_since = ? "
-                                   "WHERE id = ? AND ended_at IS NULL AND draining_since IS NULL",
-                                   (t, instance_id))
-            return cur.rowcount > 0
+        return self._write("UPDATE instances SET state = 'draining', draining_since = ? "
+                           "WHERE id = ? AND ended_at IS NULL AND draining_since IS NULL",
+                           (t, instance_id)) > 0
 
     def end_instance(self, instance_id: str, t: float, reason: str) -> bool:
         """Record that an instance is gone; False when it already was."""
-        with self._lock:
-            cur = self._db.execute("UPDATE instances SET state = 'terminated', ended_at = ?, "
-                                   "end_reason = ? WHERE id = ? AND ended_at IS NULL",
-                                   (t, reason, instance_id))
-            return cur.rowcount > 0
+        return self._write("UPDATE instances SET state = 'terminated', ended_at = ?, "
+                           "end_reason = ? WHERE id = ? AND ended_at IS NULL",
+                           (t, reason, instance_id)) > 0
 
     def live_instances(self) -> list[InstanceRow]:
         return [self._instance(r) for r in self._rows(
@@ -316,7 +320,7 @@ class State:
             last = self._db.execute("SELECT price FROM prices WHERE offering = ? ORDER BY t DESC "
                                     "LIMIT 1", (offering.key,)).fetchone()
             if last is None or abs(last[0] - price) > 1e-12:
-                self._db.execute("INSERT INTO prices VALUES (?, ?, ?)", (offering.key, t, price))
+                self._write("INSERT INTO prices VALUES (?, ?, ?)", (offering.key, t, price))
 
     def price_series(self, offering: Offering) -> list[tuple[float, float]]:
         return [(t, p) for t, p in self._rows(

@@ -71,7 +71,8 @@ class CloudEnvironment:
                            f"cloud {s.cloud.driver}")
 
     def decide(self, found: Found) -> Start:
-        start = decide_start(found.run, found.has_state, self.identity(), self.target.what)
+        start = decide_start(found.run, found.has_state, self.identity(), self.target.what,
+                            found.get("ring"))
         if start.kind is StartKind.NEXT:
             raise UserError(f"{self.target.what}: holds job {self.options.settings.job.id}, "
                             f"which finished; give another job.id (or daemon.state_path) to "
@@ -115,6 +116,10 @@ class CloudEnvironment:
         driver, source = self._parts
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB
         return Parts(driver, source, {"SPOTRING_JOB": self.options.job})
+
+    def fleet_driver(self, now: Callable[[], datetime]) -> Any:
+        assert self._parts is not None, "check() first"
+        return self._parts[0]
 
     def begin(self, daemon: Daemon) -> None:
         return None

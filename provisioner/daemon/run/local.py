@@ -79,8 +79,8 @@ def local_clock(state: State, trace_start: datetime, speed: float,
                 wall: Callable[[], float] = time.time) -> Callable[[], datetime]:
     """The simulated clock, kept in the state's ``clock`` meta: a run continued after a
     crash goes on at the time its workers are at (the clock kept running); after a clean
-    stop that terminated the fleet it goes on from the stop (nothing ran meanwhile); another
-    ``speed`` re-anchors it where it is."""
+    stop that terminated the fleet it goes on from the stop (nothing ran meanwhile; a stop
+    that never finished did not pause it); another ``speed`` re-anchors it where it is."""
     from pricing.sources.trace import ReplayClock
 
     saved = state.get_meta("clock") if continuing else None
@@ -88,7 +88,8 @@ def local_clock(state: State, trace_start: datetime, speed: float,
     if saved:
         old = ReplayClock(datetime.fromisoformat(saved["trace_start"]),
                           float(saved["wall_start"]), float(saved["speed"]), wall)
-        paused = bool(ended and not ended.get("fleet_kept") and ended.get("t") is not None)
+        paused = bool(ended and not ended.get("fleet_kept") and ended.get("t") is not None
+                      and ended.get("stopped", True))
         if paused or old.speed != speed:
             at = (datetime.fromtimestamp(float(ended["t"]), timezone.utc)  # type: ignore[index]
                   if paused else old.trace_time(now))
@@ -213,7 +214,8 @@ class LocalEnvironment:
         return RunIdentity(o.settings.job.id, o.job, o.until_epochs, market)
 
     def decide(self, found: Found) -> Start:
-        return decide_start(found.run, found.has_state, self.identity(), self.target.what)
+        return decide_start(found.run, found.has_state, self.identity(), self.target.what,
+                            found.get("ring"))
 
     def registry_id(self, run_id: str) -> str:
         return run_id
@@ -289,17 +291,13 @@ class LocalEnvironment:
 
     def clock(self, state: State, start: Start, found: Found) -> Callable[[], datetime]:
         assert self._market is not None, "check() first"
-        continuing = start.kind is StartKind.CONTINUE
+        continuing = start.kind in (StartKind.CONTINUE, StartKind.FINISH)
         ended = found.run.get("ended") if continuing else None
         return local_clock(state, self._market[1], self.speed, ended, continuing)
 
-    def parts(self, state: State, coordinator: RingCoordinator | None,
-              now: Callable[[], datetime]) -> Parts:
-        from pricing.sources.trace import TraceSource
-        from provisioner.drivers.local import LocalDriver
-
-        assert self._market is not None and coordinator is not None
-        snap = self._market[0]
+    def worker_command(self, coordinator: RingCoordinator) -> Callable[[Any], list[str]]:
+        """The command line of a launched instance: a trainer worker dialling
+        ``coordinator`` (:func:`worker_argv`)."""
         host, port = coordinator.address
         o = self.options
         samples = self.wd.samples if o.record_samples else None
@@ -310,16 +308,34 @@ class LocalEnvironment:
             return worker_argv(loc.python or sys.executable, f"{host}:{port}", token_file, job,
                                spec.instance_id, spec.slowdown, workers, samples,
                                loc.worker_args)
+        return command
 
-        driver = LocalDriver(self.wd.cloud, command, clock=now,
+    def parts(self, state: State, coordinator: RingCoordinator | None,
+              now: Callable[[], datetime]) -> Parts:
+        from pricing.sources.trace import TraceSource
+        from provisioner.drivers.local import LocalDriver
+
+        assert self._market is not None and coordinator is not None
+        snap = self._market[0]
+        loc = self.options.settings.local
+        driver = LocalDriver(self.wd.cloud, self.worker_command(coordinator), clock=now,
                              availability=synthetic.AvailabilityIndex(snap.availability),
                              notice_window_s=loc.notice_window_s,
                              hard_kill_every=loc.hard_kill_every)
         self._driver = driver
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
-        if o.until_epochs:
-            env["DIGITS_EPOCHS"] = str(o.until_epochs)
+        if self.options.until_epochs:
+            env["DIGITS_EPOCHS"] = str(self.options.until_epochs)
         return Parts(driver, TraceSource([], snapshot=snap), env)
+
+    def fleet_driver(self, now: Callable[[], datetime]) -> Any:
+        """The local driver over this machine's instances, with no worker command."""
+        from provisioner.drivers.local import LocalDriver
+
+        def refuse(spec: Any) -> list[str]:
+            raise UserError(f"{spec.instance_id}: no launch while a run's stop is finished")
+
+        return LocalDriver(self.wd.cloud, refuse, clock=now)
 
     def begin(self, daemon: Daemon) -> None:
         """The built-in market's job-time outages (:mod:`provisioner.daemon.run.outages`)."""

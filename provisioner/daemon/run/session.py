@@ -21,11 +21,15 @@ state file, real time). The order of a run:
    :func:`provisioner.daemon.wiring.build_daemon`) and started: a continued run's fleet is
    adopted.
 7. Watch, every :data:`WATCH_S`: the verdict (:func:`provisioner.daemon.outcome.verdict`)
-   over the ring's stats, a stop request (SIGINT/SIGTERM), the limits; the environment's
+   over the ring's stats as the state recorded them (so the job's end is on disk before the
+   daemon acts on it), a stop request (SIGINT/SIGTERM), the limits; the environment's
    tick (the local market's job-time outages); the observer's ``watch`` (the dashboard).
-8. The end: the daemon stopped (the fleet kept or terminated: a job that is over is always
-   terminated), the coordinator stopped, the registry entry removed, the end recorded, the
-   report written; returned as a :class:`RunResult`.
+8. The end, recorded FIRST (``stopped`` false), then the daemon stopped (the fleet kept or
+   terminated: a job that is over is always terminated), the coordinator stopped, the
+   registry entry removed, the end marked ``stopped``, the report written; returned as a
+   :class:`RunResult`. A daemon killed anywhere in 8 leaves a run its next start only
+   finishes stopping (``StartKind.FINISH``: the rest of the fleet ended, the report written,
+   nothing launched, no ring started): a run ends once.
 
 The session never prints: lines a person should read (the metrics URL, a run archived) go to
 the :class:`Observer` the command gives, and the end is data.
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from provisioner.daemon.loop.scheduler import Daemon
-from provisioner.daemon.outcome import Verdict, verdict
+from provisioner.daemon.outcome import Verdict, end_record, recorded, verdict
 from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
 from provisioner.daemon.run import registry
 from provisioner.daemon.run.lock import Created, RunLock
@@ -65,7 +69,7 @@ log = logging.getLogger(__name__)
 #: dashboard): four times a second reads smoothly and costs nothing next to the ring.
 WATCH_S = 0.25
 #: The state meta a start reads from the run found there (read-only, before the lock's run).
-FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at")
+FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at", "ring")
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,9 @@ class Environment(Protocol):
     def registry_id(self, run_id: str) -> str:
         """The id ``provision list`` shows for the run."""
 
+    def fleet_driver(self, now: Callable[[], datetime]) -> CloudDriver:
+        """The driver alone, to end a fleet (it launches nothing: no worker command)."""
+
 
 class Observer(Protocol):
     """What the command shows while the run goes on (the session itself never prints)."""
@@ -199,14 +206,20 @@ class RunResult:
 
 
 class RunSession:
-    """The life of one run (see the module docstring)."""
+    """The life of one run (see the module docstring).
+
+    ``open_state`` opens the run's state (the seam where a test counts the state's writes and
+    kills the daemon at one of them).
+    """
 
     def __init__(self, options: RunOptions, env: Environment,
-                 observer: Observer | None = None, *, signals: bool = True) -> None:
+                 observer: Observer | None = None, *, signals: bool = True,
+                 open_state: Callable[[Path], State] = State) -> None:
         self.options = options
         self.env = env
         self.observer: Observer = observer or Quiet()
         self.signals = signals
+        self.open_state = open_state
         self.stop = threading.Event()
         self.verdict: Verdict | None = None
         self.daemon: Daemon | None = None
@@ -235,6 +248,8 @@ class RunSession:
             try:
                 found = Found.read(env.target.state)
                 start = env.decide(found)
+                if start.kind is StartKind.FINISH:
+                    return self._finish_stop(start, found)
                 run_id = start.run_id()
                 endpoint = self.options.metrics_endpoint
                 if endpoint is not None:
@@ -258,8 +273,10 @@ class RunSession:
         """The first changes: the environment's, the state opened, the run's meta."""
         for line in self.env.commit(start, run_id):
             self.observer.note(line)
-        state = State(self.env.target.state)
+        state = self.open_state(self.env.target.state)
         previous = (state.get_meta("run") or {}) if start.kind is StartKind.CONTINUE else {}
+        if (state.get_meta("ring") or {}).get("outcome", "running") != "running":
+            state.set_meta("ring", {})  # a continued lost or failed ring: its new life decides
         state.set_meta("run", {"id": run_id, "identity": self.env.identity().as_meta(),
                                "ended": None, "previous_end": previous.get("ended")})
         if coordinator is not None:
@@ -276,7 +293,6 @@ class RunSession:
              lock: RunLock) -> RunResult:
         env, o = self.env, self.options
         daemon: Daemon | None = None
-        ring: Mapping[str, Any] = {}
         terminate = False
         try:
             state = self._commit(start, run_id, coordinator)
@@ -301,22 +317,36 @@ class RunSession:
         finally:
             v = self.verdict
             terminate = v is not None and (v.job_over or self.on_exit == "terminate")
+            if daemon is not None and v is not None:
+                # the end first, then the stop: a daemon killed from here on leaves a run its
+                # next start finishes stopping, never one it trains again
+                ring = coordinator.stats() if coordinator is not None else {}
+                self._record_end(daemon.state, daemon.now().timestamp(), v, ring,
+                                 fleet_kept=not terminate, stopped=False)
             if daemon is not None:  # an unexpected error keeps the fleet: a restart adopts it
                 daemon.stop("terminate" if terminate else "keep")
+            ring = {}
             if coordinator is not None:
                 ring = coordinator.stats()
                 coordinator.stop()
             self._restore_signals()
             registry.unregister()
         assert daemon is not None and self.verdict is not None
-        return self._end(daemon, ring, self.verdict, terminate, run_id)
+        end_t = daemon.now().timestamp()
+        self._record_end(daemon.state, end_t, self.verdict, ring, fleet_kept=not terminate,
+                         stopped=True)
+        return self._report(daemon.state, end_t, ring, self.verdict, not terminate, run_id)
 
     def _watch(self, daemon: Daemon, t0: float) -> None:
         o = self.options
         status = daemon.status
         try:
             while True:
-                stats = daemon.coordinator.stats() if daemon.coordinator else {}
+                # the ring as the state recorded it (telemetry, every metrics period), not as
+                # the coordinator says it now: the daemon acts on the job's end only once that
+                # end is on disk, so a daemon killed at any later moment leaves a state that
+                # says the job is over
+                stats = daemon.state.get_meta("ring") or {}
                 v = verdict(stats, interrupted=self.stop.is_set(),
                             crash_loop=self.env.crash_loop(daemon.state),
                             until_epochs=o.until_epochs,
@@ -331,23 +361,65 @@ class RunSession:
         finally:
             self.observer.closing(status, t0)
 
-    def _end(self, daemon: Daemon, ring: Mapping[str, Any], v: Verdict, terminated: bool,
-             run_id: str) -> RunResult:
+    @staticmethod
+    def _record_end(state: State, t: float, v: Verdict, ring: Mapping[str, Any], *,
+                    fleet_kept: bool, stopped: bool) -> None:
+        """The run's end in its ``run`` meta (one transaction with the ring's stats and
+        ``finished``): first with ``stopped`` false, before anything is stopped; again with
+        ``stopped`` true once the fleet is kept or terminated."""
+        from provisioner.clio import finite
+
+        run = dict(state.get_meta("run") or {})
+        run["ended"] = end_record(v, t, fleet_kept=fleet_kept, stopped=stopped)
+        values: dict[str, Any] = {"run": run, "finished": True}
+        if ring:
+            values["ring"] = finite({k: v for k, v in ring.items() if k != "rejected"})
+        state.set_metas(values)
+
+    def _report(self, state: State, end_t: float, ring: Mapping[str, Any], v: Verdict,
+                fleet_kept: bool, run_id: str) -> RunResult:
         from provisioner.daemon.view.report import write_report
 
-        end_t = daemon.now().timestamp()
-        state = daemon.state
-        run = dict(state.get_meta("run") or {})
-        run["ended"] = {"outcome": v.outcome, "reason": v.reason, "t": end_t,
-                        "fleet_kept": not terminated, "exit_code": v.exit_code,
-                        "failure": v.failure}
-        state.set_meta("run", run)
-        state.set_meta("finished", True)
         out = self.env.report_dir
         path = write_report(state, out, end_t, ring, title=f"spotring: {self.options.job}",
                             notes=self.env.notes() + [f"stopped: {v.reason}"])
         figures = json.loads((Path(out) / "report.json").read_text())
-        return RunResult(v, figures, path, not terminated, run_id)
+        return RunResult(v, figures, path, fleet_kept, run_id)
+
+    def _finish_stop(self, start: Start, found: Found) -> RunResult:
+        """A run whose end was recorded but whose daemon was killed while stopping it: end
+        what is left of its fleet (nothing is launched, no ring is started), mark it
+        stopped, write its report and return its recorded verdict."""
+        from provisioner.daemon.run.down import end_fleet
+
+        from provisioner.daemon.run.workdir import ring_end
+
+        env = self.env
+        ended = found.run.get("ended") or {}
+        v = recorded(ended) if ended else ring_end(found.get("ring") or {}, found.run)
+        assert v is not None, "decide_start finishes only a run whose end was decided"
+        run_id = start.run_id()
+        self.observer.note(f"run {run_id} ended ({v.reason}) but its daemon stopped before "
+                           f"the fleet did: finishing its stop, nothing is trained again")
+        state = self.open_state(env.target.state)
+        try:
+            now = env.clock(state, start, found)
+            job = (state.get_meta("job") or {}).get("id") or self.options.settings.job.id
+            ring = state.get_meta("ring") or {}
+            if not ended:  # the ring's end was recorded, the run's was not: record it now
+                self._record_end(state, now().timestamp(), v, ring, fleet_kept=False,
+                                 stopped=False)
+            ids = end_fleet(job, env.fleet_driver(now), state, lambda: now().timestamp(),
+                            f"the run's end ({v.reason}), finished after a restart")
+            if ids:
+                self.observer.note(f"terminated what was left of its fleet: {', '.join(ids)}")
+            end_t = now().timestamp()
+            state.record_event(end_t, EventKind.STOPPED,
+                               detail="the run's stop, finished after a restart")
+            self._record_end(state, end_t, v, ring, fleet_kept=False, stopped=True)
+            return self._report(state, end_t, ring, v, False, run_id)
+        finally:
+            state.close()
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signals(self) -> None:

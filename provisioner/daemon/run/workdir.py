@@ -6,6 +6,12 @@ paths. :func:`decide_start` (pure) reads the run found there (the ``run`` meta o
 against this start's :class:`RunIdentity`:
 
 - no state: a **fresh** run;
+- a run whose end was recorded but never finished stopping (its daemon was killed while
+  stopping it: ``ended.stopped`` false) and whose job is over, or a run whose ring's
+  recorded stats decided its end (done, lost, failed, at its ``--until-epochs``: the
+  daemon acts on the job's end only once it is recorded) before the end was: **finish** stopping it (end what is left of its fleet,
+  mark it stopped, write its report) and nothing else: a finished job is never trained
+  again;
 - a run whose job finished (``ended.outcome == "done"``): the **next** run; the finished
   run's files (state, worker logs, samples, its snapshots, the default report) are moved,
   not deleted, to ``runs/<its id>/`` first (:func:`archive`);
@@ -34,6 +40,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
+from provisioner.daemon.outcome import FINAL, Verdict, stopping, verdict
 from provisioner.errors import UserError
 
 
@@ -101,6 +108,7 @@ class StartKind(StrEnum):
     FRESH = "fresh"
     CONTINUE = "continue"
     NEXT = "next"  # the run found there finished: archived, then a fresh one
+    FINISH = "finish"  # the run found there ended but was not stopped: stop it, nothing more
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,9 @@ class Start:
     previous_id: str | None = None  # the run continued or archived
 
     def run_id(self) -> str:
-        """The id of the run this start runs: the continued one's, else a new one."""
-        if self.kind is StartKind.CONTINUE and self.previous_id:
+        """The id of the run this start runs: the continued (or finished) one's, else a new
+        one."""
+        if self.kind in (StartKind.CONTINUE, StartKind.FINISH) and self.previous_id:
             return self.previous_id
         return new_run_id()
 
@@ -120,15 +129,28 @@ def new_run_id() -> str:
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
+def ring_end(ring: Mapping[str, Any], run_meta: Mapping[str, Any]) -> Verdict | None:
+    """The run's end as the ring's last recorded stats decide it (the verdict the daemon acts
+    on: the job done, lost or failed, or the run's ``--until-epochs`` reached), None while
+    they say it goes on."""
+    limit = (run_meta.get("identity") or {}).get("until_epochs")
+    return verdict(ring, interrupted=False, crash_loop=None, until_epochs=limit,
+                   elapsed_s=0.0, duration_s=None)
+
+
 def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
-                 identity: RunIdentity, where: str) -> Start:
-    """Fresh, continue or next (see the module docstring). Raises UserError naming the flag
-    when the run found there is another run."""
+                 identity: RunIdentity, where: str,
+                 ring: Mapping[str, Any] | None = None) -> Start:
+    """Fresh, continue, next or finish (see the module docstring); ``ring`` is the ring's
+    last stats the state recorded (its ``ring`` meta). Raises UserError naming the flag when
+    the run found there is another run."""
     if not has_state:
         return Start(StartKind.FRESH)
     meta = dict(run_meta or {})
     ended = meta.get("ended") or {}
-    if ended.get("outcome") == "done":
+    if stopping(ended) or (not ended and meta.get("id") and ring_end(ring or {}, meta)):
+        return Start(StartKind.FINISH, meta.get("id"))
+    if ended.get("outcome") in FINAL:
         return Start(StartKind.NEXT, meta.get("id"))
     theirs = meta.get("identity") or {}
     for name, flag in FLAGS.items():

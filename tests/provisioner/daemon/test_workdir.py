@@ -109,6 +109,36 @@ def test_the_start_decision():
     assert decide_start({}, True, ID, "w").kind is StartKind.CONTINUE  # an older state
 
 
+def test_a_run_whose_stop_never_finished_is_finished_not_continued():
+    """A daemon killed while stopping a run whose job is over (or whose ring's end was
+    recorded before the run's) leaves a run the next start only finishes stopping; a run
+    stopped by hand or by its --duration goes on as before."""
+    def run(**ended):
+        return {"id": "r1", "identity": ID.as_meta(), "ended": ended or None}
+
+    for outcome, code, over in (("done", 0, True), ("lost", 3, True), ("failed", 4, True),
+                                ("workers-failing", 2, True)):
+        start = decide_start(run(outcome=outcome, exit_code=code, job_over=over,
+                                 stopped=False), True, ID, "w")
+        assert start.kind is StartKind.FINISH and start.run_id() == "r1", outcome
+    for outcome in ("interrupted", "limit"):  # Ctrl-C, --duration: the run goes on
+        start = decide_start(run(outcome=outcome, job_over=False, stopped=False), True, ID,
+                             "w")
+        assert start.kind is StartKind.CONTINUE, outcome
+    stopped_lost = run(outcome="lost", exit_code=3, job_over=True, stopped=True)
+    assert decide_start(stopped_lost, True, ID, "w").kind is StartKind.CONTINUE
+    # the end not recorded, but the ring's end was (the verdict comes from that record)
+    for ring in ({"outcome": "done"}, {"outcome": "lost"}, {"outcome": "failed"}):
+        assert decide_start(run(), True, ID, "w", ring).kind is StartKind.FINISH, ring
+    limited = {**run(), "identity": {**ID.as_meta(), "until_epochs": 3}}
+    limited_id = RunIdentity(**{**ID.as_meta(), "until_epochs": 3})
+    assert decide_start(limited, True, limited_id, "w", {"epoch": 3}).kind is StartKind.FINISH
+    assert decide_start(limited, True, limited_id, "w", {"epoch": 2}).kind is \
+        StartKind.CONTINUE
+    assert decide_start(run(), True, ID, "w", {"outcome": "running"}).kind is \
+        StartKind.CONTINUE
+
+
 def test_archive_moves_the_finished_run_and_deletes_nothing(tmp_path):
     wd = Workdir(tmp_path)
     for d in (wd.workers, wd.samples, wd.snapshots / "r1", wd.snapshots / "r2", wd.report,
