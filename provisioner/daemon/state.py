@@ -17,6 +17,9 @@ database file is opened ``mode=ro``; while a daemon has it open its WAL is share
 state no daemon holds (no ``-wal`` file) is read ``immutable``, so reading creates nothing
 beside it either.
 
+A state file is created 0600 (its folder, when made, 0700) whatever the umask: it holds the
+run's costs and its coordinator's address.
+
 Rule for callers: write the intent (``begin_launch``/``begin_terminate``) *before* calling the
 cloud and close it after; never delete rows (``provision status`` and the report read them).
 One ``State`` object may be shared by threads (a lock serialises writes).
@@ -25,6 +28,7 @@ One ``State`` object may be shared by threads (a lock serialises writes).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -148,7 +152,11 @@ class State:
         self.path = Path(path)
         self._lock = threading.RLock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():  # the run's owner's alone (its -wal and -shm follow)
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.fchmod(fd, 0o600)
+                os.close(fd)
             self._db = sqlite3.connect(str(self.path), check_same_thread=False,
                                        isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provisioner.daemon.run import registry
-from provisioner.daemon.run.lock import Created, held_by
+from provisioner.daemon.run.lock import FILE_MODE, Created, held_by
 from provisioner.daemon.run.target import Target
 from provisioner.errors import UserError
 
@@ -64,7 +64,10 @@ def detach(argv: list[str], target: Target) -> Detached:
     try:
         created.mkdirs(target.log.parent)
         existed = target.log.exists()
-        out = open(target.log, "ab")
+        fd = os.open(target.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        if not existed:
+            os.fchmod(fd, FILE_MODE)
+        out = os.fdopen(fd, "ab")
     except OSError as exc:
         created.undo()
         raise UserError(f"{target.what}: cannot write the log {target.log} "

@@ -246,14 +246,20 @@ class LocalEnvironment:
             created.file(path)
         return token
 
+    def ring_files(self, start: Start, run_id: str, created: Created) -> bytes:
+        """The run's token and, for the default store, its snapshot folder (recorded in
+        ``created``); returns the token."""
+        token = self._token(start, created)
+        if self.options.settings.snapshot.url is None:
+            created.mkdirs(self.wd.snapshots / run_id)
+        return token
+
     def coordinator(self, start: Start, found: Found, run_id: str,
                     created: Created) -> RingCoordinator:
         """The coordinator, on the continued run's address (its workers dial it), keeping
         this run's snapshots (``.../<run id>``: never another run's)."""
         settings = self.options.settings
-        token = self._token(start, created)
-        if settings.snapshot.url is None:  # the default store: a folder the start made
-            created.mkdirs(self.wd.snapshots / run_id)
+        token = self.ring_files(start, run_id, created)
         d = settings.daemon
         host, port = d.coordinator_host, d.coordinator_port
         prev = found.get("coordinator") if start.kind is StartKind.CONTINUE else None

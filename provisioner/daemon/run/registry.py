@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from provisioner.daemon.run.lock import FILE_MODE, private_dirs
 from provisioner.drivers.local import proc_start
 from provisioner.errors import UserError
 
@@ -84,8 +85,10 @@ def register(*, run_id: str, driver: str, workdir: Path, state: Path, lock: Path
     path = _path(pid)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(asdict(entry)))
+        private_dirs(path.parent)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(asdict(entry)))
         os.replace(tmp, path)
     except OSError:
         return None

@@ -53,7 +53,7 @@ from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.outcome import Verdict, end_record, recorded, verdict
 from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
 from provisioner.daemon.run import registry
-from provisioner.daemon.run.lock import Created, RunLock
+from provisioner.daemon.run.lock import Created, RunLock, private_files
 from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.target import Target
 from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind
@@ -236,7 +236,13 @@ class RunSession:
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Run until the verdict (see the module docstring). Raises UserError (one line, exit
-        2) for bad input, with nothing changed."""
+        2) for bad input, with nothing changed. Everything the run creates (its folders and
+        files, its workers' too) is its owner's alone whatever the umask
+        (:func:`provisioner.daemon.run.lock.private_files`)."""
+        with private_files():
+            return self._run_all()
+
+    def _run_all(self) -> RunResult:
         env = self.env
         env.check()
         created = Created()

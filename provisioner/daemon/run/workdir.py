@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from provisioner.daemon.outcome import FINAL, Verdict, stopping, verdict
+from provisioner.daemon.run.lock import private_dirs
 from provisioner.errors import UserError
 
 
@@ -171,7 +172,7 @@ def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
     while dest.exists():
         k += 1
         dest = wd.runs / f"{name}.{k}"
-    dest.mkdir(parents=True)
+    private_dirs(dest)
     moving = [(p, p.name) for p in (wd.workers, wd.samples, *wd.root.glob("state.sqlite*"))]
     if run_id:
         moving.append((wd.snapshots / run_id, "snapshots"))

@@ -15,25 +15,17 @@ ring is the Protocol's fake (the job's end is what a test sets).
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from provisioner.config import parse_settings
-from provisioner.daemon.run.local import LocalEnvironment
-from provisioner.daemon.run.options import RunOptions
-from provisioner.daemon.run.session import Parts, Quiet, RunSession
+from provisioner.daemon.run.session import Quiet, RunSession
 from provisioner.daemon.state import State
 from provisioner.drivers.local import LocalDriver, running
-from tests.conftest import REPO
+from tests.fakes.local_run import JOB, fake_ring_environment, local_options, run_until
 from tests.fakes.ring import FakeRing
-from tests.fakes.wait import wait_for
-
-FAKE = REPO / "tests" / "fakes" / "local_worker.py"
-JOB = "spotring-demo"
 
 
 class Killed(BaseException):
@@ -97,28 +89,6 @@ class DyingDriver:
         return attr
 
 
-class Env(LocalEnvironment):
-    """The local environment with the ring's fake and the stand-in worker."""
-
-    def __init__(self, options: RunOptions, ring: FakeRing, seam: Seam, out: Path) -> None:
-        super().__init__(options)
-        self.ring, self.seam, self.out = ring, seam, out
-
-    def coordinator(self, start: Any, found: Any, run_id: str, created: Any) -> FakeRing:
-        self._token(start, created)
-        self.ring.start()
-        self.ring.started = True
-        return self.ring
-
-    def worker_command(self, coordinator: Any) -> Any:
-        return lambda spec: [sys.executable, str(FAKE), str(self.out), spec.instance_id]
-
-    def parts(self, state: State, coordinator: Any, now: Any) -> Parts:
-        p = super().parts(state, coordinator, now)
-        p.driver._terminate_grace_s = 0.5  # the stand-in exits on SIGTERM at once
-        return Parts(DyingDriver(p.driver, self.seam), p.source, p.launch_env)
-
-
 class Arming(Quiet):
     def __init__(self, seam: Seam) -> None:
         self.seam = seam
@@ -134,17 +104,11 @@ ENDS = {"done": ({"outcome": "done", "finished": True, "epoch": 8}, None, "done"
         "limit": ({"outcome": "running", "epoch": 3}, 3, "done", 0)}
 
 
-def options(wd: Path, until: int | None) -> RunOptions:
-    settings = parse_settings({"fleet": {"max_size": 2, "markets": ["spot"]}})
-    return RunOptions(settings=settings, workdir=wd, outages_per_hour=0.0, speed=600.0,
-                      until_epochs=until)
-
-
 def session(wd: Path, seam: Seam, ring: FakeRing, until: int | None) -> RunSession:
-    out = wd.parent / f"{wd.name}-out"
-    out.mkdir(exist_ok=True)
-    o = options(wd, until)
-    return RunSession(o, Env(o, ring, seam, out), Arming(seam), signals=False,
+    o = local_options(wd, until)
+    env = fake_ring_environment(o, ring, wd.parent / f"{wd.name}-out",
+                                wrap=lambda driver: DyingDriver(driver, seam))
+    return RunSession(o, env, Arming(seam), signals=False,
                       open_state=lambda p: DyingState(p, seam))
 
 
@@ -161,29 +125,7 @@ def run_to_its_end(wd: Path, seam: Seam, end: str) -> tuple[Any, BaseException |
     the session's result or what killed it."""
     ring = FakeRing()
     stats, until, _outcome, _code = ENDS[end]
-    s = session(wd, seam, ring, until)
-    box: dict[str, Any] = {}
-
-    def go() -> None:
-        try:
-            box["result"] = s.run()
-        except BaseException as exc:  # noqa: BLE001 - Killed, or a failure to report
-            box["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    try:
-        assert wait_for(lambda: len(running(wd / "cloud", JOB)) == 2 or "error" in box, 120)
-        assert "error" not in box, box.get("error")
-        ring.speeds = {r["id"]: 100.0 for r in running(wd / "cloud", JOB)}
-        ring.progress = {**ring.progress, **stats, "step": 40, "samples_done": 2560}
-        t.join(120)
-        assert not t.is_alive()
-    finally:
-        d = s.daemon
-        if d is not None and d.scheduler is not None:  # a killed daemon has no threads left
-            d.stopping.set()
-            d.scheduler.shutdown(wait=True)
+    box = run_until(session(wd, seam, ring, until), wd, ring, stats)
     return box.get("result"), box.get("error")
 
 
