@@ -84,7 +84,8 @@ def progress_line(st: Status, t0: float) -> str:
     return (f"[{(st.now.timestamp() - t0) / 3600:6.2f} h] fleet {sum(st.fleet.values())} "
             f"(+{st.draining} draining), ${st.cost_per_hour:.3f}/h, spend ${st.spend:.4f}, "
             f"epoch {st.progress.get('epoch', 0)}, accuracy "
-            f"{'-' if acc is None else f'{acc:.3f}'}")
+            f"{'-' if acc is None else f'{acc:.3f}'}"
+            + ("; disk full: writes paused" if st.paused_since is not None else ""))
 
 
 def end_lines(result: RunResult) -> tuple[list[str], str | None]:
@@ -101,7 +102,8 @@ def end_lines(result: RunResult) -> tuple[list[str], str | None]:
            f"{pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
            f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
            f"{pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
-           f"report: {result.report}"]
+           f"report: {result.report}" if result.report is not None else
+           "report: not written (the disk was full); `provision status` shows the run"]
     return out, (f"provision run: error: {v.failure}" if v.failure else None)
 
 

@@ -68,9 +68,8 @@ class Telemetry:
             v = st.progress.get(key)
             if isinstance(v, (int, float)):
                 rows.append((key, "", float(v)))
-        self.state.record_metrics(t, rows)
-        if self.coordinator is not None and st.progress:
-            self.keep_ledger(st.progress)
+        # what lives in memory first (Prometheus, the throughput model): a full disk pauses
+        # the state's writes below, not the figures a scrape or the next plan reads
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
             if st.savings is not None:
@@ -82,6 +81,9 @@ class Telemetry:
             self.metrics.update_ring(st.workers, lost,
                                      int(epoch) if isinstance(epoch, (int, float)) else None)
         self.observe(st.workers)
+        self.state.record_metrics(t, rows)
+        if self.coordinator is not None and st.progress:
+            self.keep_ledger(st.progress)
         self.copy_ring_events(t)
 
     def keep_ledger(self, stats: Mapping[str, object]) -> None:
@@ -114,7 +116,7 @@ class Telemetry:
         for e in events[self._ring_seen:]:
             self.state.record_event(t, ring_kind(e.get("kind")), e.get("name") or None,
                                     detail=str(e.get("detail", "")))
+            self._ring_seen += 1  # one at a time: a write that fails is tried again, once
             if self.metrics is not None and e.get("kind") == "formed":
                 switch_ms = (e.get("data") or {}).get("switch_ms") or 0.0
                 self.metrics.reconfigured(float(switch_ms) / 1000.0)
-        self._ring_seen = len(events)

@@ -64,7 +64,8 @@ def detach(argv: list[str], target: Target) -> Detached:
     try:
         created.mkdirs(target.log.parent)
         existed = target.log.exists()
-        fd = os.open(target.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        fd = os.open(target.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     FILE_MODE)
         if not existed:
             os.fchmod(fd, FILE_MODE)
         out = os.fdopen(fd, "ab")

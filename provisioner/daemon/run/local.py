@@ -43,7 +43,7 @@ from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.session import Found, Parts
 from provisioner.daemon.run.target import local_target
 from provisioner.daemon.run.workdir import (RunIdentity, Start, StartKind, Workdir, archive,
-                                            decide_start)
+                                            decide_start, no_way_out)
 from provisioner.daemon.state import EventKind, State, ring_kind
 from provisioner.daemon.wiring import make_coordinator, snapshot_url
 from provisioner.errors import UserError
@@ -198,6 +198,7 @@ class LocalEnvironment:
         snap, notes = self.market()
         snap, start = self.usable(snap)
         self._market = (snap, start, notes)
+        no_way_out(self.wd.root, "--workdir")
         writable_folder(self.wd.root, "--workdir")
         writable_folder(self.report_dir, "--report")
 

@@ -183,7 +183,8 @@ class RunLock:
         try:
             created.mkdirs(self.path.parent)
             existed = self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         FILE_MODE)
             if not existed:
                 os.fchmod(fd, FILE_MODE)
         except OSError as exc:

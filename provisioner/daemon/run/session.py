@@ -44,6 +44,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -57,7 +58,7 @@ from provisioner.daemon.run.lock import Created, RunLock, private_files
 from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.target import Target
 from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind
-from provisioner.daemon.state import EventKind, State
+from provisioner.daemon.state import DiskFull, EventKind, State, is_disk_full
 from provisioner.daemon.view.metrics import Metrics
 from provisioner.daemon.view.status import Status
 from provisioner.daemon.wiring import build_daemon
@@ -68,6 +69,8 @@ log = logging.getLogger(__name__)
 #: How often the session looks at the run (the verdict, the environment's tick, the
 #: dashboard): four times a second reads smoothly and costs nothing next to the ring.
 WATCH_S = 0.25
+#: How often the end of a run is tried again while the disk is full.
+DISK_RETRY_S = 1.0
 #: The state meta a start reads from the run found there (read-only, before the lock's run).
 FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at", "ring")
 
@@ -196,7 +199,7 @@ class RunResult:
 
     verdict: Verdict
     figures: Mapping[str, Any]
-    report: Path  # report.md
+    report: Path | None  # report.md (None: not written, the disk was full)
     fleet_kept: bool
     run_id: str
 
@@ -224,6 +227,8 @@ class RunSession:
         self.verdict: Verdict | None = None
         self.daemon: Daemon | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._signals_seen = 0
+        self._waiting_noted = False
 
     @property
     def on_exit(self) -> str:
@@ -327,8 +332,9 @@ class RunSession:
                 # the end first, then the stop: a daemon killed from here on leaves a run its
                 # next start finishes stopping, never one it trains again
                 ring = coordinator.stats() if coordinator is not None else {}
-                self._record_end(daemon.state, daemon.now().timestamp(), v, ring,
-                                 fleet_kept=not terminate, stopped=False)
+                self._durably(lambda: self._record_end(
+                    daemon.state, daemon.now().timestamp(), v, ring, fleet_kept=not terminate,
+                    stopped=False))
             if daemon is not None:  # an unexpected error keeps the fleet: a restart adopts it
                 daemon.stop("terminate" if terminate else "keep")
             ring = {}
@@ -339,8 +345,9 @@ class RunSession:
             registry.unregister()
         assert daemon is not None and self.verdict is not None
         end_t = daemon.now().timestamp()
-        self._record_end(daemon.state, end_t, self.verdict, ring, fleet_kept=not terminate,
-                         stopped=True)
+        v = self.verdict
+        self._durably(lambda: self._record_end(daemon.state, end_t, v, ring,
+                                               fleet_kept=not terminate, stopped=True))
         return self._report(daemon.state, end_t, ring, self.verdict, not terminate, run_id)
 
     def _watch(self, daemon: Daemon, t0: float) -> None:
@@ -361,11 +368,32 @@ class RunSession:
                 if v is not None:
                     self.verdict = v
                     return
-                self.env.tick(daemon)
+                try:
+                    self.env.tick(daemon)
+                except DiskFull:  # said once by the state; the tick comes again
+                    pass
                 self.observer.watch(status, t0)
                 self.stop.wait(WATCH_S)
         finally:
             self.observer.closing(status, t0)
+
+    def _durably(self, write: Callable[[], None]) -> None:
+        """``write``, again every :data:`DISK_RETRY_S` while the disk is full (the state said
+        so once): the run's end is recorded before anything is stopped, whatever it waits
+        for. A second SIGINT/SIGTERM gives up waiting (the fleet is then kept, as after a
+        crash: the next start adopts it)."""
+        while True:
+            try:
+                write()
+                return
+            except DiskFull:
+                if self._signals_seen >= 2:
+                    raise
+                if not self._waiting_noted:
+                    self._waiting_noted = True
+                    self.observer.note("waiting for disk space to record the run's end "
+                                       "(Ctrl-C again: exit now and keep the fleet)")
+                time.sleep(DISK_RETRY_S)
 
     @staticmethod
     def _record_end(state: State, t: float, v: Verdict, ring: Mapping[str, Any], *,
@@ -384,13 +412,21 @@ class RunSession:
 
     def _report(self, state: State, end_t: float, ring: Mapping[str, Any], v: Verdict,
                 fleet_kept: bool, run_id: str) -> RunResult:
-        from provisioner.daemon.view.report import write_report
+        from provisioner.daemon.view.report import figures, write_report
 
         out = self.env.report_dir
-        path = write_report(state, out, end_t, ring, title=f"spotring: {self.options.job}",
-                            notes=self.env.notes() + [f"stopped: {v.reason}"])
-        figures = json.loads((Path(out) / "report.json").read_text())
-        return RunResult(v, figures, path, fleet_kept, run_id)
+        try:
+            path: Path | None = write_report(state, out, end_t, ring,
+                                             title=f"spotring: {self.options.job}",
+                                             notes=self.env.notes() + [f"stopped: {v.reason}"])
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            log.warning("%s: the report was not written (%s); its figures are in the "
+                        "state: provision status", out, exc)
+            return RunResult(v, figures(state, end_t, ring), None, fleet_kept, run_id)
+        return RunResult(v, json.loads((Path(out) / "report.json").read_text()), path,
+                         fleet_kept, run_id)
 
     def _finish_stop(self, start: Start, found: Found) -> RunResult:
         """A run whose end was recorded but whose daemon was killed while stopping it: end
@@ -433,6 +469,7 @@ class RunSession:
             return
 
         def on_signal(signum: int, _frame: Any) -> None:
+            self._signals_seen += 1
             self.stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -26,6 +26,10 @@ never moved, so instances of any earlier run stay visible to recovery. Snapshots
 per run (``snapshots/<run id>``, or ``<snapshot.url>/<job.id>/<run id>``): a run never
 resumes from another run's snapshots, a finished one's least of all.
 
+A run never writes out of its work directory: a start is refused when the directory holds
+a symbolic link leading out of it or to nothing (:func:`no_way_out`), and the files a start
+creates itself are opened without following links.
+
 Rule: read the state only with :meth:`provisioner.daemon.state.State.read_only` before the
 run's lock is held and the start decided; :func:`archive` is the only move.
 """
@@ -161,6 +165,31 @@ def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
                             f"start with the same {flag} to continue it, or pick another "
                             f"--workdir")
     return Start(StartKind.CONTINUE, meta.get("id"))
+
+
+def no_way_out(root: Path, flag: str) -> None:
+    """Refuse a work directory holding a symbolic link that leads out of it (or nowhere: a
+    dangling link would make the run create its target, wherever it points). Reads only.
+    Raises UserError naming the link, where it points and the fix."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    base = root.resolve()
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            p = Path(folder) / name
+            if not p.is_symlink():
+                continue
+            target = p.resolve(strict=False)
+            if target == base or base in target.parents:
+                if target.exists():
+                    continue
+                why = "a link to nothing (the run would create it)"
+            else:
+                why = f"a link out of the work directory, to {target}"
+            raise UserError(f"{flag} {root}: {p} is {why}; a run writes only inside its work "
+                            f"directory: remove the link (or put the file itself there), or "
+                            f"give another {flag}")
 
 
 def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:

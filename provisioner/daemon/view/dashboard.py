@@ -94,6 +94,8 @@ def head_lines(st: Status, t0: float) -> list[Text]:
            f"{sps} samples/s")
     two = (f"notices {st.counts.get('notice', 0)}  kills {st.counts.get('killed', 0)}  "
            f"steps lost {p.get('steps_lost', 0)}  [b]ETA[/b] {eta_text(st.eta_s, st.speed)}")
+    if st.paused_since is not None:  # said first: the one thing the person must act on
+        two = "[b red]disk full: writes paused[/b red]  " + two
     s = st.savings
     spend = f"[b]spend[/b] {usd(st.spend)} (${st.cost_per_hour:,.2f}/h)"
     if s is None:

@@ -59,6 +59,7 @@ class Status:
     speed: float = 1.0  # simulated seconds per real second
     total_epochs: int | None = None
     counts: Mapping[str, int] = field(default_factory=dict)  # notices, kills, launches
+    paused_since: float | None = None  # wall time the state's writes found a full disk
 
 
 def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
@@ -95,7 +96,7 @@ def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
                   by_key, cost, state.spend(t), sps, progress,
                   tuple(state.events(limit=events)) if events else (), plan_text, workers,
                   tuple(rows), from_state(state, t, every_s), eta_from_state(state, total),
-                  float(clock.get("speed") or 1.0), total, counts)
+                  float(clock.get("speed") or 1.0), total, counts, state.paused_since)
 
 
 #: The ring's figures a summary keeps (its ``ring`` meta, the last the daemon recorded).
