@@ -3,7 +3,8 @@
 Design: the registry (:mod:`provisioner.daemon.run.registry`, pruned of dead daemons as it is
 read) says which daemons run and where their files are; each run's progress comes from its
 own state file through :func:`provisioner.daemon.view.status.summary`, read-only, the reader
-``provision status`` uses. ``--json`` is one document (a list).
+``provision status`` uses. The table fits the terminal, its run names and ids never cut
+(:func:`provisioner.daemon.view.tables.runs_lines`); ``--json`` is one document (a list).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def rows() -> list[dict[str, Any]]:
     for e in registry.entries():
         doc = _progress(e.state)
         ring = doc.get("ring") or {}
-        out.append({"run": e.run_id, "pid": e.pid, "alive": e.alive,
+        out.append({"run": e.run_id, "name": e.name, "pid": e.pid, "alive": e.alive,
                     "holds_lock": held_by(Path(e.lock)) == e.pid,
                     "driver": e.driver, "workdir": e.workdir, "state": e.state, "log": e.log,
                     "started": e.started, "job": e.job, "config": e.config,
@@ -64,6 +65,10 @@ def rows() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from provisioner.daemon.view.tables import runs_lines
+
     runs = rows()
     if args.json:
         print_json(runs, indent=2)
@@ -71,20 +76,6 @@ def run(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs on this machine (start one: provision run --detach)")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"runs ({len(runs)})")
-    for col in ("run", "pid", "alive", "started", "job", "progress", "workdir"):
-        table.add_column(col, overflow="fold")
-    for r in runs:
-        acc = r["accuracy"]
-        progress = (f"epoch {r['epoch'] or 0}, step {r['step'] or 0}"
-                    + (f", acc {acc:.3f}" if isinstance(acc, (int, float)) else "")
-                    + f"; fleet {r['fleet']}"
-                    + (f", ${r['spend_usd']:.2f}" if r["spend_usd"] is not None else ""))
-        table.add_row(r["run"], str(r["pid"]), "yes" if r["alive"] else "no",
-                      r["started"].replace("+00:00", "Z"), r["job"].rsplit("/", 1)[-1],
-                      progress, r["workdir"])
-    Console().print(table)
+    for line in runs_lines(runs, shutil.get_terminal_size((80, 24)).columns):
+        print(line)
     return 0

@@ -7,7 +7,8 @@ or ``[cloud] driver = "local"``) or the cloud one, shown in this terminal by
 :mod:`provisioner.commands.run_terminal` (the session never prints).
 
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
-finite and within a bound that names the flag and the fix (:func:`check_flags`); the job
+finite and within a bound that names the flag and the fix (:func:`check_flags`, with
+:func:`provisioner.clio.bounded`); the job
 (``--job``, else ``job.job_file``) is checked without importing it
 (:func:`provisioner.daemon.run.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
 address is decided once (:func:`metrics_endpoint`). ``--detach`` re-runs the same command
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
+from provisioner.clio import bounded, whole
 from provisioner.config import load_settings, parse_settings
 from provisioner.errors import UserError
 
@@ -79,6 +81,8 @@ def register(sub: Any) -> None:
                    "(default 0.3; 0 = revocations only from `provision revoke`)")
     p.add_argument("--max-size", type=int, help="most workers (local default 3; overrides "
                    "fleet.max_size)")
+    p.add_argument("--name", metavar="NAME", help="a name for the run: `provision status/"
+                   "logs/stop/down NAME` find it, even once stopped")
     p.add_argument("--no-dashboard", action="store_true", help="log lines instead of the "
                    "live dashboard")
     p.add_argument("--record-samples", action="store_true",
@@ -99,38 +103,30 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def _bounded(flag: str, value: float | None, low: float, high: float, fix: str,
-             low_open: bool = False) -> None:
-    if value is None:
-        return
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        side = f"> {low:g}" if low_open else f">= {low:g}"
-        raise UserError(f"{flag} {value:g}: must be a finite number {side} and <= {high:g}; "
-                        f"{fix}")
-
-
 def check_flags(args: argparse.Namespace) -> None:
     """Every numeric flag finite and within its bound (see the constants above). Raises
     UserError naming the flag and the fix."""
-    _bounded("--speed", args.speed, 0, MAX_SPEED, "e.g. --speed 60 (one real minute is one "
-             "simulated hour)", low_open=True)
-    _bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
-             "e.g. 0.3 (the default) or 1 for a busy market")
-    _bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
-    _bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
-             else 10_000, "the most workers at once, e.g. --max-size 3"
-             + (" (each local worker is a process on this machine)" if args.config is None
-                else ""))
-    _bounded("--metrics-port", args.metrics_port, 0, 65535, "a free TCP port, or 0 for any")
+    bounded("--speed", args.speed, 0, MAX_SPEED, "e.g. --speed 60 (one real minute is one "
+            "simulated hour)", low_open=True)
+    bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
+            "e.g. 0.3 (the default) or 1 for a busy market")
+    bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
+    bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
+            else 10_000, "the most workers at once, e.g. --max-size 3"
+            + (" (each local worker is a process on this machine)" if args.config is None
+               else ""))
+    bounded("--metrics-port", args.metrics_port, 0, 65535, "a free TCP port, or 0 for any")
+    whole("--seed", args.seed, 0, 2**32 - 1, "e.g. --seed 7 (the default)")
 
 
 def run(args: argparse.Namespace) -> int:
+    with quiet_libraries(args):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from provisioner.daemon.run.jobspec import check_job
 
-    if not getattr(args, "verbose", 0):
-        # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
-        logging.getLogger("apscheduler").setLevel(logging.ERROR)
     check_flags(args)
     duration = parse_duration(args.duration) if args.duration else None
     if args.config is None:
@@ -161,6 +157,31 @@ def run(args: argparse.Namespace) -> int:
     return run_session(options, dashboard=not args.no_dashboard)
 
 
+#: Loggers whose warnings are the run's ordinary news (a member lost on a kill, a coalesced
+#: round on a busy machine): the dashboard and the report say what happened, so their lines
+#: would only fill stderr. ``-v`` or ``--log-level`` brings them back.
+LIBRARY_LOGGERS = ("apscheduler", "trainer")
+
+
+@contextmanager
+def quiet_libraries(args: argparse.Namespace) -> Iterator[None]:
+    """Stderr stays quiet unless something needs the user: the libraries' warnings are
+    silenced for the command's life unless ``-v`` or ``--log-level`` asked for them; the
+    daemon's own (a full disk, an error it cannot work around) still show."""
+    if getattr(args, "verbose", 0) or getattr(args, "log_level", None):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def options_from(args: argparse.Namespace, settings: Any,
                  duration: float | None) -> RunOptions:
     """The run's frozen options from checked flags and settings (the daemon never sees
@@ -177,7 +198,7 @@ def options_from(args: argparse.Namespace, settings: Any,
                       outages_per_hour=args.outages_per_hour, until_epochs=args.until_epochs,
                       duration_s=duration, duration_text=args.duration, on_exit=args.on_exit,
                       metrics_endpoint=metrics_endpoint(args, settings),
-                      record_samples=bool(args.record_samples),
+                      record_samples=bool(args.record_samples), name=args.name,
                       detached_log=Path(detached) if detached else None)
 
 

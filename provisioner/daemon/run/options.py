@@ -37,6 +37,7 @@ class RunOptions:
     on_exit: str | None = None  # --on-exit keep|terminate (default: the environment's)
     metrics_endpoint: tuple[str, int] | None = None  # --metrics-host/--metrics-port
     record_samples: bool = False  # --record-samples
+    name: str | None = None  # --name: how `provision status/logs/down/stop/revoke` call it
     detached_log: Path | None = None  # the log of a detached daemon (`--detach` sets it)
 
     @property

@@ -250,6 +250,7 @@ class RunSession:
     def _run_all(self) -> RunResult:
         env = self.env
         env.check()
+        registry.check_name(self.options.name, env.target.state)
         created = Created()
         lock = RunLock(env.target.lock, env.target.what)
         lock.acquire(created)
@@ -286,10 +287,13 @@ class RunSession:
             self.observer.note(line)
         state = self.open_state(self.env.target.state)
         previous = (state.get_meta("run") or {}) if start.kind is StartKind.CONTINUE else {}
+        name = self.options.name or previous.get("name")
         if (state.get_meta("ring") or {}).get("outcome", "running") != "running":
             state.set_meta("ring", {})  # a continued lost or failed ring: its new life decides
-        state.set_meta("run", {"id": run_id, "identity": self.env.identity().as_meta(),
+        state.set_meta("run", {"id": run_id, "name": name,
+                               "identity": self.env.identity().as_meta(),
                                "ended": None, "previous_end": previous.get("ended")})
+        state.set_meta("finished", False)
         if coordinator is not None:
             host, port = coordinator.address
             state.set_meta("coordinator", {"host": host, "port": port})
@@ -307,10 +311,14 @@ class RunSession:
         terminate = False
         try:
             state = self._commit(start, run_id, coordinator)
+            name = (state.get_meta("run") or {}).get("name")
+            config = str(Path(o.config).resolve()) if o.config else None
             registry.register(run_id=env.registry_id(run_id), driver=env.target.driver,
                               workdir=env.target.root, state=env.target.state,
-                              lock=lock.path, job=o.job, log=o.detached_log,
-                              config=str(Path(o.config).resolve()) if o.config else None)
+                              lock=lock.path, job=o.job, log=o.detached_log, config=config,
+                              name=name)
+            registry.remember(name, driver=env.target.driver, workdir=env.target.root,
+                              state=env.target.state, config=config)
             now = env.clock(state, start, found)
             if start.kind is StartKind.CONTINUE:
                 state.record_event(now().timestamp(), EventKind.CONTINUED,

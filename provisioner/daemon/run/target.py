@@ -4,9 +4,11 @@
 Design: a run is a work directory (a local run: ``WORKDIR/state.sqlite``, ``WORKDIR/.lock``,
 ``WORKDIR/daemon.log``, its workers' logs in ``WORKDIR/cloud/logs/``) or a cloud state file
 (``STATE_PATH``, ``STATE_PATH.lock``, ``STATE_PATH.log``, ``STATE_PATH.report/``).
-:func:`resolve` turns what the user typed into a :class:`Target`: ``--config FILE`` (its ``daemon.state_path``, or its
-``local.state_dir`` for a local config); else a folder; else a run of ``provision list`` by
-pid or run id; else, with nothing typed, ``./spotring-run`` when it exists, or the one run
+:func:`resolve` turns what the user typed into a :class:`Target`: the one way ``provision
+status``, ``logs``, ``down``, ``stop`` and ``revoke`` name a run (``RUN``): ``--config FILE`` (its ``daemon.state_path``,
+or its ``local.state_dir`` for a local config); else a work directory; else a state file;
+else a run of ``provision list`` by pid, ``--name`` or run id; else a stopped run by its
+``--name``; else, with nothing typed, ``./spotring-run`` when it exists, or the one run
 this machine has.
 
 Rule: the log, lock and default report names are decided here and nowhere else.
@@ -84,24 +86,52 @@ def resolve(ref: str | None, config: str | None) -> Target:
 
         return from_settings(load_settings(config), config, ref)
     if ref is not None:
-        if Path(ref).is_dir():
-            return local_target(ref)
+        path = Path(ref).expanduser()
+        if path.is_dir():
+            return local_target(path)
+        if path.is_file():
+            return of_state(path)
         entry = registry.find(ref)
         if entry is not None:
             return of_entry(entry)
-        raise UserError(f"{ref}: neither a work directory nor a run of `provision list`; give "
-                        f"the --workdir of a local run, a run id or pid, or --config FILE "
-                        f"for a cloud run")
+        known = registry.named(ref)
+        if known is not None:
+            if known["driver"] == "local":
+                return local_target(known["workdir"], known.get("config"))
+            return cloud_target(known["driver"], known["state"], known.get("config"))
+        raise UserError(f"{ref}: no run by that name, id or pid, and no work directory or "
+                        f"state file there; give a run of `provision list`, its --name, its "
+                        f"--workdir or state file, or --config FILE for a cloud run")
     if Path(DEFAULT_WORKDIR).is_dir():
         return local_target(DEFAULT_WORKDIR)
     runs = registry.entries()
     if len(runs) == 1:
         return of_entry(runs[0])
     if not runs:
-        raise UserError(f"no ./{DEFAULT_WORKDIR} here and no run on this machine; give a work "
-                        f"directory, or --config FILE for a cloud run")
+        raise UserError(f"no ./{DEFAULT_WORKDIR} here and no run on this machine; name one: "
+                        f"its --name, work directory or state file (or --config FILE)")
     raise UserError(f"{len(runs)} runs on this machine (" + ", ".join(
-        e.run_id for e in runs) + "); name one (see `provision list`)")
+        e.name or e.run_id for e in runs) + "); name one (see `provision list`)")
+
+
+def of_state(path: Path) -> Target:
+    """The run a state file belongs to: a local run's work directory when it is one's
+    ``state.sqlite``, else a cloud run's state file (its driver from the state)."""
+    path = path.expanduser().resolve()
+    if path.name == "state.sqlite" and ((path.parent / ".lock").exists()
+                                        or (path.parent / "cloud").is_dir()):
+        return local_target(path.parent)
+    from provisioner.daemon.state import State
+
+    st = State.read_only(path)
+    try:
+        driver = str((st.get_meta("job") or {}).get("driver") or "cloud")
+    finally:
+        st.close()
+    if driver == "local":
+        return Target("local", path.parent, path, path.parent / ".lock",
+                      path.parent / LOG_NAME)
+    return cloud_target(driver, path)
 
 
 def of_entry(entry: object) -> Target:

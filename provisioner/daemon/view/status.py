@@ -113,20 +113,26 @@ def summary(state: State, events: int = 12) -> dict[str, Any]:
     t0 = float(state.get_meta("started_at", now))
     live = state.live_instances()
     run = state.get_meta("run") or {}
+    ended = run.get("ended") or {}
     return {
         "state": str(state.path),
         "job": state.get_meta("job", {}),
         "run_id": run.get("id"),
+        "name": run.get("name"),
+        "total_epochs": (run.get("identity") or {}).get("until_epochs"),
         "hours": round((now - t0) / 3600.0, 4),
         "spend_usd": round(state.spend(now), 6),
-        "finished": bool(state.get_meta("finished", False)),
-        "outcome": (run.get("ended") or {}).get("outcome"),
-        "fleet_kept": bool((run.get("ended") or {}).get("fleet_kept")),
+        "finished": bool(ended) if run else bool(state.get_meta("finished", False)),
+        "outcome": ended.get("outcome"),
+        "fleet_kept": bool(ended.get("fleet_kept")),
         "ring": {k: v for k, v in (state.get_meta("ring") or {}).items() if k in RING_KEYS},
-        "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
-                   "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
+        "outcome_text": ended.get("reason"),
+        "fleet": [{"id": r.id, "offering": r.offering.key, "where": short_offering(r.offering.key),
+                   "state": r.state, "hours": round((now - r.launched_at) / 3600.0, 4)}
+                  for r in live],
         "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
-                    "instance": e.instance_id, "detail": e.detail} for e in recent],
+                    "instance": e.instance_id, "detail": e.detail, "text": describe(e)}
+                   for e in recent],
     }
 
 

@@ -28,7 +28,7 @@ PROVISION = [sys.executable, "-m", "provisioner"]
 
 #: The fewest arguments each command parses with (placeholders are never opened).
 MINIMAL = {"prices": [], "plan": [], "simulate": ["--trace", "t", "--work", "1"], "run": [],
-           "status": [], "list": [], "logs": [], "down": [], "revoke": ["i-1"],
+           "status": [], "list": [], "logs": [], "stop": [], "down": [], "revoke": ["i-1"],
            "completion": ["bash"]}
 
 
