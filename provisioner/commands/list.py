@@ -58,7 +58,8 @@ def rows() -> list[dict[str, Any]]:
                     "driver": e.driver, "workdir": e.workdir, "state": e.state, "log": e.log,
                     "started": e.started, "job": e.job, "config": e.config,
                     "epoch": ring.get("epoch"), "step": ring.get("step"),
-                    "accuracy": ring.get("accuracy"), "world": ring.get("world"),
+                    "accuracy": ring.get("accuracy"), "metrics": ring.get("metrics"),
+                    "world": ring.get("world"),
                     "fleet": len(doc.get("fleet") or []), "spend_usd": doc.get("spend_usd"),
                     "hours": doc.get("hours")})
     return out

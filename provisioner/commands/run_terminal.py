@@ -21,8 +21,7 @@ import time
 from typing import Any, Callable
 
 from provisioner.daemon.run.session import RunResult
-from provisioner.daemon.view.savings import pct
-from provisioner.daemon.view.status import Status
+from provisioner.daemon.view.status import Status, metrics_text
 
 #: Real seconds between two progress lines without the dashboard.
 LINE_EVERY_S = 5.0
@@ -79,32 +78,44 @@ class Terminal:
 
 
 def progress_line(st: Status, t0: float) -> str:
-    """One line of progress (the run's hours, fleet, cost, epoch, accuracy)."""
-    acc = st.progress.get("accuracy")
+    """One line of progress (the run's hours, fleet, cost, epoch, the job's metrics)."""
+    values = (st.job_metrics or {}).get("values") or st.progress.get("metrics") or {}
     return (f"[{(st.now.timestamp() - t0) / 3600:6.2f} h] fleet {sum(st.fleet.values())} "
             f"(+{st.draining} draining), ${st.cost_per_hour:.3f}/h, spend ${st.spend:.4f}, "
-            f"epoch {st.progress.get('epoch', 0)}, accuracy "
-            f"{'-' if acc is None else f'{acc:.3f}'}"
+            f"epoch {st.progress.get('epoch', 0)}"
+            + (f", {metrics_text(values)}" if values else "")
             + ("; disk full: writes paused" if st.paused_since is not None else ""))
 
 
 def end_lines(result: RunResult) -> tuple[list[str], str | None]:
     """The lines for stdout at the end of a run, and the one for stderr (None when the run
-    succeeded)."""
+    succeeded). Savings are claimed only for work done."""
     v, fig = result.verdict, result.figures
-    acc = "-" if fig.get("accuracy") is None else f"{fig['accuracy']:.3f}"
+    values = (fig.get("job_metrics") or {}).get("values") or {}
+    if not values and fig.get("accuracy") is not None:
+        values = {"accuracy": fig["accuracy"]}
     out = [f"stopped: {v.reason}. spend ${fig['spend_usd']:.4f} for {fig['samples']:,} "
-           f"samples (${fig['cost_per_1m_samples_usd'] or 0:.4f} per 1M), accuracy "
-           f"{acc}, steps lost {fig['steps_lost']} "
-           f"(${fig['money_lost_usd']:.4f}), {fig['notices']} notices, "
-           f"{fig['kills']} kills, {fig['joins']} joins",
-           f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
-           f"{pct(fig['saved_vs_on_demand'])}; against checkpoint-restart on the same "
-           f"spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
-           f"{pct(fig['saved_vs_checkpoint_restart'])} (docs/daemon.md, \"Savings\")",
-           f"report: {result.report}" if result.report is not None else
-           "report: not written (the disk was full); `provision status` shows the run"]
+           f"samples (${fig['cost_per_1m_samples_usd'] or 0:.4f} per 1M)"
+           + (f", {metrics_text(values)}" if values else "")
+           + f", steps lost {fig['steps_lost']} (${fig['money_lost_usd']:.4f}), "
+           f"{fig['notices']} notices, {fig['kills']} kills, {fig['joins']} joins"]
+    if fig.get("outcome") == "lost":
+        out.append("no savings claimed: the job was lost")
+    elif not fig.get("samples"):
+        out.append("no savings claimed: the run trained nothing")
+    else:
+        out.append(f"against on-demand ${fig['on_demand_usd']:.4f}: saved "
+                   f"{_pct(fig['saved_vs_on_demand_pct'])}; against checkpoint-restart on "
+                   f"the same spot fleet ${fig['checkpoint_restart_usd']:.4f}: saved "
+                   f"{_pct(fig['saved_vs_checkpoint_restart_pct'])} (docs/daemon.md, "
+                   f"\"Savings\")")
+    out.append(f"report: {result.report}" if result.report is not None else
+               "report: not written (the disk was full); `provision status` shows the run")
     return out, (f"provision run: error: {v.failure}" if v.failure else None)
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0f}%"
 
 
 def _log_streams_to(stream: Any) -> list[tuple[logging.StreamHandler, Any]]:

@@ -459,17 +459,23 @@ class State:
         self._w("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                     (t, kind, instance_id, offering.key if offering else None, detail))
 
-    def events(self, limit: int | None = None, kinds: Sequence[str] | None = None) -> list[Event]:
+    def events(self, limit: int | None = None, kinds: Sequence[str] | None = None, *,
+               in_time: bool = False) -> list[Event]:
+        """The ``limit`` newest events (all when None), oldest first: in the order they
+        were written, or with ``in_time`` in the order of their times."""
         sql = "SELECT t, kind, instance_id, offering, detail FROM events"
         params: list[Any] = []
         if kinds:
             sql += f" WHERE kind IN ({','.join('?' * len(kinds))})"
             params += list(kinds)
-        sql += " ORDER BY rowid DESC"
+        sql += " ORDER BY t DESC, rowid DESC" if in_time else " ORDER BY rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
         return [Event(*r) for r in reversed(self._rows(sql, params))]
+
+    def count_events(self) -> int:
+        return int(self._rows("SELECT COUNT(*) FROM events")[0][0])
 
     def record_metrics(self, t: float, values: Iterable[tuple[str, str, float]]) -> None:
         """Record (name, labels, value) samples at ``t`` in one transaction."""

@@ -54,7 +54,7 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
     market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours))
     actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
                                   metrics=metrics, launch_env=launch_env, stopping=stopping)
-    telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)
+    telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics, speed=speed)
     return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
                   market=market, planner=Planner(plan_settings(settings)), actuator=actuator,
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)

@@ -424,8 +424,9 @@ class RunSession:
 
         out = self.env.report_dir
         try:
-            path: Path | None = write_report(state, out, end_t, ring,
-                                             title=f"spotring: {self.options.job}",
+            run = state.get_meta("run") or {}
+            title = f"spotring run {run.get('name') or run_id}: {self.options.job}"
+            path: Path | None = write_report(state, out, end_t, ring, title=title,
                                              notes=self.env.notes() + [f"stopped: {v.reason}"])
         except OSError as exc:
             if not is_disk_full(exc):

@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
+from provisioner.daemon.view.status import metrics_text
+
 #: From this many columns the tables add what an 80-column one leaves out.
 WIDE = 120
 
@@ -49,17 +51,20 @@ def age(iso: str | None, now: datetime | None = None) -> str:
     return f"{max(0, int(s))}s"
 
 
-def progress_text(ring: Mapping[str, Any], total_epochs: int | None = None) -> str:
-    """``epoch 12/30, step 340, accuracy 0.981``: the ring's progress in words."""
+def progress_text(ring: Mapping[str, Any], total_epochs: int | None = None,
+                  limit: int | None = 2) -> str:
+    """``epoch 12/30, step 340, accuracy 0.981``: the ring's progress and the job's metrics
+    (what ``evaluate`` returned; at most ``limit`` of them) in words."""
     if not ring:
         return "no ring yet"
     epoch = ring.get("epoch")
     parts = [f"epoch {epoch if epoch is not None else 0}"
              + (f"/{total_epochs}" if total_epochs else ""),
              f"step {ring.get('step') or 0}"]
-    acc = ring.get("accuracy")
-    if isinstance(acc, (int, float)):
-        parts.append(f"accuracy {acc:.3f}")
+    values = ring.get("metrics") or ({"accuracy": ring["accuracy"]}
+                                     if ring.get("accuracy") is not None else {})
+    if values:
+        parts.append(metrics_text(values, limit))
     return ", ".join(parts)
 
 
@@ -80,6 +85,10 @@ def status_lines(doc: Mapping[str, Any], width: int) -> list[str]:
     if ring:
         lines.append(f"  {progress_text(ring, doc.get('total_epochs'))}, world "
                      f"{ring.get('world') or 0}, steps lost {ring.get('steps_lost') or 0}")
+    job = doc.get("job_metrics")
+    if job:
+        lines.append(f"  job: {metrics_text(job['values'])} (at step {job.get('step')}, "
+                     f"epoch {job.get('epoch')}, {job.get('hours', 0):.2f} h)")
     fleet = doc.get("fleet") or []
     lines.append(f"fleet ({len(fleet)})")
     idw = max([len(r["id"]) for r in fleet] + [2])
@@ -115,7 +124,7 @@ def runs_lines(rows: Sequence[Mapping[str, Any]], width: int,
     out = [header + f"{'PROGRESS':<{prog_w}}  " + (f"{'JOB':<{job_w}}  " if wide else "")
            + "WORKDIR"]
     for name, r in zip(names, rows):
-        prog = progress_text({k: r.get(k) for k in ("epoch", "step", "accuracy")}
+        prog = progress_text({k: r.get(k) for k in ("epoch", "step", "accuracy", "metrics")}
                              if r.get("step") is not None else {})
         prog += f"; fleet {r.get('fleet') or 0}, {money(r.get('spend_usd'))}"
         line = (f"{name:<{nw}}  {r['pid']:>7}  {age(r.get('started'), now):>4}  "
