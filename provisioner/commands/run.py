@@ -42,6 +42,7 @@ MAX_SPEED = 1_000_000.0  # as local.speed
 MAX_OUTAGES_PER_HOUR = 60.0  # an outage a minute per offering: a stress test, not a market
 MAX_LOCAL_WORKERS = 64  # each local worker is a torch process on this machine
 MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**12
 MAX_DURATION_S = 365 * 86400.0  # a simulated year
 
 
@@ -64,7 +65,11 @@ def register(sub: Any) -> None:
                    "built-in generator")
     p.add_argument("--speed", type=float, help="simulated seconds per real second "
                    "(default local.speed, 60)")
-    p.add_argument("--until-epochs", type=int, metavar="N", help="stop after N epochs")
+    p.add_argument("--until-epochs", type=int, metavar="N", help="train N epochs: the job "
+                   "ends there by itself (its on_finish runs; refused for a job that would "
+                   "train past it)")
+    p.add_argument("--until-steps", type=int, metavar="N", help="stop the run at step N "
+                   "(stopped at the limit: the job's on_finish does not run)")
     p.add_argument("--duration", metavar="T", help="stop after T simulated time (e.g. 90m, 2h)")
     p.add_argument("--report", metavar="DIR", help="report directory (default WORKDIR/report)")
     p.add_argument("--workdir", help="state, worker logs, report (local run; default "
@@ -111,6 +116,7 @@ def check_flags(args: argparse.Namespace) -> None:
     bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
             "e.g. 0.3 (the default) or 1 for a busy market")
     bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
+    bounded("--until-steps", args.until_steps, 1, MAX_STEPS, "e.g. --until-steps 1000")
     bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
             else 10_000, "the most workers at once, e.g. --max-size 3"
             + (" (each local worker is a process on this machine)" if args.config is None
@@ -196,6 +202,7 @@ def options_from(args: argparse.Namespace, settings: Any,
                       report=Path(args.report) if args.report else None,
                       traces=tuple(args.trace or ()), speed=args.speed, seed=args.seed,
                       outages_per_hour=args.outages_per_hour, until_epochs=args.until_epochs,
+                      until_steps=args.until_steps,
                       duration_s=duration, duration_text=args.duration, on_exit=args.on_exit,
                       metrics_endpoint=metrics_endpoint(args, settings),
                       record_samples=bool(args.record_samples), name=args.name,

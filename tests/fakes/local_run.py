@@ -162,13 +162,14 @@ STAND_IN = REPO / "tests" / "fakes" / "local_worker.py"
 
 
 def local_options(wd: Path, until: int | None = None, **kw: Any) -> Any:
-    """The options of a quick local run in ``wd``: two instances, no outages, 600x."""
+    """The options of a quick local run in ``wd``: two instances, no outages, 600x;
+    ``until``: its --until-steps."""
     from provisioner.config import parse_settings
     from provisioner.daemon.run.options import RunOptions
 
     settings = parse_settings({"fleet": {"max_size": 2, "markets": ["spot"]}})
     return RunOptions(settings=settings, workdir=wd, outages_per_hour=0.0, speed=600.0,
-                      until_epochs=until, **kw)
+                      until_steps=until, **kw)
 
 
 def fake_ring_environment(options: Any, ring: Any, out: Path,
@@ -180,6 +181,9 @@ def fake_ring_environment(options: Any, ring: Any, out: Path,
     from provisioner.daemon.run.session import Parts
 
     class Env(LocalEnvironment):
+        def check_job(self) -> list[str]:
+            return []  # the stand-in worker trains no job
+
         def coordinator(self, start: Any, found: Any, run_id: str, created: Any) -> Any:
             self.ring_files(start, run_id, created)
             ring.start()

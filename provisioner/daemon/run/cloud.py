@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.ports import RingCoordinator
+from provisioner.daemon.run.jobcheck import limit_env
 from provisioner.daemon.run.lock import Created
 from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.session import Found, Parts
@@ -58,17 +59,21 @@ class CloudEnvironment:
         self._parts: tuple[Any, Any] | None = None
         self._token: bytes | None = None
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
+        """The driver, the source and the token. The job is not built here: it is a module
+        of the workers' image (``provision check --job MODULE`` builds it where it is
+        installed)."""
         s = self.options.settings
         self._parts = cloud_parts(s, list(self.options.traces) or None)
         self._token = ring_token(s)
+        return []
 
     def identity(self) -> RunIdentity:
         """The job and its limit; the market is the cloud's (a restart may read its prices
         from another source)."""
         s = self.options.settings
         return RunIdentity(s.job.id, self.options.job, self.options.until_epochs,
-                           f"cloud {s.cloud.driver}")
+                           f"cloud {s.cloud.driver}", self.options.until_steps)
 
     def decide(self, found: Found) -> Start:
         start = decide_start(found.run, found.has_state, self.identity(), self.target.what,
@@ -115,7 +120,9 @@ class CloudEnvironment:
         assert self._parts is not None, "check() first"
         driver, source = self._parts
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB
-        return Parts(driver, source, {"SPOTRING_JOB": self.options.job})
+        return Parts(driver, source, {"SPOTRING_JOB": self.options.job,
+                                      **limit_env(self.options.until_epochs,
+                                                  self.options.until_steps)})
 
     def fleet_driver(self, now: Callable[[], datetime]) -> Any:
         assert self._parts is not None, "check() first"

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pricing.sources import synthetic
 from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.ports import RingCoordinator
+from provisioner.daemon.run.jobcheck import limit_env
 from provisioner.daemon.run.lock import Created, writable_folder
 from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.session import Found, Parts
@@ -194,13 +195,24 @@ class LocalEnvironment:
         start = min(q.time for q in ok)
         return replace(snap, quotes=tuple(ok)), start
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         snap, notes = self.market()
         snap, start = self.usable(snap)
         self._market = (snap, start, notes)
         no_way_out(self.wd.root, "--workdir")
         writable_folder(self.wd.root, "--workdir")
         writable_folder(self.report_dir, "--report")
+        return self.check_job()
+
+    def check_job(self) -> list[str]:
+        """Build the job once here, with the workers' environment, before anything is
+        launched (:func:`provisioner.daemon.run.jobcheck.build`); the run's limits must fit
+        it. Returns notes; raises UserError naming --job and the cause."""
+        from provisioner.daemon.run.jobcheck import build, limits
+
+        o = self.options
+        facts = build(o.job, self.launch_env(), python=o.settings.local.python or None)
+        return [facts.text(o.job), *limits(facts, o.job, o.until_epochs, o.until_steps)]
 
     def identity(self) -> RunIdentity:
         """This start's :class:`RunIdentity` (a continued run must have the same)."""
@@ -212,7 +224,7 @@ class LocalEnvironment:
             if rate is None:
                 rate = synthetic.GeneratorParams().outages_per_hour
             market = f"generator seed {o.seed}, {rate:g} outages/h"
-        return RunIdentity(o.settings.job.id, o.job, o.until_epochs, market)
+        return RunIdentity(o.settings.job.id, o.job, o.until_epochs, market, o.until_steps)
 
     def decide(self, found: Found) -> Start:
         return decide_start(found.run, found.has_state, self.identity(), self.target.what,
@@ -330,10 +342,14 @@ class LocalEnvironment:
                              notice_window_s=loc.notice_window_s,
                              hard_kill_every=loc.hard_kill_every)
         self._driver = driver
+        return Parts(driver, TraceSource([], snapshot=snap), self.launch_env())
+
+    def launch_env(self) -> dict[str, str]:
+        """What every worker's environment gets: one thread, the log level, and the run's
+        limits (:mod:`provisioner.daemon.run.jobcheck`: the job, or a trainer that honours
+        them, ends there by itself; the digits example reads ``DIGITS_EPOCHS``)."""
         env = {"OMP_NUM_THREADS": "1", "SPOTRING_LOG": os.environ.get("SPOTRING_LOG", "WARNING")}
-        if self.options.until_epochs:
-            env["DIGITS_EPOCHS"] = str(self.options.until_epochs)
-        return Parts(driver, TraceSource([], snapshot=snap), env)
+        return {**env, **limit_env(self.options.until_epochs, self.options.until_steps)}
 
     def fleet_driver(self, now: Callable[[], datetime]) -> Any:
         """The local driver over this machine's instances, with no worker command."""

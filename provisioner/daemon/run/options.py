@@ -31,7 +31,8 @@ class RunOptions:
     speed: float | None = None  # --speed (a local run; default local.speed)
     seed: int = 7  # --seed of the built-in market
     outages_per_hour: float | None = None  # --outages-per-hour of the built-in market
-    until_epochs: int | None = None  # --until-epochs
+    until_epochs: int | None = None  # --until-epochs (the job ends there by itself)
+    until_steps: int | None = None  # --until-steps (the run is cut there)
     duration_s: float | None = None  # --duration, in the run's (simulated) seconds
     duration_text: str | None = None  # --duration as typed, for messages
     on_exit: str | None = None  # --on-exit keep|terminate (default: the environment's)

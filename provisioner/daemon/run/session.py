@@ -8,7 +8,8 @@ trace or the built-in generator, worker processes, a work directory;
 state file, real time). The order of a run:
 
 1. ``env.check()``: every input that needs no lock (the market, the driver, the token, the
-   folders writable). Nothing changes.
+   folders writable; a local run builds its job once, one batch through the model, and
+   checks its limits: :mod:`provisioner.daemon.run.jobcheck`). Nothing changes.
 2. The run's lock (:class:`~provisioner.daemon.run.lock.RunLock` on ``env.target.lock``),
    recorded in a :class:`~provisioner.daemon.run.lock.Created` journal.
 3. The run found there, read read-only (:class:`Found`), and the start decided
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 #: How often the session looks at the run (the verdict, the environment's tick, the
 #: dashboard): four times a second reads smoothly and costs nothing next to the ring.
 WATCH_S = 0.25
+#: Real seconds the ring gets to report the job done once it reached --until-epochs (the job
+#: ends there by itself: its last step, its evaluate, its on_finish) before the run is cut.
+LIMIT_GRACE_S = 30.0
 #: How often the end of a run is tried again while the disk is full.
 DISK_RETRY_S = 1.0
 #: The state meta a start reads from the run found there (read-only, before the lock's run).
@@ -123,8 +127,9 @@ class Environment(Protocol):
     speed: float  # simulated seconds per real second (1.0 on a cloud)
     default_on_exit: str  # the fleet at exit when --on-exit is not given
 
-    def check(self) -> None:
-        """Every input that needs no lock. Raises UserError; changes nothing."""
+    def check(self) -> list[str]:
+        """Every input that needs no lock (a local run builds its job here). Returns lines
+        for the person; raises UserError; changes nothing."""
 
     def decide(self, found: Found) -> Start:
         """Fresh, continue or next for the run found. Raises UserError naming the fix."""
@@ -229,6 +234,7 @@ class RunSession:
         self._old_handlers: dict[int, Any] = {}
         self._signals_seen = 0
         self._waiting_noted = False
+        self._limit_seen: float | None = None
 
     @property
     def on_exit(self) -> str:
@@ -249,7 +255,8 @@ class RunSession:
 
     def _run_all(self) -> RunResult:
         env = self.env
-        env.check()
+        for line in env.check():
+            self.observer.note(line)
         registry.check_name(self.options.name, env.target.state)
         created = Created()
         lock = RunLock(env.target.lock, env.target.what)
@@ -370,9 +377,10 @@ class RunSession:
                 stats = daemon.state.get_meta("ring") or {}
                 v = verdict(stats, interrupted=self.stop.is_set(),
                             crash_loop=self.env.crash_loop(daemon.state),
-                            until_epochs=o.until_epochs,
+                            until_epochs=self._epochs_limit(stats),
                             elapsed_s=daemon.now().timestamp() - t0,
-                            duration_s=o.duration_s, duration_text=o.duration_text)
+                            duration_s=o.duration_s, duration_text=o.duration_text,
+                            until_steps=o.until_steps)
                 if v is not None:
                     self.verdict = v
                     return
@@ -402,6 +410,17 @@ class RunSession:
                     self.observer.note("waiting for disk space to record the run's end "
                                        "(Ctrl-C again: exit now and keep the fleet)")
                 time.sleep(DISK_RETRY_S)
+
+    def _epochs_limit(self, stats: Mapping[str, Any]) -> int | None:
+        """``--until-epochs`` as the verdict should apply it: the job was checked to end there
+        by itself (its on_finish runs), so the ring gets :data:`LIMIT_GRACE_S` to report it
+        done before the run is cut at the limit."""
+        limit = self.options.until_epochs
+        if not limit or int(stats.get("epoch") or 0) < limit:
+            return None
+        if self._limit_seen is None:
+            self._limit_seen = time.monotonic()
+        return limit if time.monotonic() - self._limit_seen >= LIMIT_GRACE_S else None
 
     @staticmethod
     def _record_end(state: State, t: float, v: Verdict, ring: Mapping[str, Any], *,

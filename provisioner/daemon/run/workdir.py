@@ -100,12 +100,14 @@ class RunIdentity:
     job_file: str  # job.job_file
     until_epochs: int | None  # --until-epochs
     market: str  # --trace paths, or the generator's --seed and --outages-per-hour
+    until_steps: int | None = None  # --until-steps
 
     def as_meta(self) -> dict[str, Any]:
         return asdict(self)
 
 
 FLAGS = {"job": "job.id", "job_file": "job.job_file", "until_epochs": "--until-epochs",
+         "until_steps": "--until-steps",
          "market": "--trace/--seed/--outages-per-hour"}
 
 
@@ -138,9 +140,10 @@ def ring_end(ring: Mapping[str, Any], run_meta: Mapping[str, Any]) -> Verdict | 
     """The run's end as the ring's last recorded stats decide it (the verdict the daemon acts
     on: the job done, lost or failed, or the run's ``--until-epochs`` reached), None while
     they say it goes on."""
-    limit = (run_meta.get("identity") or {}).get("until_epochs")
-    return verdict(ring, interrupted=False, crash_loop=None, until_epochs=limit,
-                   elapsed_s=0.0, duration_s=None)
+    identity = run_meta.get("identity") or {}
+    return verdict(ring, interrupted=False, crash_loop=None,
+                   until_epochs=identity.get("until_epochs"), elapsed_s=0.0, duration_s=None,
+                   until_steps=identity.get("until_steps"))
 
 
 def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,

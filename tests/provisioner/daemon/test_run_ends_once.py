@@ -97,11 +97,11 @@ class Arming(Quiet):
         self.seam.arm()
 
 
-#: How the run ends in each case: the job finishing, the --until-epochs limit reached (the
-#: ring's stats, --until-epochs, the outcome and exit code a restart must report). A lost or
+#: How the run ends in each case: the job finishing, the run cut at its --until-steps (the
+#: ring's stats, --until-steps, the outcome and exit code a restart must report). A lost or
 #: failed job ends as "done" does (test_workdir.py decides it as data).
 ENDS = {"done": ({"outcome": "done", "finished": True, "epoch": 8}, None, "done", 0),
-        "limit": ({"outcome": "running", "epoch": 3}, 3, "done", 0)}
+        "limit": ({"outcome": "running", "epoch": 3}, 40, "limit", 0)}
 
 
 def session(wd: Path, seam: Seam, ring: FakeRing, until: int | None) -> RunSession:

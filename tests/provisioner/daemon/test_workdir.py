@@ -121,10 +121,15 @@ def test_a_run_whose_stop_never_finished_is_finished_not_continued():
         start = decide_start(run(outcome=outcome, exit_code=code, job_over=over,
                                  stopped=False), True, ID, "w")
         assert start.kind is StartKind.FINISH and start.run_id() == "r1", outcome
-    for outcome in ("interrupted", "limit"):  # Ctrl-C, --duration: the run goes on
+    for outcome in ("interrupted", "duration"):  # Ctrl-C, --duration: the run goes on
         start = decide_start(run(outcome=outcome, job_over=False, stopped=False), True, ID,
                              "w")
         assert start.kind is StartKind.CONTINUE, outcome
+    # a run cut at its --until-steps/--until-epochs: the work asked for is done
+    cut = run(outcome="limit", job_over=True, stopped=False)
+    assert decide_start(cut, True, ID, "w").kind is StartKind.FINISH
+    assert decide_start({**cut, "ended": {**cut["ended"], "stopped": True}}, True, ID,
+                        "w").kind is StartKind.NEXT
     stopped_lost = run(outcome="lost", exit_code=3, job_over=True, stopped=True)
     assert decide_start(stopped_lost, True, ID, "w").kind is StartKind.CONTINUE
     # the end not recorded, but the ring's end was (the verdict comes from that record)
