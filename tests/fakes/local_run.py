@@ -181,7 +181,7 @@ def fake_ring_environment(options: Any, ring: Any, out: Path,
     from provisioner.daemon.run.session import Parts
 
     class Env(LocalEnvironment):
-        def check_job(self) -> list[str]:
+        def build_job(self) -> list[str]:
             return []  # the stand-in worker trains no job
 
         def coordinator(self, start: Any, found: Any, run_id: str, created: Any) -> Any:

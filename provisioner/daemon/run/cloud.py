@@ -60,12 +60,15 @@ class CloudEnvironment:
         self._token: bytes | None = None
 
     def check(self) -> list[str]:
-        """The driver, the source and the token. The job is not built here: it is a module
-        of the workers' image (``provision check --job MODULE`` builds it where it is
-        installed)."""
+        """The driver, the source and the token."""
         s = self.options.settings
         self._parts = cloud_parts(s, list(self.options.traces) or None)
         self._token = ring_token(s)
+        return []
+
+    def build_job(self) -> list[str]:
+        """Nothing: a cloud job is a module of the workers' image (``provision check --job
+        MODULE`` builds it where it is installed)."""
         return []
 
     def identity(self) -> RunIdentity:

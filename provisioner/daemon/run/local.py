@@ -202,12 +202,13 @@ class LocalEnvironment:
         no_way_out(self.wd.root, "--workdir")
         writable_folder(self.wd.root, "--workdir")
         writable_folder(self.report_dir, "--report")
-        return self.check_job()
+        return []
 
-    def check_job(self) -> list[str]:
+    def build_job(self) -> list[str]:
         """Build the job once here, with the workers' environment, before anything is
         launched (:func:`provisioner.daemon.run.jobcheck.build`); the run's limits must fit
-        it. Returns notes; raises UserError naming --job and the cause."""
+        it. Returns notes; raises UserError naming --job and the cause. (A continued run's
+        job was built when the run started, and its workers wait for the daemon.)"""
         from provisioner.daemon.run.jobcheck import build, limits
 
         o = self.options

@@ -8,12 +8,13 @@ trace or the built-in generator, worker processes, a work directory;
 state file, real time). The order of a run:
 
 1. ``env.check()``: every input that needs no lock (the market, the driver, the token, the
-   folders writable; a local run builds its job once, one batch through the model, and
-   checks its limits: :mod:`provisioner.daemon.run.jobcheck`). Nothing changes.
+   folders writable). Nothing changes.
 2. The run's lock (:class:`~provisioner.daemon.run.lock.RunLock` on ``env.target.lock``),
    recorded in a :class:`~provisioner.daemon.run.lock.Created` journal.
 3. The run found there, read read-only (:class:`Found`), and the start decided
-   (``env.decide``: fresh, continue, next: :mod:`provisioner.daemon.run.workdir`).
+   (``env.decide``: fresh, continue, next, finish: :mod:`provisioner.daemon.run.workdir`); a
+   new run's job is built once here, one batch through the model, and its limits checked
+   (``env.build_job``: :mod:`provisioner.daemon.run.jobcheck`).
 4. The metrics port bound; the coordinator bound (``env.coordinator``: a continued run's
    own address and token). A failure in 2-4 undoes what the start created: one line, exit 2.
 5. Commit: ``env.commit`` (a finished run archived, folders made), the state opened, the
@@ -130,6 +131,10 @@ class Environment(Protocol):
     def check(self) -> list[str]:
         """Every input that needs no lock (a local run builds its job here). Returns lines
         for the person; raises UserError; changes nothing."""
+
+    def build_job(self) -> list[str]:
+        """Build the job once here, before anything is launched (a new run only). Returns
+        lines for the person; raises UserError naming --job and the cause."""
 
     def decide(self, found: Found) -> Start:
         """Fresh, continue or next for the run found. Raises UserError naming the fix."""
@@ -269,6 +274,9 @@ class RunSession:
                 start = env.decide(found)
                 if start.kind is StartKind.FINISH:
                     return self._finish_stop(start, found)
+                if start.kind in (StartKind.FRESH, StartKind.NEXT):
+                    for line in env.build_job():  # a continued run's was built at its start
+                        self.observer.note(line)
                 run_id = start.run_id()
                 endpoint = self.options.metrics_endpoint
                 if endpoint is not None:
