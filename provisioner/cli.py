@@ -75,13 +75,16 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def build_parser(prog: str = "provision") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, formatter_class=_HelpFormatter,
+    parser = clio.ArgumentParser(
+        prog=prog, formatter_class=_HelpFormatter, add_help=False,
         usage="%(prog)s [-h] [--version] [-v] [--log-level LEVEL] [--json] COMMAND ...",
         # no epilog: with ten commands the help fits 80x24 only so (test_cli_conventions);
         # the exit codes are in this module's docstring and the README
         description="spotring: training on cheap, unreliable spot GPUs. Flags go anywhere.")
-    parser.add_argument("--version", action="version",
+    # -h and --version in the usage line only: with twelve commands the help fits 80x24
+    # only so (test_cli_conventions)
+    parser.add_argument("-h", "--help", action="help", help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", help=argparse.SUPPRESS,
                         version=f"%(prog)s (spotring) {version()}")
     clio.add_global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", prog=prog)

@@ -15,6 +15,11 @@ command-line tool live here once, so no command re-implements (or forgets) them:
 * Global flags (``-v``, ``--log-level``, ``--json``) are accepted before or after the
   command name: :func:`add_global_flags` adds them to the top parser and to every command's
   parser; :func:`merge_global_flags` folds the two into one value each.
+* Bad input is ONE line naming the flag and the fix, exit code 2: :class:`ArgumentParser`
+  makes argparse's own errors (a missing argument, ``--events 1e9`` for a whole number) one
+  line too, and :func:`bounded`, :func:`whole` and :func:`one_of` check what argparse
+  cannot (every number finite and within a bound that names the fix; a value from a known
+  set), before anything changes.
 * :func:`missing_extra` turns the ImportError of an optional cloud SDK (boto3, the Google
   clients, which the ``spotring[aws]`` and ``spotring[gcp]`` extras install) into the one
   line that names the extra.
@@ -33,7 +38,9 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, NoReturn
+
+from provisioner.errors import UserError
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -73,6 +80,81 @@ def dumps(value: Any, **kwargs: Any) -> str:
 def print_json(value: Any, **kwargs: Any) -> None:
     """Print ``value`` as one JSON document on stdout (see :func:`dumps`)."""
     print(dumps(value, **kwargs))
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line, ``PROG: error: MESSAGE (see PROG
+    --help)``, exit code 2 (argparse prints its whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def bounded(flag: str, value: float | None, low: float, high: float, fix: str, *,
+            low_open: bool = False) -> None:
+    """Nothing when ``value`` is None or a finite number within ``[low, high]`` (``(low,
+    high]`` with ``low_open``). Raises UserError naming ``flag``, the bound and ``fix``."""
+    if value is None:
+        return
+    ok = (isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        side = f"> {low:g}" if low_open else f">= {low:g}"
+        raise UserError(f"{flag} {value:g}: must be a finite number {side} and <= {high:g}; "
+                        f"{fix}")
+
+
+def whole(flag: str, value: int | None, low: int, high: int, fix: str) -> None:
+    """Nothing when ``value`` is None or a whole number within ``[low, high]``. Raises
+    UserError naming ``flag``, the bound and ``fix``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UserError(f"{flag} {value}: must be a whole number from {low} to {high}; {fix}")
+
+
+def one_of(flag: str, value: str, allowed: Iterable[str], fix: str = "") -> str:
+    """``value`` when it is one of ``allowed`` (compared without case; returned as
+    ``allowed`` spells it). Raises UserError naming ``flag``, a few of ``allowed`` and
+    ``fix``."""
+    known = {a.lower(): a for a in allowed}
+    hit = known.get(value.strip().lower())
+    if hit is None:
+        shown = sorted(known.values())
+        names = ", ".join(shown[:12]) + (f" (and {len(shown) - 12} more)" if len(shown) > 12
+                                         else "")
+        raise UserError(f"{flag} {value}: not one of {names}" + (f"; {fix}" if fix else ""))
+    return hit
+
+
+# --- naming a run --------------------------------------------------------------------------
+
+RUN_HELP = ("the run: its --name, a run id or pid of `provision list`, its work directory or "
+            "state file (default: ./spotring-run, or the one run on this machine)")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    """The one way a command names a run: ``RUN`` (see :data:`RUN_HELP`) and ``--config
+    FILE`` for a cloud run; ``--workdir DIR`` and ``--state FILE`` are kept, unlisted, as
+    older spellings of ``RUN``. Read them back with :func:`run_ref`."""
+    if positional:
+        parser.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP)
+    parser.add_argument("--config", metavar="FILE", help="a cloud run's settings (its "
+                        "daemon.state_path and driver)")
+    parser.add_argument("--workdir", dest="run_workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--state", dest="run_state", help=argparse.SUPPRESS)
+
+
+def run_ref(args: argparse.Namespace) -> str | None:
+    """The run the command line names (None: the default). Raises UserError when it names
+    two."""
+    given = [v for v in (getattr(args, "run", None), getattr(args, "run_workdir", None),
+                         getattr(args, "run_state", None)) if v]
+    if len(set(given)) > 1:
+        raise UserError(f"RUN: named twice ({', '.join(given)}); give one")
+    return given[0] if given else None
 
 
 # --- global flags -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ through the same :class:`pricing.sources.trace.TraceSource` as a real trace. The
   puts them, so a fast machine that finishes the job in half a simulated hour may see none.
   By default a notice at 20% of the job, a kill without notice at 45% and a notice at 70%.
   They need a run whose length is known (``--until-epochs``); :func:`next_job_outage` says
-  which one is due, and :mod:`provisioner.daemon.outages` carries them out on the fleet.
+  which one is due, and :mod:`provisioner.daemon.run.outages` carries them out on the fleet.
 
 :func:`fill_prices` gives the same price process to offerings of a real trace that carry
 availability but no prices (the Can't-Be-Late traces), and says so in the snapshot's notes.

@@ -1,6 +1,6 @@
-"""``provision down [WORKDIR|RUN]``: terminate the fleet a run left (``--on-exit keep``).
+"""``provision down [RUN]``: terminate the fleet a run left (``--on-exit keep``).
 
-Design: argparse only; the work is :func:`provisioner.daemon.down.down` (the run's lock
+Design: argparse only; the work is :func:`provisioner.daemon.run.down.down` (the run's lock
 taken as a daemon takes it, the instances ended through the daemon's write-ahead actuator
 and driver). Refused with one line, exit 2, while a daemon holds the run.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from provisioner.clio import add_json_flag, print_json
+from provisioner.clio import add_json_flag, add_run_flags, print_json, run_ref
 
 
 def register(sub: Any) -> None:
@@ -18,20 +18,17 @@ def register(sub: Any) -> None:
                        description="Terminate every instance a run left running after its "
                        "daemon stopped (`provision run --on-exit keep`, or a daemon that "
                        "died), through its driver, and record it in the run's state. Refused "
-                       "while a daemon runs it. RUN: a work directory, or a run id or pid of "
-                       "`provision list`; default ./spotring-run. A cloud run: --config FILE.")
-    p.add_argument("run", nargs="?", metavar="WORKDIR|RUN", help="the run (default: "
-                   "./spotring-run)")
-    p.add_argument("--config", help="a cloud run's settings (its daemon.state_path and driver)")
+                       "while a daemon runs it (stop it first: provision stop RUN).")
+    add_run_flags(p)
     add_json_flag(p, help="JSON instead of a line")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.down import down
-    from provisioner.daemon.target import resolve
+    from provisioner.daemon.run.down import down
+    from provisioner.daemon.run.target import resolve
 
-    target = resolve(args.run, args.config)
+    target = resolve(run_ref(args), args.config)
     done = down(target)
     if args.json:
         print_json({"job": done.job, "terminated": list(done.terminated),

@@ -1,9 +1,10 @@
 """``provision list`` (alias ``runs``): the runs on this machine, like ``sky status``.
 
-Design: the registry (:mod:`provisioner.daemon.registry`, pruned of dead daemons as it is
+Design: the registry (:mod:`provisioner.daemon.run.registry`, pruned of dead daemons as it is
 read) says which daemons run and where their files are; each run's progress comes from its
-own state file through :func:`provisioner.daemon.status.summary`, read-only, the reader
-``provision status`` uses. ``--json`` is one document (a list).
+own state file through :func:`provisioner.daemon.view.status.summary`, read-only, the reader
+``provision status`` uses. The table fits the terminal, its run names and ids never cut
+(:func:`provisioner.daemon.view.tables.runs_lines`); ``--json`` is one document (a list).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
 
 def _progress(state_path: str) -> dict[str, Any]:
     from provisioner.daemon.state import State
-    from provisioner.daemon.status import summary
+    from provisioner.daemon.view.status import summary
     from provisioner.errors import UserError
 
     try:
@@ -45,25 +46,30 @@ def _progress(state_path: str) -> dict[str, Any]:
 
 def rows() -> list[dict[str, Any]]:
     """One row per live run (see the module docstring)."""
-    from provisioner.daemon import registry
-    from provisioner.daemon.lock import held_by
+    from provisioner.daemon.run import registry
+    from provisioner.daemon.run.lock import held_by
 
     out = []
     for e in registry.entries():
         doc = _progress(e.state)
         ring = doc.get("ring") or {}
-        out.append({"run": e.run_id, "pid": e.pid, "alive": e.alive,
+        out.append({"run": e.run_id, "name": e.name, "pid": e.pid, "alive": e.alive,
                     "holds_lock": held_by(Path(e.lock)) == e.pid,
                     "driver": e.driver, "workdir": e.workdir, "state": e.state, "log": e.log,
                     "started": e.started, "job": e.job, "config": e.config,
                     "epoch": ring.get("epoch"), "step": ring.get("step"),
-                    "accuracy": ring.get("accuracy"), "world": ring.get("world"),
+                    "accuracy": ring.get("accuracy"), "metrics": ring.get("metrics"),
+                    "world": ring.get("world"),
                     "fleet": len(doc.get("fleet") or []), "spend_usd": doc.get("spend_usd"),
                     "hours": doc.get("hours")})
     return out
 
 
 def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from provisioner.daemon.view.tables import runs_lines
+
     runs = rows()
     if args.json:
         print_json(runs, indent=2)
@@ -71,20 +77,6 @@ def run(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs on this machine (start one: provision run --detach)")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"runs ({len(runs)})")
-    for col in ("run", "pid", "alive", "started", "job", "progress", "workdir"):
-        table.add_column(col, overflow="fold")
-    for r in runs:
-        acc = r["accuracy"]
-        progress = (f"epoch {r['epoch'] or 0}, step {r['step'] or 0}"
-                    + (f", acc {acc:.3f}" if isinstance(acc, (int, float)) else "")
-                    + f"; fleet {r['fleet']}"
-                    + (f", ${r['spend_usd']:.2f}" if r["spend_usd"] is not None else ""))
-        table.add_row(r["run"], str(r["pid"]), "yes" if r["alive"] else "no",
-                      r["started"].replace("+00:00", "Z"), r["job"].rsplit("/", 1)[-1],
-                      progress, r["workdir"])
-    Console().print(table)
+    for line in runs_lines(runs, shutil.get_terminal_size((80, 24)).columns):
+        print(line)
     return 0

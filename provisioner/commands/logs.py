@@ -1,10 +1,10 @@
-"""``provision logs [WORKDIR|RUN] [-f] [--worker ID]``: a run's daemon log, and a worker's,
+"""``provision logs [RUN] [-f] [--worker ID]``: a run's daemon log, and a worker's,
 like ``sky logs`` and ``docker logs``.
 
-Design: the files are the run's own (:mod:`provisioner.daemon.target`: ``WORKDIR/daemon.log``
+Design: the files are the run's own (:mod:`provisioner.daemon.run.target`: ``WORKDIR/daemon.log``
 of a detached run, ``WORKDIR/cloud/logs/<ID>.log`` of a local worker); this command only
 reads them. ``-f`` follows while the run's daemon holds its lock
-(:func:`provisioner.daemon.lock.held_by`, read from ``/proc/locks``: following never takes the
+(:func:`provisioner.daemon.run.lock.held_by`, read from ``/proc/locks``: following never takes the
 lock) and ends, after printing what is left, when the daemon exits, as ``sky logs`` ends with
 its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
 where it comes from.
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from provisioner.clio import add_run_flags, run_ref, whole
 from provisioner.errors import UserError
 
 #: How often ``-f`` looks for new lines (a person reading; cheap on a busy machine).
@@ -28,11 +29,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("logs", help="print (-f: follow) a run's daemon log, or a worker's",
                        description="Print the daemon log of a run (started with `provision "
                        "run --detach`) and, with --worker, a local worker's log. -f follows "
-                       "until the daemon exits. RUN is a work directory, or a run id or pid "
-                       "of `provision list`; default ./spotring-run, or the one run on this "
-                       "machine.")
-    p.add_argument("run", nargs="?", metavar="WORKDIR|RUN", help="the run (default: see above)")
-    p.add_argument("--config", help="a cloud run's settings (its daemon.state_path names it)")
+                       "until the daemon exits.")
+    add_run_flags(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until "
                    "the daemon exits (Ctrl-C to stop)")
     p.add_argument("--worker", metavar="ID", help="also (with --worker only: just) this local "
@@ -45,9 +43,9 @@ def register(sub: Any) -> None:
 
 
 def _files(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Path]]]:
-    from provisioner.daemon.target import resolve
+    from provisioner.daemon.run.target import resolve
 
-    target = resolve(args.run, args.config)
+    target = resolve(run_ref(args), args.config)
     files: list[tuple[str, Path]] = []
     if not args.no_daemon:
         files.append(("daemon", target.log))
@@ -93,10 +91,9 @@ def _emit(out: TextIO, name: str, text: str, prefix: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.lock import held_by
+    from provisioner.daemon.run.lock import held_by
 
-    if args.lines is not None and args.lines < 0:
-        raise UserError(f"--lines {args.lines}: must be >= 0")
+    whole("--lines", args.lines, 0, 10_000_000, "e.g. -n 50 (the last 50 lines)")
     target, files = _files(args)
     prefix = len(files) > 1
     offsets: dict[Path, int] = {}

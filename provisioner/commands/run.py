@@ -1,16 +1,18 @@
 """``provision run``: the daemon, on the embedded local cloud (default) or on AWS/GCP.
 
-Design: argparse only. Flags are checked here; the run itself is
-:class:`provisioner.daemon.local.LocalRun` (no ``--config``, or ``[cloud] driver =
-"local"``) or :func:`provisioner.daemon.cloud.run_cloud`, both wired by
-:mod:`provisioner.daemon.wiring`.
+Design: argparse only. Flags are checked here and become one frozen
+:class:`provisioner.daemon.run.options.RunOptions`; the run itself is a
+:class:`provisioner.daemon.run.session.RunSession` on the local environment (no ``--config``,
+or ``[cloud] driver = "local"``) or the cloud one, shown in this terminal by
+:mod:`provisioner.commands.run_terminal` (the session never prints).
 
 Rule: bad flags are a UserError (one line, exit 2) before anything starts: every number is
-finite and within a bound that names the flag and the fix (:func:`check_flags`); the job
+finite and within a bound that names the flag and the fix (:func:`check_flags`, with
+:func:`provisioner.clio.bounded`); the job
 (``--job``, else ``job.job_file``) is checked without importing it
-(:func:`provisioner.daemon.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
+(:func:`provisioner.daemon.run.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
 address is decided once (:func:`metrics_endpoint`). ``--detach`` re-runs the same command
-line in its own session (:mod:`provisioner.daemon.detach`).
+line in its own session (:mod:`provisioner.daemon.run.detach`).
 
 Exit codes (:mod:`provisioner.daemon.outcome`): 0 the job done or a limit reached, 2 bad
 input, 3 the job was lost, 4 the job failed, 130 Ctrl-C or SIGTERM (after draining).
@@ -20,13 +22,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import re
-from typing import Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
+from provisioner.clio import bounded, whole
 from provisioner.config import load_settings, parse_settings
 from provisioner.errors import UserError
+
+if TYPE_CHECKING:
+    from provisioner.daemon.run.options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,7 @@ MAX_SPEED = 1_000_000.0  # as local.speed
 MAX_OUTAGES_PER_HOUR = 60.0  # an outage a minute per offering: a stress test, not a market
 MAX_LOCAL_WORKERS = 64  # each local worker is a torch process on this machine
 MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**12
 MAX_DURATION_S = 365 * 86400.0  # a simulated year
 
 
@@ -58,7 +65,11 @@ def register(sub: Any) -> None:
                    "built-in generator")
     p.add_argument("--speed", type=float, help="simulated seconds per real second "
                    "(default local.speed, 60)")
-    p.add_argument("--until-epochs", type=int, metavar="N", help="stop after N epochs")
+    p.add_argument("--until-epochs", type=int, metavar="N", help="train N epochs: the job "
+                   "ends there by itself (its on_finish runs; refused for a job that would "
+                   "train past it)")
+    p.add_argument("--until-steps", type=int, metavar="N", help="stop the run at step N "
+                   "(stopped at the limit: the job's on_finish does not run)")
     p.add_argument("--duration", metavar="T", help="stop after T simulated time (e.g. 90m, 2h)")
     p.add_argument("--report", metavar="DIR", help="report directory (default WORKDIR/report)")
     p.add_argument("--workdir", help="state, worker logs, report (local run; default "
@@ -75,6 +86,8 @@ def register(sub: Any) -> None:
                    "(default 0.3; 0 = revocations only from `provision revoke`)")
     p.add_argument("--max-size", type=int, help="most workers (local default 3; overrides "
                    "fleet.max_size)")
+    p.add_argument("--name", metavar="NAME", help="a name for the run: `provision status/"
+                   "logs/stop/down NAME` find it, even once stopped")
     p.add_argument("--no-dashboard", action="store_true", help="log lines instead of the "
                    "live dashboard")
     p.add_argument("--record-samples", action="store_true",
@@ -95,38 +108,31 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def _bounded(flag: str, value: float | None, low: float, high: float, fix: str,
-             low_open: bool = False) -> None:
-    if value is None:
-        return
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        side = f"> {low:g}" if low_open else f">= {low:g}"
-        raise UserError(f"{flag} {value:g}: must be a finite number {side} and <= {high:g}; "
-                        f"{fix}")
-
-
 def check_flags(args: argparse.Namespace) -> None:
     """Every numeric flag finite and within its bound (see the constants above). Raises
     UserError naming the flag and the fix."""
-    _bounded("--speed", args.speed, 0, MAX_SPEED, "e.g. --speed 60 (one real minute is one "
-             "simulated hour)", low_open=True)
-    _bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
-             "e.g. 0.3 (the default) or 1 for a busy market")
-    _bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
-    _bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
-             else 10_000, "the most workers at once, e.g. --max-size 3"
-             + (" (each local worker is a process on this machine)" if args.config is None
-                else ""))
-    _bounded("--metrics-port", args.metrics_port, 0, 65535, "a free TCP port, or 0 for any")
+    bounded("--speed", args.speed, 0, MAX_SPEED, "e.g. --speed 60 (one real minute is one "
+            "simulated hour)", low_open=True)
+    bounded("--outages-per-hour", args.outages_per_hour, 0, MAX_OUTAGES_PER_HOUR,
+            "e.g. 0.3 (the default) or 1 for a busy market")
+    bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
+    bounded("--until-steps", args.until_steps, 1, MAX_STEPS, "e.g. --until-steps 1000")
+    bounded("--max-size", args.max_size, 1, MAX_LOCAL_WORKERS if args.config is None
+            else 10_000, "the most workers at once, e.g. --max-size 3"
+            + (" (each local worker is a process on this machine)" if args.config is None
+               else ""))
+    bounded("--metrics-port", args.metrics_port, 0, 65535, "a free TCP port, or 0 for any")
+    whole("--seed", args.seed, 0, 2**32 - 1, "e.g. --seed 7 (the default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.jobspec import check_job
+    with quiet_libraries(args):
+        return _run(args)
 
-    if not getattr(args, "verbose", 0):
-        # a coalesced run skipped on a busy machine is expected (max_instances=1), not news
-        logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+def _run(args: argparse.Namespace) -> int:
+    from provisioner.daemon.run.jobspec import check_job
+
     check_flags(args)
     duration = parse_duration(args.duration) if args.duration else None
     if args.config is None:
@@ -143,19 +149,89 @@ def run(args: argparse.Namespace) -> int:
            else check_job(settings.job.job_file, "job.job_file", cloud=cloud))
     settings = settings.model_copy(update={"job": settings.job.model_copy(
         update={"job_file": job})})
-    args.metrics_endpoint = metrics_endpoint(args, settings)
+    options = options_from(args, settings, duration)
     if args.detach and not os.environ.get(DETACHED_ENV):
-        from provisioner.daemon.detach import detach
-        from provisioner.daemon.target import from_settings
+        from provisioner.daemon.run.detach import detach
+        from provisioner.daemon.run.target import from_settings
 
-        return detach(list(args.argv), from_settings(settings, args.config, args.workdir))
-    if settings.cloud.driver == "local":
-        from provisioner.daemon.local import LocalRun
+        import sys
 
-        return LocalRun(settings, args, duration).run()
-    from provisioner.daemon.cloud import run_cloud
+        done = detach(list(args.argv), from_settings(settings, args.config, args.workdir))
+        for line in done.lines:
+            print(line, file=sys.stderr if done.code else sys.stdout, flush=True)
+        return done.code
+    return run_session(options, dashboard=not args.no_dashboard)
 
-    return run_cloud(settings, args, duration)
+
+#: Loggers whose warnings are the run's ordinary news (a member lost on a kill, a coalesced
+#: round on a busy machine): the dashboard and the report say what happened, so their lines
+#: would only fill stderr. ``-v`` or ``--log-level`` brings them back.
+LIBRARY_LOGGERS = ("apscheduler", "trainer")
+
+
+@contextmanager
+def quiet_libraries(args: argparse.Namespace) -> Iterator[None]:
+    """Stderr stays quiet unless something needs the user: the libraries' warnings are
+    silenced for the command's life unless ``-v`` or ``--log-level`` asked for them; the
+    daemon's own (a full disk, an error it cannot work around) still show."""
+    if getattr(args, "verbose", 0) or getattr(args, "log_level", None):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def options_from(args: argparse.Namespace, settings: Any,
+                 duration: float | None) -> RunOptions:
+    """The run's frozen options from checked flags and settings (the daemon never sees
+    ``args``)."""
+    from pathlib import Path
+
+    from provisioner.daemon.run.options import RunOptions
+
+    detached = os.environ.get(DETACHED_ENV)
+    return RunOptions(settings=settings, config=args.config,
+                      workdir=Path(args.workdir) if args.workdir else None,
+                      report=Path(args.report) if args.report else None,
+                      traces=tuple(args.trace or ()), speed=args.speed, seed=args.seed,
+                      outages_per_hour=args.outages_per_hour, until_epochs=args.until_epochs,
+                      until_steps=args.until_steps,
+                      duration_s=duration, duration_text=args.duration, on_exit=args.on_exit,
+                      metrics_endpoint=metrics_endpoint(args, settings),
+                      record_samples=bool(args.record_samples), name=args.name,
+                      detached_log=Path(detached) if detached else None)
+
+
+def run_session(options: RunOptions, *, dashboard: bool) -> int:
+    """Run the session of ``options`` on its environment (local or cloud), show it in this
+    terminal, print its end; returns the exit code."""
+    import sys
+
+    from provisioner.commands.run_terminal import Terminal, end_lines
+    from provisioner.daemon.run.session import RunSession
+
+    if options.settings.cloud.driver == "local":
+        from provisioner.daemon.run.local import LocalEnvironment
+
+        env: Any = LocalEnvironment(options)
+    else:
+        from provisioner.daemon.run.cloud import CloudEnvironment
+
+        env = CloudEnvironment(options)
+    result = RunSession(options, env, Terminal(dashboard)).run()
+    out, err = end_lines(result)
+    for line in out:
+        print(line, flush=True)
+    if err:
+        print(err, file=sys.stderr, flush=True)
+    return result.exit_code
 
 
 #: Set in the environment of the daemon ``--detach`` starts (its log file's path): that

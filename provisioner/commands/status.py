@@ -1,49 +1,47 @@
-"""``provision status``: the fleet, the cost so far and the recent events, from the state file.
+"""``provision status [RUN]``: the fleet, the cost so far, the progress and the recent events
+of a run, from its state file.
 
 Design: read-only over :class:`provisioner.daemon.state.State` (:meth:`State.read_only`: the
 file is opened ``mode=ro``, and it reads while a daemon writes); it never writes to the file
-it reads, and makes no cloud call. "Now" is the newest time the daemon recorded (the daemon's
-clock may be simulated), so the cost is the spend up to that moment. ``--json`` is plain JSON
-(no ``Infinity``: :func:`provisioner.clio.print_json`).
+it reads, and makes no cloud call. The run is named as every command names one
+(:func:`provisioner.clio.add_run_flags`: its ``--name``, id, pid, work directory or state
+file; ``--config`` for a cloud run). "Now" is the newest time the daemon recorded (its clock
+may be simulated), so the cost is the spend up to that moment. The text fits the terminal
+(:func:`provisioner.daemon.view.tables.status_lines`); ``--json`` is plain JSON (no
+``Infinity``: :func:`provisioner.clio.print_json`).
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import shutil
 from typing import Any
 
-from provisioner.clio import add_json_flag, print_json
+from provisioner.clio import add_json_flag, add_run_flags, print_json, run_ref, whole
+
+MAX_EVENTS = 1000
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("status", help="fleet, cost so far and recent events of a run",
-                       description="Show the fleet, the cost so far and recent events from "
-                       "the daemon's state file.")
-    p.add_argument("--config", help="settings (its daemon.state_path is read)")
-    p.add_argument("--state", help="state file (default: WORKDIR/state.sqlite)")
-    p.add_argument("--workdir", default="spotring-run", help="the local run's work directory")
-    p.add_argument("--events", type=int, default=12, help="recent events shown")
-    add_json_flag(p, help="JSON instead of tables")
+    p = sub.add_parser("status", help="fleet, cost so far, progress and recent events of a run",
+                       description="Show a run's fleet, cost so far, progress and recent "
+                       "events from its state file (read only, while it runs or after).")
+    add_run_flags(p)
+    p.add_argument("--events", type=int, default=12, metavar="N",
+                   help="recent events shown (default 12)")
+    add_json_flag(p, help="JSON instead of text")
     p.set_defaults(handler=run)
 
 
-def _state_path(args: argparse.Namespace) -> Path:
-    if args.state:
-        return Path(args.state)
-    if args.config:
-        from provisioner.config import load_settings
-
-        return Path(load_settings(args.config).daemon.state_path)
-    return Path(args.workdir) / "state.sqlite"
-
-
 def run(args: argparse.Namespace) -> int:
+    from provisioner.daemon.run.target import resolve
     from provisioner.daemon.state import State
-    from provisioner.daemon.status import summary
+    from provisioner.daemon.view.status import summary
+    from provisioner.daemon.view.tables import status_lines
 
-    path = _state_path(args)
-    state = State.read_only(path)
+    whole("--events", args.events, 0, MAX_EVENTS, "e.g. --events 12")
+    target = resolve(run_ref(args), args.config)
+    state = State.read_only(target.state)
     try:
         doc = summary(state, events=args.events)
     finally:
@@ -51,26 +49,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc, indent=2)
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    ring = doc["ring"]
-    con.print(f"[b]{doc['job'].get('id', '?')}[/b] on {doc['job'].get('driver', '?')}: "
-              f"{doc['hours']:.2f} h, spend ${doc['spend_usd']:.4f}"
-              + (f" (ended: {doc['outcome'] or 'finished'})" if doc["finished"] else "")
-              + (f"; ring step {ring.get('step')}, epoch {ring.get('epoch')}, steps lost "
-                 f"{ring.get('steps_lost')}" if ring else ""))
-    fleet = Table(title=f"fleet ({len(doc['fleet'])})")
-    for col in ("id", "offering", "state", "hours"):
-        fleet.add_column(col)
-    for r in doc["fleet"]:
-        fleet.add_row(r["id"], r["offering"], r["state"], f"{r['hours']:.2f}")
-    con.print(fleet)
-    ev = Table(title="recent events")
-    for col in ("hours", "event", "instance", "detail"):
-        ev.add_column(col)
-    for e in doc["events"]:
-        ev.add_row(f"{e['hours']:.3f}", e["kind"], e["instance"] or "", (e["detail"] or "")[:90])
-    con.print(ev)
+    for line in status_lines(doc, shutil.get_terminal_size((80, 24)).columns):
+        print(line)
     return 0

@@ -3,7 +3,7 @@
 Design: two small pure parts, no I/O.
 
 - :func:`verdict` turns what the daemon sees (a stop request, workers that never join, the
-  ring's ``outcome``, the epoch and time limits) into a :class:`Verdict`: the reason shown,
+  ring's ``outcome``, the epoch, step and time limits) into a :class:`Verdict`: the reason shown,
   the exit code, and whether the job is over (its fleet is then terminated whatever
   ``--on-exit`` says: a lost or failed job has nothing left to keep). A lost or failed job
   never exits 0.
@@ -16,6 +16,12 @@ Design: two small pure parts, no I/O.
   to start again from step 0. :func:`totals` gives the report's figures, including for a
   lost job the steps trained since the newest snapshot (gone with the members) and the
   money spent on every lost step.
+
+- :func:`end_record` and :func:`recorded` write and read a run's end as the state keeps it
+  (the ``run`` meta's ``ended``). The end is recorded BEFORE anything is stopped, with
+  ``stopped = False``, and marked ``stopped`` once the fleet is kept or terminated, so a
+  daemon killed while stopping leaves a run its next start finishes stopping instead of
+  continuing (:func:`provisioner.daemon.run.workdir.decide_start`).
 
 Exit codes: :data:`EXIT_OK` (done, or a limit reached), 2 (bad input, including workers
 that never join: a broken job file), :data:`EXIT_LOST` (the ring lost every holder of the
@@ -48,7 +54,7 @@ class Verdict:
     """Why the run stops, its exit code, and whether the job is over."""
 
     reason: str
-    outcome: str  # done | lost | failed | interrupted | limit | workers-failing
+    outcome: str  # done | lost | failed | interrupted | limit | duration | workers-failing
     exit_code: int
     job_over: bool
     failure: str | None = None  # the one line for stderr when the run did not succeed
@@ -56,8 +62,10 @@ class Verdict:
 
 def verdict(stats: Mapping[str, Any], *, interrupted: bool, crash_loop: str | None,
             until_epochs: int | None, elapsed_s: float, duration_s: float | None,
-            duration_text: str | None = None) -> Verdict | None:
-    """The run's end, or None while it should go on (see the module docstring)."""
+            duration_text: str | None = None, until_steps: int | None = None) -> Verdict | None:
+    """The run's end, or None while it should go on (see the module docstring). A limit
+    that cuts the run (``until_epochs``, ``until_steps``: the job did not end there by
+    itself; ``duration_s``) says "stopped at the limit"."""
     if interrupted:
         return Verdict("interrupted", "interrupted", EXIT_INTERRUPTED, False)
     if crash_loop:
@@ -74,11 +82,50 @@ def verdict(stats: Mapping[str, Any], *, interrupted: bool, crash_loop: str | No
     if outcome == "done":
         return Verdict("the job finished", "done", EXIT_OK, True)
     if until_epochs and int(stats.get("epoch") or 0) >= until_epochs:
-        return Verdict(f"{until_epochs} epochs done", "done", EXIT_OK, False)
+        return Verdict(f"stopped at the limit: {until_epochs} epochs (--until-epochs "
+                       f"{until_epochs}; the job did not end there by itself)", "limit",
+                       EXIT_OK, True)
+    if until_steps and int(stats.get("step") or 0) >= until_steps:
+        return Verdict(f"stopped at the limit: step {until_steps} (--until-steps "
+                       f"{until_steps}; the job's on_finish did not run)", "limit", EXIT_OK,
+                       True)
     if duration_s is not None and elapsed_s >= duration_s:
-        return Verdict(f"--duration {duration_text or duration_s} reached", "limit", EXIT_OK,
-                       False)
+        return Verdict(f"stopped at the limit: --duration {duration_text or duration_s} (the "
+                       f"run's time; the same command goes on)", "duration", EXIT_OK, False)
     return None
+
+
+#: Outcomes after which a run is over for good: a start on its place begins the next run
+#: (the job finished; or the run was cut at its --until-epochs/--until-steps: the work asked
+#: for is done). ``duration`` is a pause: the same command goes on.
+FINAL = ("done", "limit")
+
+
+def end_record(v: Verdict, t: float, *, fleet_kept: bool, stopped: bool) -> dict[str, Any]:
+    """The ``ended`` record of a run (the ``run`` meta), plain data."""
+    return {"outcome": v.outcome, "reason": v.reason, "t": t, "fleet_kept": fleet_kept,
+            "exit_code": v.exit_code, "failure": v.failure, "job_over": v.job_over,
+            "stopped": stopped}
+
+
+def recorded(ended: Mapping[str, Any]) -> Verdict:
+    """The :class:`Verdict` an ``ended`` record holds (a record older than ``job_over`` reads
+    it from its outcome)."""
+    outcome = str(ended.get("outcome") or "done")
+    over = ended.get("job_over")
+    if over is None:
+        over = outcome in ("done", "lost", "failed", "workers-failing")
+    return Verdict(str(ended.get("reason") or outcome), outcome,
+                   int(ended.get("exit_code") or 0), bool(over), ended.get("failure"))
+
+
+def stopping(ended: Mapping[str, Any] | None) -> bool:
+    """True when a run's end was recorded but its stop never completed (its daemon was killed
+    while stopping it) and the run must not go on: its job is over, or it ended for good."""
+    if not ended or ended.get("stopped", True):
+        return False
+    v = recorded(ended)
+    return v.job_over or v.outcome in FINAL
 
 
 @dataclass(frozen=True)

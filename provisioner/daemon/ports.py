@@ -75,7 +75,7 @@ class Revocations(Protocol):
 
 
 class MetricsSink(Protocol):
-    """What the daemon writes to Prometheus (:class:`provisioner.daemon.metrics.Metrics`)."""
+    """What the daemon writes to Prometheus (:class:`provisioner.daemon.view.metrics.Metrics`)."""
 
     revocations: Revocations
 
@@ -87,5 +87,7 @@ class MetricsSink(Protocol):
 
     def update_ring(self, workers: Mapping[str, float], steps_lost: int | None,
                     epoch: int | None) -> None: ...
+
+    def update_job(self, values: Mapping[str, float | None], step: int, t: float) -> None: ...
 
     def reconfigured(self, seconds: float) -> None: ...

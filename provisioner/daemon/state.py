@@ -17,6 +17,15 @@ database file is opened ``mode=ro``; while a daemon has it open its WAL is share
 state no daemon holds (no ``-wal`` file) is read ``immutable``, so reading creates nothing
 beside it either.
 
+A full disk pauses the writes, not the daemon: a write that finds no space raises
+:class:`DiskFull` (nothing written, the state keeps what it held) and logs ONE warning for
+the whole pause; the first write that succeeds again logs one more and how many were
+skipped once writes have gone on for :data:`RESUME_AFTER_S`. ``paused_since`` says whether
+writes are paused now (the dashboard shows it).
+
+A state file is created 0600 (its folder, when made, 0700) whatever the umask: it holds the
+run's costs and its coordinator's address.
+
 Rule for callers: write the intent (``begin_launch``/``begin_terminate``) *before* calling the
 cloud and close it after; never delete rows (``provision status`` and the report read them).
 One ``State`` object may be shared by threads (a lock serialises writes).
@@ -24,18 +33,52 @@ One ``State`` object may be shared by threads (a lock serialises writes).
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import sqlite3
 import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from pricing.model import Offering
 from pricing.series import Step
-from provisioner.errors import ConfigError, UserError
+from provisioner.errors import ConfigError, ProvisionerError, UserError
+
+log = logging.getLogger(__name__)
+
+#: Writes must go on succeeding this long (wall seconds) before a pause is over: on a full
+#: disk SQLite still finds room for a page now and then, and each of those is not news.
+RESUME_AFTER_S = 5.0
+
+
+class DiskFull(ProvisionerError):
+    """A write found no space: nothing was written. The caller skips what needed it and
+    tries again later (the daemon's jobs run again; see :class:`State`)."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the disk is full: ENOSPC/EDQUOT, or SQLite's
+    "database or disk is full" and "disk I/O error" (its WAL growing on a full disk)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, DiskFull):
+            return True
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, sqlite3.Error) and any(
+                m in str(e).lower() for m in ("disk is full", "disk i/o error")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -147,8 +190,16 @@ class State:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self.paused_since: float | None = None  # wall time writes found a full disk
+        self.skipped = 0
+        self._ok_since: float | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():  # the run's owner's alone (its -wal and -shm follow)
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                # O_EXCL: a link in its place (even to nothing) is never followed
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.fchmod(fd, 0o600)
+                os.close(fd)
             self._db = sqlite3.connect(str(self.path), check_same_thread=False,
                                        isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -173,6 +224,7 @@ class State:
         self = cls.__new__(cls)
         self.path = path
         self._lock = threading.RLock()
+        self.paused_since, self.skipped, self._ok_since = None, 0, None
         try:
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False,
                                        isolation_level=None, timeout=30)
@@ -193,20 +245,69 @@ class State:
             self._db.close()
 
     # -- low level ---------------------------------------------------------------------------
-    def _write(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Every single-statement write goes through here (a test's kill seam); returns the
+        number of rows changed."""
         with self._lock:
-            self._db.execute(sql, params)
+            return self._db.execute(sql, params).rowcount
 
     def _writemany(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Every multi-statement write goes through here, as one transaction."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for sql, params in statements:
                     self._db.execute(sql, params)
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+
+    def _w(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self._writing():
+            return self._write(sql, params)
+
+    def _wm(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        with self._writing():
+            self._writemany(statements)
+
+    def pause(self, exc: BaseException) -> None:
+        """Note a write that found the disk full (the state's own, or one of the daemon's
+        files beside it): the first of a pause logs the one message."""
+        with self._lock:
+            self.skipped += 1
+            self._ok_since = None
+            first = self.paused_since is None
+            if first:
+                self.paused_since = time.time()
+        if first:
+            log.warning("%s: %s: the daemon's writes are paused (the state keeps what it "
+                        "holds; the ring trains on) and resume by themselves when space "
+                        "returns", self.path.parent, exc)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write, or :class:`DiskFull` when there is no space for it (see the module
+        docstring: one message per pause, one when writes resume)."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            if not is_disk_full(exc):
+                raise
+            self.pause(exc)
+            raise DiskFull(f"{self.path}: {exc}") from None
+        if self.paused_since is not None:
+            now = time.time()
+            with self._lock:
+                if self._ok_since is None:
+                    self._ok_since = now
+                if now - self._ok_since < RESUME_AFTER_S:
+                    return  # a page found room; the pause is over only once writes keep going
+                since, ok, skipped = self.paused_since, self._ok_since, self.skipped
+                self.paused_since, self.skipped, self._ok_since = None, 0, None
+            log.warning("%s: space is back: the daemon's writes resumed after %.0f s "
+                        "(%d skipped)", self.path.parent, ok - since, skipped)
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -214,7 +315,12 @@ class State:
 
     # -- meta --------------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
-        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+        self._w("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def set_metas(self, values: Mapping[str, Any]) -> None:
+        """Set several meta keys in one transaction (all or none survive a kill)."""
+        self._wm(("INSERT OR REPLACE INTO meta VALUES (?, ?)", (k, json.dumps(v)))
+                        for k, v in values.items())
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
@@ -223,7 +329,7 @@ class State:
     # -- intents -----------------------------------------------------------------------------
     def begin_launch(self, token: str, offering: Offering, count: int, t: float) -> None:
         """Record a launch intent before the cloud call (idempotent for the same token)."""
-        self._write("INSERT OR IGNORE INTO intents (token, kind, offering, count, created) "
+        self._w("INSERT OR IGNORE INTO intents (token, kind, offering, count, created) "
                     "VALUES (?, 'launch', ?, ?, ?)", (token, offering.key, count, t))
 
     def finish_launch(self, token: str, instances: Sequence[tuple[str, Offering]], t: float,
@@ -235,11 +341,11 @@ class State:
              "VALUES (?, ?, ?, 'running', ?)", (iid, off.key, token, t)) for iid, off in instances]
         stmts.append(("UPDATE intents SET instance_ids = ?, done = ?, outcome = ? WHERE token = ?",
                       (json.dumps(ids), t, outcome, token)))
-        self._writemany(stmts)
+        self._wm(stmts)
 
     def begin_terminate(self, token: str, instance_ids: Sequence[str], t: float) -> None:
         """Record a termination intent before the cloud call."""
-        self._write("INSERT OR IGNORE INTO intents (token, kind, count, instance_ids, created) "
+        self._w("INSERT OR IGNORE INTO intents (token, kind, count, instance_ids, created) "
                     "VALUES (?, 'terminate', ?, ?, ?)",
                     (token, len(instance_ids), json.dumps(list(instance_ids)), t))
 
@@ -251,10 +357,10 @@ class State:
             ("UPDATE instances SET state = 'terminated', ended_at = ?, end_reason = ? "
              "WHERE id = ? AND ended_at IS NULL", (t, reason, iid)) for iid in ids]
         stmts.append(("UPDATE intents SET done = ?, outcome = 'ok' WHERE token = ?", (t, token)))
-        self._writemany(stmts)
+        self._wm(stmts)
 
     def abandon_intent(self, token: str, t: float, outcome: str) -> None:
-        self._write("UPDATE intents SET done = ?, outcome = ? WHERE token = ?", (t, outcome, token))
+        self._w("UPDATE intents SET done = ?, outcome = ? WHERE token = ?", (t, outcome, token))
 
     def open_intents(self) -> list[Intent]:
         """Intents whose cloud call may or may not have happened (the daemon died between)."""
@@ -275,24 +381,20 @@ class State:
     # -- instances ---------------------------------------------------------------------------
     def adopt(self, instance_id: str, offering: Offering, t: float, token: str | None = None) -> None:
         """Record an instance found in the cloud (no-op when already known and live)."""
-        self._write("INSERT OR IGNORE INTO instances (id, offering, token, state, launched_at) "
+        self._w("INSERT OR IGNORE INTO instances (id, offering, token, state, launched_at) "
                     "VALUES (?, ?, ?, 'running', ?)", (instance_id, offering.key, token, t))
 
     def mark_draining(self, instance_id: str, t: float) -> bool:
         """Mark an instance as draining; False when it already was (or is gone)."""
-        with self._lock:
-            cur = self._db.execute("UPDATE instances SET state = 'draining', draining_since = ? "
-                                   "WHERE id = ? AND ended_at IS NULL AND draining_since IS NULL",
-                                   (t, instance_id))
-            return cur.rowcount > 0
+        return self._w("UPDATE instances SET state = 'draining', draining_since = ? "
+                           "WHERE id = ? AND ended_at IS NULL AND draining_since IS NULL",
+                           (t, instance_id)) > 0
 
     def end_instance(self, instance_id: str, t: float, reason: str) -> bool:
         """Record that an instance is gone; False when it already was."""
-        with self._lock:
-            cur = self._db.execute("UPDATE instances SET state = 'terminated', ended_at = ?, "
-                                   "end_reason = ? WHERE id = ? AND ended_at IS NULL",
-                                   (t, reason, instance_id))
-            return cur.rowcount > 0
+        return self._w("UPDATE instances SET state = 'terminated', ended_at = ?, "
+                           "end_reason = ? WHERE id = ? AND ended_at IS NULL",
+                           (t, reason, instance_id)) > 0
 
     def live_instances(self) -> list[InstanceRow]:
         return [self._instance(r) for r in self._rows(
@@ -316,7 +418,7 @@ class State:
             last = self._db.execute("SELECT price FROM prices WHERE offering = ? ORDER BY t DESC "
                                     "LIMIT 1", (offering.key,)).fetchone()
             if last is None or abs(last[0] - price) > 1e-12:
-                self._db.execute("INSERT INTO prices VALUES (?, ?, ?)", (offering.key, t, price))
+                self._w("INSERT INTO prices VALUES (?, ?, ?)", (offering.key, t, price))
 
     def price_series(self, offering: Offering) -> list[tuple[float, float]]:
         return [(t, p) for t, p in self._rows(
@@ -344,7 +446,7 @@ class State:
 
     # -- decisions, events, metrics ----------------------------------------------------------
     def record_decision(self, t: float, targets: Mapping[Offering, int], reason: str) -> None:
-        self._write("INSERT INTO decisions VALUES (?, ?, ?)",
+        self._w("INSERT INTO decisions VALUES (?, ?, ?)",
                     (t, json.dumps({o.key: n for o, n in targets.items()}), reason))
 
     def decisions(self, limit: int = 100) -> list[tuple[float, dict[str, int], str]]:
@@ -354,24 +456,30 @@ class State:
 
     def record_event(self, t: float, kind: str, instance_id: str | None = None,
                      offering: Offering | None = None, detail: str = "") -> None:
-        self._write("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+        self._w("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                     (t, kind, instance_id, offering.key if offering else None, detail))
 
-    def events(self, limit: int | None = None, kinds: Sequence[str] | None = None) -> list[Event]:
+    def events(self, limit: int | None = None, kinds: Sequence[str] | None = None, *,
+               in_time: bool = False) -> list[Event]:
+        """The ``limit`` newest events (all when None), oldest first: in the order they
+        were written, or with ``in_time`` in the order of their times."""
         sql = "SELECT t, kind, instance_id, offering, detail FROM events"
         params: list[Any] = []
         if kinds:
             sql += f" WHERE kind IN ({','.join('?' * len(kinds))})"
             params += list(kinds)
-        sql += " ORDER BY rowid DESC"
+        sql += " ORDER BY t DESC, rowid DESC" if in_time else " ORDER BY rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
         return [Event(*r) for r in reversed(self._rows(sql, params))]
 
+    def count_events(self) -> int:
+        return int(self._rows("SELECT COUNT(*) FROM events")[0][0])
+
     def record_metrics(self, t: float, values: Iterable[tuple[str, str, float]]) -> None:
         """Record (name, labels, value) samples at ``t`` in one transaction."""
-        self._writemany(("INSERT INTO metrics VALUES (?, ?, ?, ?)", (t, n, lab, float(v)))
+        self._wm(("INSERT INTO metrics VALUES (?, ?, ?, ?)", (t, n, lab, float(v)))
                         for n, lab, v in values)
 
     def metric_series(self, name: str) -> list[tuple[float, str, float]]:

@@ -6,7 +6,7 @@ wires the market view, the planner, the write-ahead actuator, the telemetry and 
 scheduler. :func:`make_coordinator` is the one place the trainer's coordinator is
 constructed (with its durable snapshots: :func:`snapshot_url` says where), and
 :func:`cloud_parts` the one place a cloud daemon's driver and source are made from settings
-(the local run's are in :mod:`provisioner.daemon.local`).
+(the local run's are in :mod:`provisioner.daemon.run.local`).
 
 Rule: the daemon's parts never build each other; a change of a constructor (the trainer's
 coordinator's, a driver's) is made here.
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from provisioner.config import Settings, SnapshotSettings
-from provisioner.daemon.actuator import WriteAheadActuator
-from provisioner.daemon.market import Market
+from provisioner.daemon.loop.actuator import WriteAheadActuator
+from provisioner.daemon.loop.market import Market
 from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
-from provisioner.daemon.scheduler import Daemon, intervals_from
+from provisioner.daemon.loop.scheduler import Daemon, intervals_from
 from provisioner.daemon.state import State
-from provisioner.daemon.telemetry import Telemetry
+from provisioner.daemon.loop.telemetry import Telemetry
 from provisioner.drivers import DRIVERS
 from provisioner.drivers.base import CloudDriver
 from provisioner.errors import ConfigError, DriverError, UserError
@@ -56,7 +56,7 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
                     horizon_h=settings.fleet.churn_horizon_hours)
     actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
                                   metrics=metrics, launch_env=launch_env, stopping=stopping)
-    telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics)
+    telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics, speed=speed)
     return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
                   market=market, planner=Planner.of(planner_input(settings)), actuator=actuator,
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)

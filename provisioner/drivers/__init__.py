@@ -3,7 +3,7 @@
 Design: :data:`DRIVERS` maps ``[cloud] driver`` to the function that builds a cloud's driver
 from validated settings (SDKs are imported only when that cloud is used). The local driver
 is not in it: its "instances" are worker processes whose command line the local run builds
-(:mod:`provisioner.daemon.local`).
+(:mod:`provisioner.daemon.run.local`).
 
 Rule: a new cloud adds one file and one entry here; the contract test
 (tests/provisioner/drivers/test_contract.py) runs against it.

@@ -29,44 +29,14 @@ planner input by hand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from provisioner.plan.pipeline import PlanSettings, Progress, plan_settings
+from provisioner.plan.pipeline import Goal, PlannerInput, plan_settings
+
+__all__ = ["Goal", "PlannerInput", "goal_of", "planner_input", "sim_objective"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
-
-
-@dataclass(frozen=True)
-class Goal:
-    """What the job is after: ``work`` samples (None: open-ended) by ``deadline_s`` seconds
-    from its start (None: no pace), ``hard`` when the deadline is the user's, and the total
-    ``budget_usd`` (None: no budget)."""
-
-    work: float | None = None
-    deadline_s: float | None = None
-    hard: bool = True
-    budget_usd: float | None = None
-
-    @property
-    def paced(self) -> bool:
-        return self.work is not None and self.deadline_s is not None
-
-    def progress(self, start: float, done: float = 0.0, spent: float = 0.0) -> Progress:
-        """The :class:`Progress` of one decision: the job started at ``start`` (Unix
-        seconds), has done ``done`` samples and spent ``spent`` USD."""
-        return Progress(start=start, work=self.work, done=done,
-                        deadline_s=self.deadline_s if self.paced else None, hard=self.hard,
-                        spent=spent, budget_usd=self.budget_usd)
-
-
-@dataclass(frozen=True)
-class PlannerInput:
-    """Everything a :class:`~provisioner.plan.pipeline.Planner` is built from."""
-
-    settings: PlanSettings
-    goal: Goal
 
 
 def goal_of(settings: "Settings") -> Goal:

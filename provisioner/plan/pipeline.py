@@ -58,7 +58,6 @@ from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
-    from provisioner.plan.objective import Goal, PlannerInput
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +167,37 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Goal:
+    """What the job is after: ``work`` samples (None: open-ended) by ``deadline_s`` seconds
+    from its start (None: no pace), ``hard`` when the deadline is the user's, and the total
+    ``budget_usd`` (None: no budget)."""
+
+    work: float | None = None
+    deadline_s: float | None = None
+    hard: bool = True
+    budget_usd: float | None = None
+
+    @property
+    def paced(self) -> bool:
+        return self.work is not None and self.deadline_s is not None
+
+    def progress(self, start: float, done: float = 0.0, spent: float = 0.0) -> Progress:
+        """The :class:`Progress` of one decision: the job started at ``start`` (Unix
+        seconds), has done ``done`` samples and spent ``spent`` USD."""
+        return Progress(start=start, work=self.work, done=done,
+                        deadline_s=self.deadline_s if self.paced else None, hard=self.hard,
+                        spent=spent, budget_usd=self.budget_usd)
+
+
+@dataclass(frozen=True)
+class PlannerInput:
+    """Everything a :class:`~provisioner.plan.pipeline.Planner` is built from."""
+
+    settings: PlanSettings
+    goal: Goal
+
+
+@dataclass(frozen=True)
 class Decision:
     """The target fleet (zeros omitted) and the plan behind it (None: the fleet held is
     kept because nothing worth buying was found while ahead of the line)."""
@@ -269,9 +299,8 @@ class Planner:
     """Turns the views of one moment into a target fleet (see the module docstring).
     Build it from :func:`provisioner.plan.objective.planner_input` (:meth:`of`)."""
 
-    def __init__(self, settings: PlanSettings, goal: "Goal | None" = None) -> None:
-        from provisioner.plan.objective import Goal, PlannerInput
-
+    def __init__(self, settings: PlanSettings, goal: Goal | None = None) -> None:
+    
         self.s = settings
         self.goal = goal if goal is not None else Goal()
         self.input = PlannerInput(settings, self.goal)
@@ -280,7 +309,7 @@ class Planner:
         self.launches = LaunchLog()
 
     @classmethod
-    def of(cls, inp: "PlannerInput") -> "Planner":
+    def of(cls, inp: PlannerInput) -> "Planner":
         """The planner of one job's :class:`~provisioner.plan.objective.PlannerInput`."""
         return cls(inp.settings, inp.goal)
 

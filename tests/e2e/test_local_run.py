@@ -172,3 +172,61 @@ def test_every_worker_killed_resumes_from_the_newest_snapshot(tmp_path):
         assert fig["outcome"] == "done" and fig["resumed_from"] is not None, fig
         assert fig["accuracy"] >= 0.9, fig
         assert any((run.workdir / "snapshots").rglob("*")), "nothing on the daemon's disk"
+
+
+#: The user's own job (not the digits example): its epochs from the run's limit
+#: (SPOTRING_UNTIL_EPOCHS, which every worker gets), metrics without an accuracy, and an
+#: on_finish that leaves a file beside the job.
+OWN_JOB = '''
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import TensorDataset
+
+from trainer.job import Job
+
+
+def make_job(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    x = torch.randn(64, 4)
+    y = x.sum(dim=1, keepdim=True)
+
+    def evaluate(m):
+        with torch.no_grad():
+            mse = float(torch.nn.functional.mse_loss(m(x), y))
+        return {"mse": mse, "r2": 1.0 - mse / float(y.var())}
+
+    def on_finish(m):
+        Path(__file__).with_suffix(".finished").write_text("trained")
+
+    return Job(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+               loss_fn=torch.nn.functional.mse_loss, train_set=TensorDataset(x, y),
+               global_batch=16, epochs=int(os.environ.get("SPOTRING_UNTIL_EPOCHS", "50")),
+               evaluate=evaluate, on_finish=on_finish)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_until_epochs_applies_to_the_users_job_and_its_metrics_reach_the_report(tmp_path):
+    """Issue 31.3 and 31.4: --until-epochs reaches any job that takes it (not only the digits
+    example): the job ends there by itself, its on_finish runs, the run says done; what its
+    evaluate returns (mse, r2: no accuracy) is in the report with its step, and the report
+    names the job."""
+    job = tmp_path / "ownjob.py"
+    job.write_text(OWN_JOB)
+    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "3", "--job", str(job),
+                    "--name", "own-try").start() as run:
+        assert run.wait(timeout=240) == 0, run.log()
+        out = run.log()
+        assert "builds; 5 parameters, 3 epochs of 64 samples" in out, out
+        assert "stopped: the job finished" in out and "mse " in out, out
+        fig = run.report()
+        assert fig["outcome"] == "done" and fig["epochs"] == 3 and fig["name"] == "own-try"
+        assert fig["job"] == str(job)
+        assert set(fig["job_metrics"]["values"]) == {"mse", "r2"}, fig
+        assert fig["job_metrics"]["step"] >= 1
+        md = (run.workdir / "report" / "report.md").read_text()
+        assert md.startswith(f"# spotring run own-try: {job}")
+    assert job.with_suffix(".finished").read_text() == "trained"  # on_finish ran

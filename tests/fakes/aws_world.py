@@ -164,7 +164,7 @@ def real_clock(start: datetime = START) -> Callable[[], datetime]:
 
 def build_daemon(settings: Any, state_path: str | Path, driver: Any = None,
                  coordinator: Any = None, now: Callable[[], datetime] | None = None) -> Any:
-    """A :class:`~provisioner.daemon.scheduler.Daemon` on the AWS driver of ``settings``."""
+    """A :class:`~provisioner.daemon.loop.scheduler.Daemon` on the AWS driver of ``settings``."""
     from pricing.sources.trace import TraceSource
     from provisioner.daemon.wiring import build_daemon as Daemon
     from provisioner.drivers.aws import AwsDriver

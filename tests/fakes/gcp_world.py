@@ -117,7 +117,7 @@ def market() -> Any:
 def build_daemon(world: GcpWorld, settings: Any, state_path: str | Path, *,
                  coordinator: Any = None,
                  now: Callable[[], datetime] | None = None) -> Any:
-    """A :class:`~provisioner.daemon.scheduler.Daemon` on the real GCP driver against ``world``."""
+    """A :class:`~provisioner.daemon.loop.scheduler.Daemon` on the real GCP driver against ``world``."""
     from pricing.sources.trace import TraceSource
     from provisioner.daemon.wiring import build_daemon as Daemon
     from provisioner.daemon.state import State

@@ -151,3 +151,87 @@ class RunProcess:
                 s, t = int(rec["step"]), float(rec["t"])
                 out[s] = min(out.get(s, t), t)
         return out
+
+
+# -- a local run in this process ------------------------------------------------------------
+# The run session itself (tests/provisioner/daemon), with the ring's fake (the job's end is
+# what a test sets) and the stand-in worker of tests/fakes/local_worker.py as the instances:
+# the lifecycle, the state, the local driver and its processes are the real ones.
+
+STAND_IN = REPO / "tests" / "fakes" / "local_worker.py"
+
+
+def local_options(wd: Path, until: int | None = None, **kw: Any) -> Any:
+    """The options of a quick local run in ``wd``: two instances, no outages, 600x;
+    ``until``: its --until-steps."""
+    from provisioner.config import parse_settings
+    from provisioner.daemon.run.options import RunOptions
+
+    settings = parse_settings({"fleet": {"max_size": 2, "markets": ["spot"]}})
+    return RunOptions(settings=settings, workdir=wd, outages_per_hour=0.0, speed=600.0,
+                      until_steps=until, **kw)
+
+
+def fake_ring_environment(options: Any, ring: Any, out: Path,
+                          wrap: Any = lambda driver: driver) -> Any:
+    """A :class:`provisioner.daemon.run.local.LocalEnvironment` whose coordinator is
+    ``ring`` (its ``started`` set when the run starts it) and whose instances run the
+    stand-in worker (files in ``out``); ``wrap`` wraps the driver the daemon gets."""
+    from provisioner.daemon.run.local import LocalEnvironment
+    from provisioner.daemon.run.session import Parts
+
+    class Env(LocalEnvironment):
+        def build_job(self) -> list[str]:
+            return []  # the stand-in worker trains no job
+
+        def coordinator(self, start: Any, found: Any, run_id: str, created: Any) -> Any:
+            self.ring_files(start, run_id, created)
+            ring.start()
+            ring.started = True
+            return ring
+
+        def worker_command(self, coordinator: Any) -> Any:
+            return lambda spec: [sys.executable, str(STAND_IN), str(out), spec.instance_id]
+
+        def parts(self, state: Any, coordinator: Any, now: Any) -> Any:
+            p = super().parts(state, coordinator, now)
+            p.driver._terminate_grace_s = 0.5  # the stand-in exits on SIGTERM at once
+            return Parts(wrap(p.driver), p.source, p.launch_env)
+
+    out.mkdir(parents=True, exist_ok=True)
+    return Env(options)
+
+
+def run_until(session: Any, wd: Path, ring: Any, stats: dict[str, Any], workers: int = 2,
+              timeout_s: float = 120.0) -> dict[str, Any]:
+    """Run ``session`` in a thread until ``workers`` instances are up and in ``ring``, then
+    give the ring ``stats`` (the run's end) and wait for the session; returns ``{"result":
+    ...}`` or ``{"error": exception}``. A session that died leaves no scheduler running."""
+    import threading
+
+    from tests.fakes.wait import wait_for
+
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["result"] = session.run()
+        except BaseException as exc:  # noqa: BLE001 - what ended the session, for the test
+            box["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    try:
+        assert wait_for(lambda: len(running(wd / "cloud", JOB)) >= workers or "error" in box,
+                        timeout_s)
+        assert "error" not in box, box.get("error")
+        ring.speeds = {r["id"]: 100.0 for r in running(wd / "cloud", JOB)}
+        ring.progress = {**ring.progress, **stats, "step": 40, "samples_done": 2560}
+        t.join(timeout_s)
+        assert not t.is_alive(), "the run did not end"
+    finally:
+        d = session.daemon
+        if d is not None and d.scheduler is not None:  # a killed daemon has no threads left
+            d.stopping.set()
+            d.scheduler.shutdown(wait=True)
+    return box

@@ -102,7 +102,7 @@ def test_aws_placement_scores_by_zone_name_with_a_stubbed_client():
 def test_the_daemons_market_view_takes_rebalance_recommendations_into_the_hazard():
     from pricing.model import PriceQuote, Snapshot
     from pricing.sources.trace import TraceSource
-    from provisioner.daemon.market import Market
+    from provisioner.daemon.loop.market import Market
     from provisioner.plan.throughput import ThroughputModel
 
     class Anywhere:  # a driver that can place every offering

@@ -28,7 +28,8 @@ PROVISION = [sys.executable, "-m", "provisioner"]
 
 #: The fewest arguments each command parses with (placeholders are never opened).
 MINIMAL = {"prices": [], "plan": [], "simulate": ["--trace", "t", "--work", "1"], "run": [],
-           "status": [], "list": [], "logs": [], "down": [], "revoke": ["i-1"],
+           "check": [], "status": [], "list": [], "logs": [], "stop": [], "down": [],
+           "revoke": ["i-1"],
            "completion": ["bash"]}
 
 
@@ -83,7 +84,7 @@ def test_json_before_or_after_the_command(name):
 
 def test_json_flag_is_declared_by_the_commands_that_print_json():
     have = {n for n, p in commands().items() if clio.has_json_flag(p)}
-    assert have == {"prices", "plan", "simulate", "status", "list", "down"}
+    assert have == {"prices", "plan", "simulate", "check", "status", "list", "down"}
 
 
 def test_json_on_a_command_without_json_output_is_a_usage_error(capsys):
@@ -196,11 +197,24 @@ def test_json_into_a_pipe_closed_early_ends_without_a_traceback(shared_data):
 
 @pytest.mark.slow
 def test_ctrl_c_during_simulate_exits_130_and_prints_nothing(shared_data):
-    # --work 1e10 keeps the replay busy for ~30 s; the interrupt comes once it is under way
-    proc = subprocess.Popen([*PROVISION, "simulate", "--trace", str(gcp_trace(shared_data)),
+    # --work 1e10 keeps the replay busy for ~30 s; the interrupt comes once it is under way:
+    # the program has the trace open (past its imports, inside the command), however long a
+    # loaded machine took to get there
+    trace = gcp_trace(shared_data)
+    proc = subprocess.Popen([*PROVISION, "simulate", "--trace", str(trace),
                              "--work", "1e10", "--json"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(4.0)
+
+    def reading_the_trace() -> bool:
+        try:
+            fds = os.listdir(f"/proc/{proc.pid}/fd")
+        except OSError:
+            return False
+        return any(_link(f"/proc/{proc.pid}/fd/{fd}") == str(trace.resolve()) for fd in fds)
+
+    from tests.fakes.wait import wait_for
+
+    assert wait_for(reading_the_trace, 120, step_s=0.02), proc.communicate()
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -217,3 +231,10 @@ def test_help_fits_an_80_by_24_terminal(monkeypatch):
         too_wide = [line for line in text.splitlines() if len(line) > 80]
         assert not too_wide, f"{name} --help: {too_wide}"
         assert "PATH [PATH ...]" not in text and "COMMAND ... " + name not in text
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

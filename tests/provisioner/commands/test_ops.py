@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.cli import main
-from provisioner.daemon import registry
-from provisioner.daemon.lock import held_by
+from provisioner.daemon.run import registry
+from provisioner.daemon.run.lock import held_by
 
 from tests.fakes.wait import wait_for
 

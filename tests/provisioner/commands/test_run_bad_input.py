@@ -13,7 +13,7 @@ import pytest
 
 from pricing.model import Offering
 from provisioner.cli import main
-from provisioner.daemon.lock import Created, RunLock
+from provisioner.daemon.run.lock import Created, RunLock
 from provisioner.daemon.state import State
 from tests.conftest import REPO
 
@@ -178,3 +178,19 @@ def test_status_never_writes_and_json_is_finite(tmp_path, capsys):
     assert tree(tmp_path) == before
     assert main(["status", "--state", str(tmp_path / "nope.sqlite")]) == 2
     assert not (tmp_path / "nope.sqlite").exists()
+
+
+def test_a_link_out_of_the_workdir_is_refused_and_never_followed(tmp_path, provision):
+    """Issue 30's case: a dangling symlink in the workdir made the daemon create its target.
+    Now the start is refused (one line naming the link, exit 2) and nothing is created on
+    either side of the link."""
+    wd = tmp_path / "w"
+    wd.mkdir()
+    target = tmp_path / "elsewhere" / "state.sqlite"
+    (wd / "state.sqlite").symlink_to(target)
+    before = tree(wd)
+    code, _, err = provision("run", "--workdir", wd, "--no-dashboard")
+    assert code == 2 and f"{wd / 'state.sqlite'} is a link" in err, err
+    assert err.strip().count("\n") == 0
+    assert not target.exists() and not target.parent.exists()
+    assert tree(wd) == before

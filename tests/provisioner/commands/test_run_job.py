@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.cli import main
-from provisioner.daemon.jobspec import DEFAULT_JOB, check_job
+from provisioner.daemon.run.jobspec import DEFAULT_JOB, check_job
 from provisioner.errors import UserError
 
 from tests.conftest import REPO
@@ -103,3 +103,57 @@ def test_help_names_the_new_flags_and_commands(capsys):
     text = capsys.readouterr().out
     for cmd in ("list (runs)", "logs", "down"):
         assert cmd in text
+
+
+#: A small job for the build check: ``EPOCHS`` from the run's limit when it gives one
+#: (SPOTRING_UNTIL_EPOCHS, as every worker gets it), else 5; ``BREAK`` makes make_job raise.
+SMALL_JOB = '''
+import os
+import torch
+from torch.utils.data import TensorDataset
+from trainer.job import Job
+
+
+def make_job(seed, **bad):
+    if os.environ.get("BREAK_MAKE_JOB"):
+        return Job(model=None, wrong_keyword=1)
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    return Job(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+               loss_fn=torch.nn.functional.cross_entropy, train_set=TensorDataset(x, y),
+               global_batch=8, epochs=int(os.environ.get("SPOTRING_UNTIL_EPOCHS", "5")),
+               evaluate=lambda m: {"mse": 0.5, "r2": 0.1})
+'''
+
+
+def test_check_builds_the_job_and_refuses_what_breaks_before_anything_starts(
+        tmp_path, capsys, monkeypatch):
+    """Issue 31.4: `provision check --job` builds the job (make_job, one batch through the
+    model) and nothing else; `provision run` does the same before anything is launched, so
+    a make_job that raises at run time is one line, exit 2, no workdir; --until-epochs
+    applies to a job that takes it and is refused for one that would train past it."""
+    job = tmp_path / "myjob.py"
+    job.write_text(SMALL_JOB)
+    code, out, err = run(capsys, "check", "--job", str(job), "--until-epochs", "3")
+    assert code == 0, err
+    assert "builds; 10 parameters, 3 epochs of 40 samples (5 steps of 8)" in out, out
+    assert "one batch of 8 through the model: loss" in out and "evaluate" in out, out
+    # a job that trains 5 epochs whatever it is told is refused --until-epochs 3 ...
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(SMALL_JOB.replace('os.environ.get("SPOTRING_UNTIL_EPOCHS", "5")', '"5"'))
+    code, _, err = run(capsys, "check", "--job", str(fixed), "--until-epochs", "3")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--until-epochs 3:" in err and "trains 5 epochs" in err and "--until-steps 15" in err
+    # ... and by `provision run` too, before its workdir exists
+    wd = tmp_path / "w"
+    code, _, err = run(capsys, "run", "--job", str(fixed), "--until-epochs", "3",
+                       "--workdir", str(wd), "--no-dashboard")
+    assert code == 2 and "trains 5 epochs" in err and not wd.exists(), err
+    # a make_job that raises when it runs (a bad keyword): found here, not on the fleet
+    monkeypatch.setenv("BREAK_MAKE_JOB", "1")
+    code, _, err = run(capsys, "run", "--job", str(job), "--workdir", str(wd),
+                       "--no-dashboard")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--job {job}: the job does not build here" in err and "wrong_keyword" in err
+    assert not wd.exists()

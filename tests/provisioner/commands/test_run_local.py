@@ -148,8 +148,8 @@ def test_dashboard_renders_fleet_prices_progress_and_events():
 
     from rich.console import Console
 
-    from provisioner.daemon.status import Status, WorkerRow
-    from provisioner.daemon.dashboard import render
+    from provisioner.daemon.view.status import Status, WorkerRow
+    from provisioner.daemon.view.dashboard import render
     from provisioner.daemon.state import Event
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -192,9 +192,12 @@ def test_cloud_run_without_credentials_or_template_is_one_line_exit_2(tmp_path, 
 @pytest.mark.slow
 def test_workers_that_never_join_stop_the_run_with_their_error(tmp_path, provision):
     job = tmp_path / "broken_job.py"
-    # it passes the daemon's look at the file (a make_job is there) and breaks in the workers
-    job.write_text('raise RuntimeError("broken on purpose")\n\n\ndef make_job(seed):\n'
-                   '    pass\n')
+    # it builds on the daemon's host (provision run builds every job once before launching)
+    # and breaks only in the workers (a worker's environment has SPOTRING_SLOWDOWN): what
+    # the daemon then has left to find is workers that never join
+    job.write_text('import os\nif os.environ.get("SPOTRING_SLOWDOWN"):\n'
+                   '    raise RuntimeError("broken on purpose")\n'
+                   'from spotring_examples.digits import make_job  # noqa: F401\n')
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[job]\njob_file = "{job}"\n[fleet]\nmarkets = ["spot"]\nmax_size = 2\n')
     wd = tmp_path / "w"

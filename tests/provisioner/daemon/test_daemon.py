@@ -12,12 +12,12 @@ from pricing.model import Availability, Offering
 from pricing.sources.trace import TraceSource
 from pricing.sources import synthetic
 from provisioner.config import parse_settings
-from provisioner.daemon.scheduler import JOB_IDS
+from provisioner.daemon.loop.scheduler import JOB_IDS
 from provisioner.daemon.wiring import build_daemon
 from provisioner.drivers.base import LaunchRequest
 from provisioner.drivers.local import LocalDriver
 from provisioner.errors import UserError
-from provisioner.daemon.metrics import Metrics
+from provisioner.daemon.view.metrics import Metrics
 from provisioner.daemon.state import State
 from provisioner.timing import Intervals
 from tests.fakes.ring import FakeRing as FakeCoordinator

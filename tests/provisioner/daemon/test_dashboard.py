@@ -2,15 +2,16 @@
 says events in words."""
 
 import io
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
 from rich.console import Console
 
-from provisioner.daemon.dashboard import render
-from provisioner.daemon.savings import Savings
+from provisioner.daemon.view.dashboard import render
+from provisioner.daemon.view.savings import Savings
 from provisioner.daemon.state import Event
-from provisioner.daemon.status import Status, WorkerRow, describe
+from provisioner.daemon.view.status import Status, WorkerRow, describe
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
 SPOT = "local/local-1/local-1{z}/{t}/spot"
@@ -38,7 +39,7 @@ def status(n_events=40, n_workers=4):
                   fleet={keys[0]: 2, keys[1]: 1}, draining=1, prices=prices,
                   cost_per_hour=2.754, spend=1.3371, samples_per_s=4321.0,
                   progress={"epoch": 12, "step": 300, "accuracy": 0.962, "loss": 0.123,
-                            "steps_lost": 1},
+                            "steps_lost": 1, "samples_done": 19200},
                   events=events, workers={}, instances=workers,
                   savings=Savings(1.3371, 4.9112, 3.1878, 2963.0, 1406.6, 3),
                   eta_s=756.0, speed=120.0, total_epochs=30,
@@ -65,6 +66,11 @@ def test_at_80x24_the_head_has_the_savings_the_eta_and_the_booting_worker():
     assert "saved 58%" in text  # 1 - 1.3371 / 3.1878 against checkpoint-restart
     assert "ETA 0.21 h (6 s real)" in text
     assert "epoch 12/30" in text
+    # savings only for work done: before the ring trained a sample, and for a lost job, none
+    for progress in ({**status().progress, "samples_done": 0},
+                     {**status().progress, "outcome": "lost"}):
+        text_none = "\n".join(lines_of(replace(status(), progress=progress), 80, 24))
+        assert "saved 73%" not in text_none and "saved -" in text_none
     assert "booting" in text and "draining" in text
     assert "events" in text
 

@@ -1,42 +1,37 @@
 """The local run's simulated clock is kept in the state: a continued run goes on at the time
 its workers are at (running on after a crash, from the stop after a clean one)."""
 
-import argparse
 import time
 from datetime import datetime, timedelta, timezone
 
-from provisioner.config import parse_settings
-from provisioner.daemon.local import LocalRun
+from provisioner.daemon.run.local import local_clock
 from provisioner.daemon.state import State
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def local_run(tmp_path, speed):
-    args = argparse.Namespace(speed=speed, workdir=str(tmp_path), report=None, on_exit=None)
-    return LocalRun(parse_settings({}), args, None)
 
 
 def test_fresh_then_crash_then_clean_stop_then_another_speed(tmp_path):
     st = State(tmp_path / "state.sqlite")
-    now = local_run(tmp_path, 60)._clock(st, T0, None, continuing=False)
+    now = local_clock(st, T0, 60, None, False)
     assert abs((now() - T0).total_seconds()) < 60  # starts at the trace's start
     saved = st.get_meta("clock")
     # the daemon was killed 10 real seconds ago (its workers went on): the clock ran on
     st.set_meta("clock", {**saved, "wall_start": saved["wall_start"] - 10})
-    now = local_run(tmp_path, 60)._clock(st, T0, None, continuing=True)
+    now = local_clock(st, T0, 60, None, True)
     assert 600 <= (now() - T0).total_seconds() < 660
     # a clean stop that terminated the fleet at T0 + 1 h: nothing ran since, it goes on there
     ended = {"t": (T0 + timedelta(hours=1)).timestamp(), "fleet_kept": False}
-    now = local_run(tmp_path, 60)._clock(st, T0, ended, continuing=True)
+    now = local_clock(st, T0, 60, ended, True)
     assert 0 <= (now() - (T0 + timedelta(hours=1))).total_seconds() < 60
     # ...but with the fleet kept, it kept running
     kept = {**ended, "fleet_kept": True}
     st.set_meta("clock", {**st.get_meta("clock"), "wall_start": time.time() - 20})
-    now = local_run(tmp_path, 60)._clock(st, T0, kept, continuing=True)
+    now = local_clock(st, T0, 60, kept, True)
     at = now()
     assert 1200 <= (at - T0 - timedelta(hours=1)).total_seconds() < 1300
     # another --speed: re-anchored where it is, then at the new rate
-    now = local_run(tmp_path, 600)._clock(st, T0, None, continuing=True)
+    now = local_clock(st, T0, 600, None, True)
     assert st.get_meta("clock")["speed"] == 600
     assert abs((now() - at).total_seconds()) < 600

@@ -10,11 +10,11 @@ import urllib.request
 import pytest
 
 from pricing.model import Offering
-from provisioner.daemon.metrics import Metrics
-from provisioner.daemon.savings import from_state
+from provisioner.daemon.view.metrics import Metrics
+from provisioner.daemon.view.savings import from_state
 from provisioner.daemon.state import State
-from provisioner.daemon.telemetry import Telemetry
-from provisioner.daemon.status import Status
+from provisioner.daemon.loop.telemetry import Telemetry
+from provisioner.daemon.view.status import Status
 from provisioner.errors import UserError
 from provisioner.plan.throughput import ThroughputModel
 
@@ -107,6 +107,65 @@ def test_grafana_series_from_telemetry(tmp_path):
         got = scrape(port)
         assert 'spotring_worker_samples_per_s{worker="i-2"}' not in got
         assert got["spotring_reconfigurations_total"] == 2.0  # events counted once
+    finally:
+        m.close()
+        state.close()
+
+
+def test_every_metric_evaluate_returns_reaches_every_view(tmp_path, monkeypatch):
+    """Issue 31.3: a job whose evaluate returns mse and r2 (no accuracy) shows both, with the
+    step and time they were measured at, in Prometheus, the state (provision status, its
+    JSON and text), the dashboard and the progress line."""
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+
+    from provisioner.commands.run_terminal import progress_line
+    from provisioner.daemon.view.dashboard import render
+    from provisioner.daemon.view.status import build_status, summary
+    from provisioner.daemon.view.tables import status_lines
+
+    state = State(tmp_path / "s.sqlite")
+    state.set_meta("started_at", 0.0)
+    coord = Coordinator()
+    m = Metrics()
+    port = m.serve(0)
+    try:
+        tel = Telemetry(state, ThroughputModel(priors={}, unit=400.0), coordinator=coord,
+                        metrics=m)
+        tel.begin()
+
+        def record(t: float) -> None:
+            now = datetime.fromtimestamp(t, timezone.utc)
+            tel.record(build_status(now, state, {}, coord, "", 0))
+
+        record(600.0)  # no evaluate yet: nothing claimed
+        assert state.get_meta("job_metrics") is None
+        coord.stats_ = {**coord.stats_, "step": 120, "epoch": 3,
+                        "metrics": {"mse": 0.0123, "r2": 0.91}}
+        record(1800.0)
+        coord.stats_["step"] = 130  # the same values later: still measured at step 120
+        record(1900.0)
+        got = scrape(port)
+        assert got['spotring_job_metric{name="mse"}'] == pytest.approx(0.0123)
+        assert got['spotring_job_metric{name="r2"}'] == pytest.approx(0.91)
+        assert got["spotring_job_metric_step"] == 120.0
+        assert got["spotring_job_metric_time_seconds"] == 1800.0
+        assert [v for _, k, v in state.metric_series("job_metric") if k == "r2"] == [0.91]
+
+        doc = summary(state)
+        assert doc["job_metrics"] == {"values": {"mse": 0.0123, "r2": 0.91}, "step": 120,
+                                      "epoch": 3, "hours": 0.5}
+        assert doc["ring"]["metrics"] == {"mse": 0.0123, "r2": 0.91}
+        text = "\n".join(status_lines(doc, 80))
+        assert "job: mse 0.0123, r2 0.91 (at step 120, epoch 3, 0.50 h)" in text, text
+        st = build_status(datetime.fromtimestamp(1900.0, timezone.utc), state, {}, coord, "",
+                          5)
+        con = Console(width=80, height=24, record=True)
+        con.print(render(st, 0.0, width=80, height=24))
+        frame = con.export_text()
+        assert "mse 0.0123" in frame and "r2 0.91" in frame and "step 120" in frame, frame
+        assert "mse 0.0123, r2 0.91" in progress_line(st, 0.0)
     finally:
         m.close()
         state.close()

@@ -4,7 +4,7 @@ import pytest
 
 from pricing.sources.synthetic import (JOB_OUTAGES, GeneratorParams, JobOutage,
                                        next_job_outage)
-from provisioner.daemon.outages import JobTimeOutages, job_progress, pick_victim
+from provisioner.daemon.run.outages import JobTimeOutages, job_progress, pick_victim
 
 
 def test_default_schedule_is_two_notices_and_a_kill_inside_the_job():

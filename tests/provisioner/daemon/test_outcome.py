@@ -26,10 +26,17 @@ def test_done_limits_and_interruptions():
     assert v({"outcome": "running", "epoch": 3}) is None
     done = v({"outcome": "done", "finished": True})
     assert done.exit_code == 0 and done.job_over and done.failure is None
+    # a run cut by a limit says so, never "done"; the work asked for is over: fleet ended
     epochs = v({"outcome": "running", "epoch": 30}, until_epochs=30)
-    assert epochs.exit_code == 0 and not epochs.job_over  # --on-exit decides
+    assert epochs.outcome == "limit" and epochs.reason.startswith("stopped at the limit")
+    assert epochs.exit_code == 0 and epochs.job_over
+    steps = v({"outcome": "running", "step": 500}, until_steps=500)
+    assert steps.outcome == "limit" and "step 500 (--until-steps 500" in steps.reason
+    assert v({"outcome": "running", "step": 499}, until_steps=500) is None
+    # --duration pauses the run: the same command goes on, --on-exit decides the fleet
     limit = v({"outcome": "running"}, elapsed_s=7200, duration_s=3600, duration_text="1h")
-    assert limit.reason == "--duration 1h reached" and limit.outcome == "limit"
+    assert limit.reason.startswith("stopped at the limit: --duration 1h")
+    assert limit.outcome == "duration" and not limit.job_over
     stopped = v({"outcome": "lost"}, interrupted=True)
     assert stopped.outcome == "interrupted" and stopped.exit_code == 130
     broken = v({}, crash_loop="4 workers exited before any joined the ring")

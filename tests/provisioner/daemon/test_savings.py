@@ -2,7 +2,7 @@
 
 import pytest
 
-from provisioner.daemon.savings import (Life, Revocation, Savings, boot_seconds,
+from provisioner.daemon.view.savings import (Life, Revocation, Savings, boot_seconds,
                                         checkpoint_restart, eta_s, on_demand,
                                         samples_per_epoch, saved, spared_seconds)
 

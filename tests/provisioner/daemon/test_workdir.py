@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.daemon.lock import Created, RunLock, writable_folder
-from provisioner.daemon.workdir import (RunIdentity, StartKind, Workdir, archive,
+from provisioner.daemon.run.lock import Created, RunLock, writable_folder
+from provisioner.daemon.run.workdir import (RunIdentity, StartKind, Workdir, archive,
                                         decide_start)
 from provisioner.errors import UserError
 from tests.fakes.wait import wait_for
@@ -33,7 +33,7 @@ def test_a_lock_dies_with_its_holder(tmp_path):
     """Stale-safe: a SIGKILLed run's lock is free at once (the kernel drops a flock)."""
     path = tmp_path / ".lock"
     code = ("import sys, time; from pathlib import Path; "
-            "from provisioner.daemon.lock import Created, RunLock; "
+            "from provisioner.daemon.run.lock import Created, RunLock; "
             f"RunLock(Path({str(path)!r}), 'w').acquire(Created()); print('held', flush=True); "
             "time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -107,6 +107,41 @@ def test_the_start_decision():
     with pytest.raises(UserError, match=r"--until-epochs 150 .*same --until-epochs"):
         decide_start(other, True, ID, "--workdir w")
     assert decide_start({}, True, ID, "w").kind is StartKind.CONTINUE  # an older state
+
+
+def test_a_run_whose_stop_never_finished_is_finished_not_continued():
+    """A daemon killed while stopping a run whose job is over (or whose ring's end was
+    recorded before the run's) leaves a run the next start only finishes stopping; a run
+    stopped by hand or by its --duration goes on as before."""
+    def run(**ended):
+        return {"id": "r1", "identity": ID.as_meta(), "ended": ended or None}
+
+    for outcome, code, over in (("done", 0, True), ("lost", 3, True), ("failed", 4, True),
+                                ("workers-failing", 2, True)):
+        start = decide_start(run(outcome=outcome, exit_code=code, job_over=over,
+                                 stopped=False), True, ID, "w")
+        assert start.kind is StartKind.FINISH and start.run_id() == "r1", outcome
+    for outcome in ("interrupted", "duration"):  # Ctrl-C, --duration: the run goes on
+        start = decide_start(run(outcome=outcome, job_over=False, stopped=False), True, ID,
+                             "w")
+        assert start.kind is StartKind.CONTINUE, outcome
+    # a run cut at its --until-steps/--until-epochs: the work asked for is done
+    cut = run(outcome="limit", job_over=True, stopped=False)
+    assert decide_start(cut, True, ID, "w").kind is StartKind.FINISH
+    assert decide_start({**cut, "ended": {**cut["ended"], "stopped": True}}, True, ID,
+                        "w").kind is StartKind.NEXT
+    stopped_lost = run(outcome="lost", exit_code=3, job_over=True, stopped=True)
+    assert decide_start(stopped_lost, True, ID, "w").kind is StartKind.CONTINUE
+    # the end not recorded, but the ring's end was (the verdict comes from that record)
+    for ring in ({"outcome": "done"}, {"outcome": "lost"}, {"outcome": "failed"}):
+        assert decide_start(run(), True, ID, "w", ring).kind is StartKind.FINISH, ring
+    limited = {**run(), "identity": {**ID.as_meta(), "until_epochs": 3}}
+    limited_id = RunIdentity(**{**ID.as_meta(), "until_epochs": 3})
+    assert decide_start(limited, True, limited_id, "w", {"epoch": 3}).kind is StartKind.FINISH
+    assert decide_start(limited, True, limited_id, "w", {"epoch": 2}).kind is \
+        StartKind.CONTINUE
+    assert decide_start(run(), True, ID, "w", {"outcome": "running"}).kind is \
+        StartKind.CONTINUE
 
 
 def test_archive_moves_the_finished_run_and_deletes_nothing(tmp_path):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from provisioner.daemon.actuator import WriteAheadActuator
+from provisioner.daemon.loop.actuator import WriteAheadActuator
 from provisioner.daemon.state import EventKind, IntentKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest
 from provisioner.errors import CapacityError, DriverError

@@ -1,8 +1,8 @@
 """``provision down``: terminate the fleet a run left behind (``--on-exit keep``, or a
 daemon that died), like ``sky down``.
 
-Design: the run's own files say what is left (:mod:`provisioner.daemon.target`). The run's
-lock is taken first, exactly as a daemon takes it (:class:`provisioner.daemon.lock.RunLock`),
+Design: the run's own files say what is left (:mod:`provisioner.daemon.run.target`). The run's
+lock is taken first, exactly as a daemon takes it (:class:`provisioner.daemon.run.lock.RunLock`),
 so ``down`` is refused (one line, exit 2) while a daemon holds the run, and no daemon can
 start on it and adopt the fleet while ``down`` ends it. The instances to end are the state's
 live ones plus those the driver still lists for the job (an instance whose launch was
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from provisioner.daemon.lock import Created, RunLock, held_by
-from provisioner.daemon.target import Target
+from provisioner.daemon.run.lock import Created, RunLock, held_by
+from provisioner.daemon.run.target import Target
 from provisioner.errors import UserError
 
 
@@ -72,13 +72,29 @@ def _driver(target: Target) -> Any:
     return cloud_driver(load_settings(target.config))
 
 
+def end_fleet(job: str, driver: Any, state: Any, clock: Callable[[], float],
+              reason: str) -> tuple[str, ...]:
+    """End every instance of ``job`` that ``state`` holds or ``driver`` lists, through the
+    write-ahead actuator, on ``clock``; open intents are closed, not repeated (nothing is
+    launched). Returns the ids ended."""
+    from provisioner.daemon.loop.actuator import WriteAheadActuator
+    from provisioner.timing import Intervals
+
+    for intent in state.open_intents():
+        state.abandon_intent(intent.token, clock(), f"not repeated: {reason}")
+    ids = sorted({r.id for r in state.live_instances()} | {i.id for i in driver.list(job)})
+    WriteAheadActuator(job, driver, state, clock, Intervals()).terminate_ids(ids, reason)
+    now = clock()
+    for iid in ids:  # a row left open (its end not recorded by the actuator)
+        state.end_instance(iid, now, reason)
+    return tuple(ids)
+
+
 def down(target: Target) -> Down:
     """Terminate what ``target``'s run left (see the module docstring).
 
     Raises UserError when a daemon holds the run, or when it has no state."""
-    from provisioner.daemon.actuator import WriteAheadActuator
     from provisioner.daemon.state import State
-    from provisioner.timing import Intervals
 
     holder = held_by(target.lock)
     if holder is not None:
@@ -101,13 +117,8 @@ def down(target: Target) -> Down:
                                 f"its loop); nothing to terminate")
             driver = _driver(target)
             clock = _clock(state, target.local)
-            ids = sorted({r.id for r in state.live_instances()}
-                         | {i.id for i in driver.list(job)})
-            actuator = WriteAheadActuator(job, driver, state, clock, Intervals())
-            actuator.terminate_ids(ids, "provision down")
+            ids = end_fleet(job, driver, state, clock, "provision down")
             now = clock()
-            for iid in ids:  # a row left open (its end not recorded by the actuator)
-                state.end_instance(iid, now, "provision down")
             run = dict(state.get_meta("run") or {})
             if run.get("ended"):
                 run["ended"] = {**run["ended"], "fleet_kept": False, "t": now}

@@ -5,14 +5,14 @@ Design: four jobs with fixed ids (``poll_prices``, ``watch_notices``, ``plan_and
 *simulated* seconds divided by the clock's speed. The jobs only move data between the parts
 the composition root (:func:`provisioner.daemon.wiring.build_daemon`) gave it:
 
-- :class:`~provisioner.daemon.market.Market`: the last good prices and availability;
+- :class:`~provisioner.daemon.loop.market.Market`: the last good prices and availability;
 - :class:`~provisioner.plan.pipeline.Planner`: THE decision, the same the simulator runs;
-- :class:`~provisioner.daemon.actuator.WriteAheadActuator`: every cloud call behind an
+- :class:`~provisioner.daemon.loop.actuator.WriteAheadActuator`: every cloud call behind an
   intent, notices, the capacity and zone caches; the plan is carried out by
   :func:`provisioner.plan.reconcile.apply_round` (launches first, nothing removed while a
   replacement is refused; a refusal plans again at once, up to :data:`CAPACITY_REPLANS`);
-- :func:`~provisioner.daemon.recovery.recover`: what a restart finishes and adopts;
-- :class:`~provisioner.daemon.telemetry.Telemetry`: metrics, the closed throughput loop.
+- :func:`~provisioner.daemon.loop.recovery.recover`: what a restart finishes and adopts;
+- :class:`~provisioner.daemon.loop.telemetry.Telemetry`: metrics, the closed throughput loop.
 
 A notice drains first and re-plans at once, so the replacement launch runs in parallel
 with the drain. Progress for a deadline objective is the ring's ``samples_done`` since the
@@ -37,14 +37,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from pricing.model import Offering
 from provisioner.config import Settings
-from provisioner.daemon.actuator import WriteAheadActuator
-from provisioner.daemon.market import Market
+from provisioner.daemon.loop.actuator import WriteAheadActuator
+from provisioner.daemon.loop.market import Market
 from provisioner.daemon.ports import PriceFeed, RingCoordinator
-from provisioner.daemon.recovery import recover
-from provisioner.daemon.state import EventKind, State
-from provisioner.daemon.status import Status, build_status
-from provisioner.daemon.telemetry import Telemetry
-from provisioner.drivers.base import CloudDriver
+from provisioner.daemon.loop.recovery import recover
+from provisioner.daemon.state import DiskFull, EventKind, State, is_disk_full
+from provisioner.daemon.view.status import Status, build_status
+from provisioner.daemon.loop.telemetry import Telemetry
+from provisioner.drivers.base import CloudDriver, Notice
 from provisioner.errors import InfeasibleError
 from provisioner.plan.mode import PASSED, ModeChoice, run_mode
 from provisioner.plan.pipeline import FleetView, Planner, Progress
@@ -98,6 +98,7 @@ class Daemon:
         self._rejected: dict[str, int] = {}
         self.scheduler: BackgroundScheduler | None = None
         self.errors: list[str] = []
+        self._pending: dict[str, Notice] = {}  # notices whose handling failed: tried again
         self.mode: ModeChoice | None = None  # the run's training mode, fixed at its first plan
 
     def _fix_mode(self, plan: Any, t: float) -> None:
@@ -157,10 +158,25 @@ class Daemon:
             try:
                 fn()
             except Exception as exc:  # a failed round must not stop the daemon
+                if is_disk_full(exc):
+                    self._disk_full(name, exc)
+                    return
                 log.exception("job %s failed", name)
                 self.errors.append(f"{name}: {exc}")
-                self.state.record_event(self._ts(), EventKind.ERROR, detail=f"{name}: {exc}")
+                try:
+                    self.state.record_event(self._ts(), EventKind.ERROR,
+                                            detail=f"{name}: {exc}")
+                except DiskFull:
+                    pass
         return run
+
+    def _disk_full(self, job: str, exc: Exception) -> None:
+        """A round skipped for a full disk: no traceback, nothing recorded (there is no room);
+        the job runs again at its next period. The state says it once per pause, whether its
+        own write or a driver's file found no space."""
+        if not isinstance(exc, DiskFull):
+            self.state.pause(exc)
+        log.debug("job %s skipped: %s", job, exc)
 
     def stop(self, on_exit: str = "keep") -> None:
         """Stop launching, stop the jobs, and keep or terminate (after draining) the fleet."""
@@ -210,10 +226,21 @@ class Daemon:
         return self.market.quotes
 
     def watch_notices(self) -> None:
-        """Handle the driver's notices: drain first, replace in parallel."""
+        """Handle the driver's notices: drain first, replace in parallel. A notice whose
+        handling found the disk full is kept and handled again at the next round: a driver
+        reports each notice once, and one lost would leave its instance "live" in the state
+        for good (never replaced). Then release the draining instances whose workers left."""
         replan = False
         for n in self.driver.notices():
-            replan |= self.actuator.on_notice(n)
+            self._pending[f"{n.instance_id}/{n.kind}"] = n
+        for key, n in list(self._pending.items()):
+            try:
+                replan |= self.actuator.on_notice(n)
+            except Exception as exc:
+                if not is_disk_full(exc):
+                    del self._pending[key]  # another failure: said once, not retried
+                raise
+            del self._pending[key]
         self.actuator.release_left()
         if replan:
             self.plan_and_reconcile("notice")

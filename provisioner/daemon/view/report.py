@@ -1,27 +1,26 @@
 """The report of a ``provision run``: figures, markdown and PNG plots from the state file.
 
 Design: a function of the :class:`~provisioner.daemon.state.State` (and the ring's final stats),
-written after the run; nothing here talks to a cloud or the ring. The figures:
+written after the run; nothing here talks to a cloud or the ring. :func:`figures` are the
+run's figures, each named with its unit (``_usd``, ``_pct``, ``_hours``, ``_s``), each
+explained once in :data:`provisioner.daemon.view.report_text.FIELDS` (the markdown:
+:mod:`provisioner.daemon.view.report_text`):
 
-- ``spend_usd``: Σ over instances of ∫ price dt (:meth:`State.spend`);
-- ``samples``: samples trained (the ring's ``samples_done``);
-- ``cost_per_1m_samples_usd``: spend / samples × 1e6;
-- ``outcome`` (done, lost, failed, interrupted, limit, workers-failing) and ``failure``
-  (why, when the job did not succeed), from the run's end as the daemon recorded it;
-- ``steps_lost``: every step computed and thrown away, across coordinator lives
-  (:func:`provisioner.daemon.outcome.totals`): at most one per member lost without notice,
-  what a restart cost, and for a lost job everything since its newest snapshot;
-  ``money_lost_usd`` the spend on those steps; ``resumed_from`` (the snapshot step a ring
-  resumed from), ``snapshot_step`` (the newest), ``daemon_restarts``;
-- ``accuracy``: the job's held-out accuracy at the end;
-- counts of launches, notices (drained), kills (no notice), joins and leaves;
-- the spend against two baselines (:mod:`provisioner.daemon.savings`, where the formulas
-  are): ``on_demand_usd`` (the same instance-time at on-demand prices, less the
-  replacements' boots an on-demand fleet never needs) and ``checkpoint_restart_usd`` (the
-  same spot fleet stopping the job on each revocation of a member: the survivors idle
-  through the replacement's boot, and half a checkpoint interval redone after a kill),
-  with ``saved_vs_on_demand`` and ``saved_vs_checkpoint_restart`` (fractions),
-  ``checkpoint_restart_hours_lost`` and the measured ``boot_s``.
+- what ran: ``run`` (id), ``name``, ``job``; how it ended: ``outcome`` (done, limit, lost,
+  failed, interrupted, duration, workers-failing), ``outcome_text``, ``failure``;
+- the work: ``simulated_hours``, ``epochs``, ``samples``, ``job_metrics`` (everything the
+  job's ``evaluate`` returned, at the step and time measured) and ``accuracy``;
+- the money: ``spend_usd`` (Σ over instances of ∫ price dt), ``cost_per_1m_samples_usd``,
+  the two baselines of :mod:`provisioner.daemon.view.savings` (``on_demand_usd``,
+  ``checkpoint_restart_usd``) and what was saved against each, in percent
+  (``saved_vs_on_demand_pct``, ``saved_vs_checkpoint_restart_pct``): claimed only for a job
+  that trained something and was not lost (else none); ``checkpoint_restart_hours_lost``,
+  ``median_boot_s``;
+- the losses: ``steps_lost`` (every step computed and thrown away, across coordinator lives,
+  :func:`provisioner.daemon.outcome.totals`), ``money_lost_usd``, ``resumed_from``,
+  ``snapshot_step``, ``daemon_restarts``, ``restart_steps_lost``, ``adopted``;
+- the counts: instance-hours, launches, notices (drained), kills (no notice), joins, members
+  drained and lost, events.
 
 Every JSON figure is finite (:func:`provisioner.clio.dumps`: an infinite or NaN float becomes
 null, and ``allow_nan=False``): no ``Infinity`` in a file other tools parse.
@@ -43,8 +42,9 @@ from typing import Any, Mapping, Sequence
 from provisioner import plots
 from provisioner.clio import dumps
 from provisioner.daemon.outcome import Ledger, totals
-from provisioner.daemon.savings import checkpoint_every_s, from_state, pct
-from provisioner.daemon.status import describe, short_offering
+from provisioner.daemon.view.report_text import MAX_EVENTS, markdown
+from provisioner.daemon.view.savings import checkpoint_every_s, from_state
+from provisioner.daemon.view.status import measured, short_offering
 from provisioner.daemon.state import EventKind, State, ring_kind
 
 EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LEFT,
@@ -53,50 +53,59 @@ EVENT_ROWS = (EventKind.LAUNCH, EventKind.NOTICE, EventKind.KILLED, EventKind.LE
 
 
 def figures(state: State, end_t: float, ring: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's headline figures (see the module docstring)."""
+    """The run's figures (see the module docstring), each with its unit in its name and its
+    meaning in :data:`provisioner.daemon.view.report_text.FIELDS`."""
     spend = state.spend(end_t)
     samples = int(ring.get("samples_done") or 0)
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for e in state.events():
         counts[e.kind] += 1
+        if e.instance_id:  # about a member (not the ring as a whole)
+            counts[f"{e.kind}/member"] += 1
     started = state.get_meta("started_at", end_t)
     acc = ring.get("accuracy")
-    ended = (state.get_meta("run") or {}).get("ended") or {}
+    run = state.get_meta("run") or {}
+    ended = run.get("ended") or {}
     outcome = ended.get("outcome") or ring.get("outcome")
     lost = totals(Ledger.from_meta(state.get_meta("ledger")), ring, spend)
     money = from_state(state, end_t, checkpoint_every_s(state)).as_figures()
+    claim = bool(samples) and outcome != "lost"  # savings only for work done
+
+    def saved(share: float | None) -> float | None:
+        return round(share * 100.0, 1) if claim and share is not None else None
+
     return {
+        "run": run.get("id"),
+        "name": run.get("name"),
+        "job": (run.get("identity") or {}).get("job_file"),
         "outcome": outcome,
+        "outcome_text": ended.get("reason"),
         "failure": ended.get("failure") or (ring.get("failure") if outcome in ("lost", "failed")
                                             else None),
-        "spend_usd": round(spend, 6),
+        "simulated_hours": round((end_t - started) / 3600.0, 4),
+        "epochs": ring.get("epoch"),
         "samples": samples,
-        "cost_per_1m_samples_usd": round(spend / samples * 1e6, 6) if samples else None,
-        **money,
-        **lost,
+        "job_metrics": measured(state.get_meta("job_metrics"), float(started)),
         "accuracy": None if acc is None or (isinstance(acc, float) and math.isnan(acc))
         else float(acc),
-        "epochs": ring.get("epoch"),
-        "simulated_hours": round((end_t - started) / 3600.0, 4),
+        "spend_usd": round(spend, 6),
+        "cost_per_1m_samples_usd": round(spend / samples * 1e6, 6) if samples else None,
+        "on_demand_usd": money["on_demand_usd"],
+        "saved_vs_on_demand_pct": saved(money["saved_vs_on_demand"]),
+        "checkpoint_restart_usd": money["checkpoint_restart_usd"],
+        "saved_vs_checkpoint_restart_pct": saved(money["saved_vs_checkpoint_restart"]),
+        "checkpoint_restart_hours_lost": money["checkpoint_restart_hours_lost"],
+        "median_boot_s": money["boot_s"],
+        **lost,
         "instance_hours": round(state.instance_seconds(end_t) / 3600.0, 6),
         "launches": counts[EventKind.LAUNCH],
         "notices": counts[EventKind.NOTICE],
         "kills": counts[EventKind.KILLED],
         "joins": counts[ring_kind("join")],
-        "ring_drains": counts["ring-drain"],
-        "ring_lost": counts["ring-lost"],
+        "members_drained": counts[f"{ring_kind('drain')}/member"],
+        "members_lost": counts[f"{ring_kind('lost')}/member"],
+        "events_total": state.count_events(),
     }
-
-
-def _summary(fig: Mapping[str, Any]) -> str:
-    """The report's first sentence: what the run did and what it saved."""
-    acc = "-" if fig.get("accuracy") is None else f"{fig['accuracy']:.3f}"
-    return (f"Outcome **{fig['outcome']}**, accuracy {acc}, through {fig['notices']} notices "
-            f"and {fig['kills']} kills ({fig['steps_lost']} steps lost). Spend "
-            f"${fig['spend_usd']:.4f}: {pct(fig['saved_vs_on_demand'])} less than on-demand "
-            f"(${fig['on_demand_usd']:.4f}) and {pct(fig['saved_vs_checkpoint_restart'])} "
-            f"less than checkpoint-restart on the same spot fleet "
-            f"(${fig['checkpoint_restart_usd']:.4f}; see docs/daemon.md, \"Savings\").")
 
 
 def _hours(t: float, t0: float) -> float:
@@ -134,17 +143,12 @@ def write_report(state: State, out_dir: str | Path, end_t: float, ring: Mapping[
                 step=False)
     _events_plot(out / "events.png", state, t0, end_t)
     (out / "report.json").write_text(dumps(fig, indent=2))
-    md = [f"# {title}", "", _summary(fig), "", "| figure | value |", "|---|---|"]
-    md += [f"| {k} | {v} |" for k, v in fig.items()]
-    md += ["", "![price](price.png)", "![fleet](fleet.png)", "![throughput](throughput.png)",
-           "![cost](cost.png)", "![events](events.png)", "", "## Last decision", ""]
     decisions = state.decisions(limit=1)
-    md += ["```", decisions[-1][2] if decisions else "(none)", "```", "", "## Events", ""]
-    for e in state.events(limit=60):
-        md.append(f"- {_hours(e.t, t0):7.3f} h  {describe(e)}")
-    md += [""] + [f"note: {n}" for n in notes]
+    events = state.events(limit=MAX_EVENTS, in_time=True)
+    text = markdown(title, fig, events, fig["events_total"], t0,
+                    decisions[-1][2] if decisions else None, notes)
     path = out / "report.md"
-    path.write_text("\n".join(md) + "\n")
+    path.write_text(text)
     return path
 
 

@@ -6,6 +6,12 @@ paths. :func:`decide_start` (pure) reads the run found there (the ``run`` meta o
 against this start's :class:`RunIdentity`:
 
 - no state: a **fresh** run;
+- a run whose end was recorded but never finished stopping (its daemon was killed while
+  stopping it: ``ended.stopped`` false) and whose job is over, or a run whose ring's
+  recorded stats decided its end (done, lost, failed, at its ``--until-epochs``: the
+  daemon acts on the job's end only once it is recorded) before the end was: **finish** stopping it (end what is left of its fleet,
+  mark it stopped, write its report) and nothing else: a finished job is never trained
+  again;
 - a run whose job finished (``ended.outcome == "done"``): the **next** run; the finished
   run's files (state, worker logs, samples, its snapshots, the default report) are moved,
   not deleted, to ``runs/<its id>/`` first (:func:`archive`);
@@ -19,6 +25,10 @@ against this start's :class:`RunIdentity`:
 never moved, so instances of any earlier run stay visible to recovery. Snapshots are kept
 per run (``snapshots/<run id>``, or ``<snapshot.url>/<job.id>/<run id>``): a run never
 resumes from another run's snapshots, a finished one's least of all.
+
+A run never writes out of its work directory: a start is refused when the directory holds
+a symbolic link leading out of it or to nothing (:func:`no_way_out`), and the files a start
+creates itself are opened without following links.
 
 Rule: read the state only with :meth:`provisioner.daemon.state.State.read_only` before the
 run's lock is held and the start decided; :func:`archive` is the only move.
@@ -34,6 +44,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
+from provisioner.daemon.outcome import FINAL, Verdict, stopping, verdict
+from provisioner.daemon.run.lock import private_dirs
 from provisioner.errors import UserError
 
 
@@ -88,12 +100,14 @@ class RunIdentity:
     job_file: str  # job.job_file
     until_epochs: int | None  # --until-epochs
     market: str  # --trace paths, or the generator's --seed and --outages-per-hour
+    until_steps: int | None = None  # --until-steps
 
     def as_meta(self) -> dict[str, Any]:
         return asdict(self)
 
 
 FLAGS = {"job": "job.id", "job_file": "job.job_file", "until_epochs": "--until-epochs",
+         "until_steps": "--until-steps",
          "market": "--trace/--seed/--outages-per-hour"}
 
 
@@ -101,6 +115,7 @@ class StartKind(StrEnum):
     FRESH = "fresh"
     CONTINUE = "continue"
     NEXT = "next"  # the run found there finished: archived, then a fresh one
+    FINISH = "finish"  # the run found there ended but was not stopped: stop it, nothing more
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,9 @@ class Start:
     previous_id: str | None = None  # the run continued or archived
 
     def run_id(self) -> str:
-        """The id of the run this start runs: the continued one's, else a new one."""
-        if self.kind is StartKind.CONTINUE and self.previous_id:
+        """The id of the run this start runs: the continued (or finished) one's, else a new
+        one."""
+        if self.kind in (StartKind.CONTINUE, StartKind.FINISH) and self.previous_id:
             return self.previous_id
         return new_run_id()
 
@@ -120,15 +136,29 @@ def new_run_id() -> str:
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
+def ring_end(ring: Mapping[str, Any], run_meta: Mapping[str, Any]) -> Verdict | None:
+    """The run's end as the ring's last recorded stats decide it (the verdict the daemon acts
+    on: the job done, lost or failed, or the run's ``--until-epochs`` reached), None while
+    they say it goes on."""
+    identity = run_meta.get("identity") or {}
+    return verdict(ring, interrupted=False, crash_loop=None,
+                   until_epochs=identity.get("until_epochs"), elapsed_s=0.0, duration_s=None,
+                   until_steps=identity.get("until_steps"))
+
+
 def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
-                 identity: RunIdentity, where: str) -> Start:
-    """Fresh, continue or next (see the module docstring). Raises UserError naming the flag
-    when the run found there is another run."""
+                 identity: RunIdentity, where: str,
+                 ring: Mapping[str, Any] | None = None) -> Start:
+    """Fresh, continue, next or finish (see the module docstring); ``ring`` is the ring's
+    last stats the state recorded (its ``ring`` meta). Raises UserError naming the flag when
+    the run found there is another run."""
     if not has_state:
         return Start(StartKind.FRESH)
     meta = dict(run_meta or {})
     ended = meta.get("ended") or {}
-    if ended.get("outcome") == "done":
+    if stopping(ended) or (not ended and meta.get("id") and ring_end(ring or {}, meta)):
+        return Start(StartKind.FINISH, meta.get("id"))
+    if ended.get("outcome") in FINAL:
         return Start(StartKind.NEXT, meta.get("id"))
     theirs = meta.get("identity") or {}
     for name, flag in FLAGS.items():
@@ -140,6 +170,31 @@ def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
     return Start(StartKind.CONTINUE, meta.get("id"))
 
 
+def no_way_out(root: Path, flag: str) -> None:
+    """Refuse a work directory holding a symbolic link that leads out of it (or nowhere: a
+    dangling link would make the run create its target, wherever it points). Reads only.
+    Raises UserError naming the link, where it points and the fix."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    base = root.resolve()
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            p = Path(folder) / name
+            if not p.is_symlink():
+                continue
+            target = p.resolve(strict=False)
+            if target == base or base in target.parents:
+                if target.exists():
+                    continue
+                why = "a link to nothing (the run would create it)"
+            else:
+                why = f"a link out of the work directory, to {target}"
+            raise UserError(f"{flag} {root}: {p} is {why}; a run writes only inside its work "
+                            f"directory: remove the link (or put the file itself there), or "
+                            f"give another {flag}")
+
+
 def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
     """Move the finished run's files to ``runs/<run_id>/`` (a rename: nothing is deleted).
     ``report`` is moved only when it is inside the work directory. Returns the folder."""
@@ -149,7 +204,7 @@ def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
     while dest.exists():
         k += 1
         dest = wd.runs / f"{name}.{k}"
-    dest.mkdir(parents=True)
+    private_dirs(dest)
     moving = [(p, p.name) for p in (wd.workers, wd.samples, *wd.root.glob("state.sqlite*"))]
     if run_id:
         moving.append((wd.snapshots / run_id, "snapshots"))

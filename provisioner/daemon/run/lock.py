@@ -15,6 +15,11 @@ very start created it and failed.
 newest first, and only folders left empty: "nothing changed" for bad input, and never a
 file that was there before.
 
+Private by default: a run's files hold its token, its model's weights and its costs, so
+what a run creates is its owner's alone whatever the umask: folders 0700 and files 0600
+(:data:`DIR_MODE`, :data:`FILE_MODE`; :func:`private_files` sets the umask that gives the
+same to everything the daemon and its workers create during the run).
+
 Rule: take the lock before anything in the workdir changes and hold it until the run ended;
 the lock's descriptor is close-on-exec (Python's default), so a worker that outlives the
 daemon never holds it.
@@ -25,9 +30,44 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from provisioner.errors import UserError
+
+
+#: Modes of what a run creates (see the module docstring).
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+#: The umask of a run's process: nothing it (or a worker it starts) creates is readable by
+#: another user.
+PRIVATE_UMASK = 0o077
+
+
+@contextmanager
+def private_files() -> Iterator[None]:
+    """Run the body with :data:`PRIVATE_UMASK` (folders 0700, files 0600 whatever the
+    caller's umask; workers started meanwhile inherit it), then put the umask back."""
+    old = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def private_dirs(path: Path) -> None:
+    """``mkdir -p path`` with every folder it makes 0700 (an existing one is left as it is)."""
+    missing = []
+    p = Path(path)
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
 
 
 class Created:
@@ -46,7 +86,8 @@ class Created:
                 break
             p = p.parent
         for d in reversed(missing):
-            d.mkdir(exist_ok=True)
+            d.mkdir(mode=DIR_MODE, exist_ok=True)
+            os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
             self._paths.append((d, True))
 
     def file(self, path: Path) -> None:
@@ -142,7 +183,10 @@ class RunLock:
         try:
             created.mkdirs(self.path.parent)
             existed = self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         FILE_MODE)
+            if not existed:
+                os.fchmod(fd, FILE_MODE)
         except OSError as exc:
             raise UserError(f"{self.what}: cannot write there ({exc.strerror}); pick a "
                             f"writable folder") from None

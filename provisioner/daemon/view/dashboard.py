@@ -1,6 +1,6 @@
 """The live dashboard of ``provision run`` (rich), sized to the terminal.
 
-Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.status.Status`
+Design: pure rendering: :func:`render` turns a :class:`~provisioner.daemon.view.status.Status`
 into a rich renderable that fits ``width`` x ``height``; the caller owns the
 ``rich.live.Live``, the refresh and the terminal's size. Nothing here reads the state or a
 clock. What it shows, top to bottom:
@@ -9,12 +9,13 @@ clock. What it shows, top to bottom:
   the total, accuracy, loss, samples/s; notices, kills, steps lost and the ETA (the run's
   hours, and real seconds at the run's speed); the spend and cost per hour against
   on-demand, and against a checkpoint-restart system, with what each saved
-  (:mod:`provisioner.daemon.savings`);
+  (:mod:`provisioner.daemon.view.savings`); then, once the job's ``evaluate`` returned
+  something, a line with every metric it returned and the step and time it was measured at;
 - every live instance: booting (launched, not in the ring yet), joining, active or
   draining, its offering, samples/s and price;
 - on a terminal of at least :data:`WIDE` (columns x lines), the market beside it: every spot
   offering with what is held there, its price and the on-demand price;
-- the newest events in words (:func:`provisioner.daemon.status.describe`), as many as the
+- the newest events in words (:func:`provisioner.daemon.view.status.describe`), as many as the
   lines left allow.
 
 Every line is cut (an ellipsis) rather than wrapped, so at 80x24 no line is wider than 80
@@ -33,8 +34,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.daemon.savings import pct
-from provisioner.daemon.status import Status, describe, short_offering
+from provisioner.daemon.view.savings import pct
+from provisioner.daemon.view.status import (Status, describe, metrics_text, number,
+                                            short_offering)
 
 #: (columns, lines) from which the market is shown beside the workers.
 WIDE = (120, 40)
@@ -79,7 +81,8 @@ def _line(text: str) -> Text:
 
 
 def head_lines(st: Status, t0: float) -> list[Text]:
-    """The four head lines (see the module docstring)."""
+    """The head lines (see the module docstring): four, and a fifth with the job's metrics
+    once its ``evaluate`` returned some."""
     p = st.progress
     acc = p.get("accuracy")
     loss = p.get("loss")
@@ -88,21 +91,37 @@ def head_lines(st: Status, t0: float) -> list[Text]:
     sps = "-" if st.samples_per_s is None else _compact(st.samples_per_s)
     # Each line holds its most telling figures first and stays within 76 characters (an
     # 80-column panel) for a run of days: the revocations survived must never be cut.
-    one = (f"[b]{_h(st.now.timestamp(), t0).strip()}[/b]  epoch {epochs}  acc "
-           f"{'-' if not isinstance(acc, (int, float)) else f'{acc:.3f}'}  loss "
+    values = dict((st.job_metrics or {}).get("values") or p.get("metrics") or {})
+    if not values and isinstance(acc, (int, float)):
+        values = {"accuracy": acc}
+    # the job's first metric (all of them: the fifth line), shortened: "acc" for accuracy
+    first = next(iter(values.items()), ("acc", None))
+    label = "acc" if first[0] == "accuracy" else first[0][:12]
+    one = (f"[b]{_h(st.now.timestamp(), t0).strip()}[/b]  epoch {epochs}  {label} "
+           f"{number(first[1])}  loss "
            f"{'-' if not isinstance(loss, (int, float)) else f'{loss:.3g}'}  "
            f"{sps} samples/s")
     two = (f"notices {st.counts.get('notice', 0)}  kills {st.counts.get('killed', 0)}  "
            f"steps lost {p.get('steps_lost', 0)}  [b]ETA[/b] {eta_text(st.eta_s, st.speed)}")
+    if st.paused_since is not None:  # said first: the one thing the person must act on
+        two = "[b red]disk full: writes paused[/b red]  " + two
     s = st.savings
     spend = f"[b]spend[/b] {usd(st.spend)} (${st.cost_per_hour:,.2f}/h)"
     if s is None:
         three, four = f"{spend}  on-demand -", "checkpoint-restart -"
     else:
-        three = f"{spend}  on-demand {usd(s.on_demand_usd)} [b]saved {pct(s.vs_on_demand)}[/b]"
+        # savings only for work done: none before the ring trained, none for a lost job
+        claim = (p.get("samples_done") or 0) > 0 and p.get("outcome") != "lost"
+        three = (f"{spend}  on-demand {usd(s.on_demand_usd)} [b]saved "
+                 f"{pct(s.vs_on_demand if claim else None)}[/b]")
         four = (f"checkpoint-restart on the same spot fleet {usd(s.checkpoint_restart_usd)} "
-                f"[b]saved {pct(s.vs_checkpoint_restart)}[/b]")
-    return [_line(one), _line(two), _line(three), _line(four)]
+                f"[b]saved {pct(s.vs_checkpoint_restart if claim else None)}[/b]")
+    lines = [_line(one), _line(two), _line(three), _line(four)]
+    job = st.job_metrics or {}
+    if job.get("values"):  # everything evaluate returned, and when
+        lines.append(_line(f"[b]job[/b] {metrics_text(job['values'])}  (step {job.get('step')}"
+                           f", {_h(float(job.get('t') or t0), t0).strip()})"))
+    return lines
 
 
 def workers_table(st: Status, rows: int) -> Table:

@@ -6,7 +6,7 @@ telemetry from values it already computed; nothing here reads the state or a clo
 series are the ones a Grafana board of a training fleet plots:
 
 - the fleet and its money: ``spotring_fleet_size{offering}``, ``spotring_cost_per_hour_usd``,
-  ``spotring_spend_usd``, and the savings (:mod:`provisioner.daemon.savings`):
+  ``spotring_spend_usd``, and the savings (:mod:`provisioner.daemon.view.savings`):
   ``spotring_on_demand_equivalent_usd`` (the same instance-hours at the on-demand price, less
   the boots an on-demand fleet would not have paid),
   ``spotring_checkpoint_restart_equivalent_usd``, ``spotring_savings_usd`` (on-demand minus
@@ -17,7 +17,9 @@ series are the ones a Grafana board of a training fleet plots:
   ``spotring_steps_lost`` (every step computed and thrown away, across daemon restarts),
   ``spotring_reconfigurations_total`` and ``spotring_reconfiguration_seconds_total`` (each
   formed generation and the longest member's switch into it), ``spotring_epoch``;
-- ``spotring_revocations_total{kind}`` (notices and kills).
+- ``spotring_revocations_total{kind}`` (notices and kills);
+- the job's own metrics: ``spotring_job_metric{name}`` (each value ``evaluate`` returned),
+  ``spotring_job_metric_step`` and ``spotring_job_metric_time_seconds`` (when measured).
 
 Rule for callers: call :meth:`Metrics.serve` at most once; the address comes from the
 settings or the flags (loopback by default); a port in use or an address this host does not
@@ -50,7 +52,7 @@ class Metrics:
                                "instance-seconds cost at the on-demand price", registry=r)
         self.checkpoint_restart = Gauge(
             "spotring_checkpoint_restart_equivalent_usd", "what a checkpoint-restart trainer "
-            "would have spent on the same fleet (USD; see provisioner.daemon.savings)",
+            "would have spent on the same fleet (USD; see provisioner.daemon.view.savings)",
             registry=r)
         self.savings = Gauge("spotring_savings_usd", "on-demand equivalent minus spend",
                              registry=r)
@@ -70,6 +72,14 @@ class Metrics:
         self.reconfiguration_s = Counter("spotring_reconfiguration_seconds", "time members "
                                          "spent switching generations (the longest member "
                                          "of each)", registry=r)
+        self.job_metric = Gauge("spotring_job_metric", "what the job's evaluate() returned, "
+                                "by name (accuracy, mse, ...)", ["name"], registry=r)
+        self.job_metric_step = Gauge("spotring_job_metric_step", "the training step the job's "
+                                     "metrics were measured at", registry=r)
+        self.job_metric_time = Gauge("spotring_job_metric_time_seconds", "when the job's "
+                                     "metrics were measured (the run's clock, Unix seconds)",
+                                     registry=r)
+        self._job_metrics: set[str] = set()
         self._offerings: set[str] = set()
         self._workers: set[str] = set()
         self._server = None
@@ -110,7 +120,7 @@ class Metrics:
 
     def update_savings(self, spend: float, on_demand: float,
                        checkpoint_restart: float) -> None:
-        """Spend against the two baselines of :mod:`provisioner.daemon.savings`."""
+        """Spend against the two baselines of :mod:`provisioner.daemon.view.savings`."""
         self.on_demand.set(on_demand)
         self.checkpoint_restart.set(checkpoint_restart)
         self.savings.set(on_demand - spend)
@@ -129,6 +139,17 @@ class Metrics:
             self.steps_lost.set(steps_lost)
         if epoch is not None:
             self.epoch.set(epoch)
+
+    def update_job(self, values: Mapping[str, float | None], step: int, t: float) -> None:
+        """The job's metrics (a name no longer reported is removed), their step and time."""
+        known = {k for k, v in values.items() if isinstance(v, (int, float))}
+        for name in self._job_metrics - known:
+            self.job_metric.remove(name)
+        for name in known:
+            self.job_metric.labels(name).set(float(values[name]))  # type: ignore[arg-type]
+        self._job_metrics = known
+        self.job_metric_step.set(step)
+        self.job_metric_time.set(t)
 
     def reconfigured(self, seconds: float) -> None:
         """One generation formed; ``seconds`` its members took to switch."""

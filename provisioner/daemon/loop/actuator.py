@@ -4,7 +4,7 @@ Design: implements :class:`provisioner.plan.reconcile.Actuator` over a
 :class:`~provisioner.drivers.base.CloudDriver`, writing to
 :class:`~provisioner.daemon.state.State` *before* each call (a launch intent carries the
 idempotency token the driver passes to the cloud) and after it, so a SIGKILL at any point
-loses nothing (:mod:`provisioner.daemon.recovery` finishes what it finds open). It also
+loses nothing (:mod:`provisioner.daemon.loop.recovery` finishes what it finds open). It also
 answers notices: an interruption marks the instance draining, asks the ring to drain it and
 avoids its zone; a preemption ends it. Offerings refused for capacity go into
 :attr:`WriteAheadActuator.unavailable`, zones that revoked into :attr:`avoid` (TTL caches

@@ -4,7 +4,7 @@ Design: :class:`Status` is frozen data; :func:`build_status` reads the state, th
 prices and the ring's coordinator (members' speeds, progress) at one moment: every
 instance with where it stands (booting, joining, active, draining: a launched worker shows
 before it joins), the spend against on-demand and checkpoint-restart
-(:mod:`provisioner.daemon.savings`) and the ETA. :func:`describe` says an event in words.
+(:mod:`provisioner.daemon.view.savings`) and the ETA. :func:`describe` says an event in words.
 
 :func:`summary` is the one reading of a state file from outside its daemon (``provision
 status``, ``list`` and ``down``): "now" is the newest time the daemon recorded (its clock may
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from pricing.model import Offering
 from provisioner.daemon.ports import RingCoordinator
-from provisioner.daemon.savings import (Savings, checkpoint_every_s, eta_from_state,
+from provisioner.daemon.view.savings import (Savings, checkpoint_every_s, eta_from_state,
                                         from_state)
 from provisioner.daemon.state import Event, EventKind, State
 from provisioner.drivers.identity import by_instance, instance_phase, per_instance
@@ -60,6 +60,8 @@ class Status:
     speed: float = 1.0  # simulated seconds per real second
     total_epochs: int | None = None
     counts: Mapping[str, int] = field(default_factory=dict)  # notices, kills, launches
+    paused_since: float | None = None  # wall time the state's writes found a full disk
+    job_metrics: Mapping[str, Any] | None = None  # what evaluate returned: values, step, t
 
 
 def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
@@ -99,12 +101,37 @@ def build_status(now: datetime, state: State, prices: Mapping[Offering, float],
                   by_key, cost, state.spend(t), sps, progress,
                   tuple(state.events(limit=events)) if events else (), plan_text, workers,
                   tuple(rows), from_state(state, t, every_s), eta_from_state(state, total),
-                  float(clock.get("speed") or 1.0), total, counts)
+                  float(clock.get("speed") or 1.0), total, counts, state.paused_since,
+                  state.get_meta("job_metrics"))
 
 
 #: The ring's figures a summary keeps (its ``ring`` meta, the last the daemon recorded).
 RING_KEYS = ("outcome", "failure", "generation", "step", "epoch", "world", "samples_done",
-             "steps_lost", "snapshot", "resumed_from", "adopted", "accuracy")
+             "steps_lost", "snapshot", "resumed_from", "adopted", "accuracy", "loss",
+             "metrics")
+
+
+def number(v: Any) -> str:
+    """A metric's value in four significant digits (``-`` when it is not a number)."""
+    return f"{v:.4g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def metrics_text(values: Mapping[str, Any], limit: int | None = None) -> str:
+    """``accuracy 0.981, mse 0.01234``: what the job's ``evaluate`` returned, in words; with
+    ``limit``, the first ``limit`` and how many more."""
+    items = list(values.items())
+    shown = items if limit is None else items[:limit]
+    text = ", ".join(f"{k} {number(v)}" for k, v in shown)
+    return text + (f" (+{len(items) - len(shown)} more)" if len(shown) < len(items) else "")
+
+
+def measured(record: Mapping[str, Any] | None, t0: float) -> dict[str, Any] | None:
+    """The job's metrics record as plain data: values, step, epoch and hours into the run."""
+    if not record or not record.get("values"):
+        return None
+    return {"values": dict(record["values"]), "step": record.get("step"),
+            "epoch": record.get("epoch"),
+            "hours": round((float(record.get("t") or t0) - t0) / 3600.0, 4)}
 
 
 def summary(state: State, events: int = 12) -> dict[str, Any]:
@@ -116,20 +143,27 @@ def summary(state: State, events: int = 12) -> dict[str, Any]:
     t0 = float(state.get_meta("started_at", now))
     live = state.live_instances()
     run = state.get_meta("run") or {}
+    ended = run.get("ended") or {}
     return {
         "state": str(state.path),
         "job": state.get_meta("job", {}),
         "run_id": run.get("id"),
+        "name": run.get("name"),
+        "total_epochs": (run.get("identity") or {}).get("until_epochs"),
         "hours": round((now - t0) / 3600.0, 4),
         "spend_usd": round(state.spend(now), 6),
-        "finished": bool(state.get_meta("finished", False)),
-        "outcome": (run.get("ended") or {}).get("outcome"),
-        "fleet_kept": bool((run.get("ended") or {}).get("fleet_kept")),
+        "finished": bool(ended) if run else bool(state.get_meta("finished", False)),
+        "outcome": ended.get("outcome"),
+        "fleet_kept": bool(ended.get("fleet_kept")),
         "ring": {k: v for k, v in (state.get_meta("ring") or {}).items() if k in RING_KEYS},
-        "fleet": [{"id": r.id, "offering": r.offering.key, "state": r.state,
-                   "hours": round((now - r.launched_at) / 3600.0, 4)} for r in live],
+        "outcome_text": ended.get("reason"),
+        "job_metrics": measured(state.get_meta("job_metrics"), t0),
+        "fleet": [{"id": r.id, "offering": r.offering.key, "where": short_offering(r.offering.key),
+                   "state": r.state, "hours": round((now - r.launched_at) / 3600.0, 4)}
+                  for r in live],
         "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
-                    "instance": e.instance_id, "detail": e.detail} for e in recent],
+                    "instance": e.instance_id, "detail": e.detail, "text": describe(e)}
+                   for e in recent],
     }
 
 
@@ -196,6 +230,10 @@ def describe(e: Event) -> str:
     if kind == EventKind.NO_CAPACITY:
         return f"no capacity in {where or d}"
     names = [n for n in who.split(",") if n]
+    if kind.startswith("ring-") and not names and kind not in ("ring-generation",
+                                                               "ring-formed",
+                                                               "ring-finished"):
+        return f"the ring: {d}" if d else f"ring {kind[5:]}"  # about the ring, no member
     if kind == "ring-join":
         return f"{who} joined the ring"
     if kind == "ring-generation":

@@ -1,11 +1,11 @@
 """Telemetry: metrics rows, Prometheus, the closed throughput loop, the ring's events.
 
 Prometheus gets, beside the status: the savings (the status's
-:class:`~provisioner.daemon.savings.Savings`, the dashboard's and report's own figures),
+:class:`~provisioner.daemon.view.savings.Savings`, the dashboard's and report's own figures),
 each member's samples/s, the steps lost (:func:`provisioner.daemon.outcome.totals`, the
 report's own figure) and each formed generation's switch time (the ring's ``formed`` events).
 
-Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.status.Status` and
+Design: :meth:`Telemetry.record` takes one :class:`~provisioner.daemon.view.status.Status` and
 writes it to the state's metrics table and to Prometheus, feeds each worker type's measured
 samples/s into the :class:`~provisioner.plan.throughput.ThroughputModel` the next plan
 reads (the closed loop), and copies the ring's membership events into the time line. It
@@ -14,21 +14,28 @@ coordinator lives: a daemon restart starts a new coordinator) and the ring's las
 the state's meta (``ledger``, ``ring``), so a restarted daemon and ``provision status`` read
 where the ring was.
 
+The job's own metrics (what its ``evaluate`` returns: accuracy, mse, r2, ...) are recorded
+each time they change, with the step, epoch and run time they were measured at (the
+``job_metrics`` meta, ``job_metric`` rows per name, ``spotring_job_metric{name}``), so the
+dashboard, ``provision status``, the report and Prometheus all show them.
+
 Rule: the throughput model is replaced, never mutated (it is immutable); read it through
 :attr:`Telemetry.throughput`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import defaultdict
-from typing import Mapping
+from typing import Any, Mapping
 
 from pricing.model import Offering
 from provisioner.daemon.outcome import Ledger, advance, restarted, totals
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import State, ring_kind
-from provisioner.daemon.status import Status
+from provisioner.daemon.view.status import Status
 from provisioner.drivers.identity import per_instance
 from provisioner.plan.throughput import ThroughputModel
 
@@ -36,14 +43,16 @@ from provisioner.plan.throughput import ThroughputModel
 class Telemetry:
     def __init__(self, state: State, throughput: ThroughputModel, *,
                  coordinator: RingCoordinator | None = None,
-                 metrics: MetricsSink | None = None) -> None:
+                 metrics: MetricsSink | None = None, speed: float = 1.0) -> None:
         self.state = state
+        self.speed = speed  # the run's seconds per real second
         self.throughput = throughput
         self.coordinator = coordinator
         self.metrics = metrics
         self._lock = threading.Lock()
         self._ring_seen = 0
         self.ledger = Ledger()
+        self.measured: dict[str, Any] | None = None  # the job's metrics as last recorded
 
     def begin(self) -> None:
         """At the daemon's start: a ledger found in the state means a new coordinator for a
@@ -53,6 +62,7 @@ class Telemetry:
         found = self.state.get_meta("ledger")
         self.ledger = restarted(Ledger.from_meta(found)) if found else Ledger()
         self.state.set_meta("ledger", self.ledger.as_meta())
+        self.measured = self.state.get_meta("job_metrics")
 
     def record(self, st: Status) -> None:
         """Fleet, cost, spend, samples/s and progress: to the state and Prometheus."""
@@ -69,9 +79,9 @@ class Telemetry:
             v = st.progress.get(key)
             if isinstance(v, (int, float)):
                 rows.append((key, "", float(v)))
-        self.state.record_metrics(t, rows)
-        if self.coordinator is not None and st.progress:
-            self.keep_ledger(st.progress)
+        measured = self.job_metrics(st.progress, t)
+        # what lives in memory first (Prometheus, the throughput model): a full disk pauses
+        # the state's writes below, not the figures a scrape or the next plan reads
         if self.metrics is not None:
             self.metrics.update(st.fleet, st.cost_per_hour, st.spend, st.samples_per_s)
             if st.savings is not None:
@@ -82,8 +92,38 @@ class Telemetry:
             epoch = st.progress.get("epoch")
             self.metrics.update_ring(st.workers, lost,
                                      int(epoch) if isinstance(epoch, (int, float)) else None)
+            if self.measured is not None:
+                self.metrics.update_job(self.measured["values"], int(self.measured["step"]),
+                                        float(self.measured["t"]))
         self.observe(st.workers)
+        if measured is not None:  # what evaluate returned, at the step and time first seen
+            rows += [("job_metric", k, v) for k, v in measured["values"].items()
+                     if isinstance(v, (int, float)) and math.isfinite(v)]
+        self.state.record_metrics(t, rows)
+        if measured is not None:
+            self.state.set_meta("job_metrics", measured)
+        if self.coordinator is not None and st.progress:
+            self.keep_ledger(st.progress)
         self.copy_ring_events(t)
+
+    def job_metrics(self, stats: Mapping[str, object], t: float) -> dict[str, Any] | None:
+        """What the job's ``evaluate`` returned, when it changed since the last record:
+        ``{"values", "step", "epoch", "t"}`` (the step, epoch and run's time it was first
+        seen at, or the trainer's own ``metrics_step`` when it reports one); else None. The
+        newest stays in :attr:`measured` (Prometheus, the dashboard)."""
+        from provisioner.clio import finite
+
+        values = stats.get("metrics")
+        if not isinstance(values, Mapping) or not values:
+            return None
+        values = {str(k): v for k, v in values.items()}
+        if self.measured is not None and self.measured["values"] == finite(values):
+            return None
+        step = stats.get("metrics_step", stats.get("step")) or 0
+        epoch = stats.get("metrics_epoch", stats.get("epoch")) or 0
+        self.measured = {"values": finite(values), "step": int(step),  # type: ignore[arg-type]
+                         "epoch": int(epoch), "t": t}  # type: ignore[arg-type]
+        return self.measured
 
     def keep_ledger(self, stats: Mapping[str, object]) -> None:
         """Advance the ledger with the ring's stats; both kept in the state's meta."""
@@ -113,10 +153,18 @@ class Telemetry:
         if self.coordinator is None:
             return
         events = self.coordinator.events()
+        wall = time.time()
         for e in events[self._ring_seen:]:
-            self.state.record_event(t, ring_kind(e.get("kind")), e.get("name") or None,
-                                    detail=str(e.get("detail", "")))
+            # at the run's time it happened (the ring stamps its events with the wall clock;
+            # the run's clock may run faster), not when it was copied: the time line stays
+            # in order
+            try:
+                ago = max(0.0, wall - float(e.get("time") or wall))
+            except (TypeError, ValueError):
+                ago = 0.0
+            self.state.record_event(t - ago * self.speed, ring_kind(e.get("kind")),
+                                    e.get("name") or None, detail=str(e.get("detail", "")))
+            self._ring_seen += 1  # one at a time: a write that fails is tried again, once
             if self.metrics is not None and e.get("kind") == "formed":
                 switch_ms = (e.get("data") or {}).get("switch_ms") or 0.0
                 self.metrics.reconfigured(float(switch_ms) / 1000.0)
-        self._ring_seen = len(events)

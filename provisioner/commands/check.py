@@ -1,0 +1,60 @@
+"""``provision check --job FILE|MODULE``: build the job once here, as ``provision run`` does
+before it launches anything, and nothing else.
+
+Design: argparse only: the job is checked from its syntax tree
+(:func:`provisioner.daemon.run.jobspec.check_job`), then built in a child process with the
+environment a worker gets (``make_job`` and one batch through the model, forward and
+backward: :func:`provisioner.daemon.run.jobcheck.build`), and the limits a run would give it
+(``--until-epochs``, ``--until-steps``) are checked against what it trains
+(:func:`provisioner.daemon.run.jobcheck.limits`). It prints what it found; a job that fails
+is one line naming it and the cause, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from provisioner.clio import add_json_flag, bounded, print_json
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("check", help="build the job once, as run does first (make_job, a "
+                       "batch)", description="Build the job as `provision run` does "
+                       "before it launches anything: make_job with the workers' environment "
+                       "and one batch through the model; check --until-epochs/--until-steps "
+                       "against what it trains. Nothing is started.")
+    p.add_argument("--job", metavar="FILE|MODULE", help="the job (default job.job_file of "
+                   "--config, else the packaged spotring_examples.digits)")
+    p.add_argument("--config", metavar="FILE", help="settings (for job.job_file)")
+    p.add_argument("--until-epochs", type=int, metavar="N", help="the epochs a run would "
+                   "give it")
+    p.add_argument("--until-steps", type=int, metavar="N", help="the steps a run would give "
+                   "it")
+    add_json_flag(p, help="JSON: what the build found")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from provisioner.commands.run import MAX_EPOCHS, MAX_STEPS
+    from provisioner.config import load_settings, parse_settings
+    from provisioner.daemon.run.jobcheck import build, limit_env, limits
+    from provisioner.daemon.run.jobspec import check_job
+
+    bounded("--until-epochs", args.until_epochs, 1, MAX_EPOCHS, "e.g. --until-epochs 30")
+    bounded("--until-steps", args.until_steps, 1, MAX_STEPS, "e.g. --until-steps 1000")
+    settings = load_settings(args.config) if args.config else parse_settings({})
+    spec = (check_job(args.job, "--job") if args.job is not None
+            else check_job(settings.job.job_file, "job.job_file"))
+    facts = build(spec, {"OMP_NUM_THREADS": "1", **limit_env(args.until_epochs,
+                                                              args.until_steps)})
+    notes = limits(facts, spec, args.until_epochs, args.until_steps)
+    if args.json:
+        from dataclasses import asdict
+
+        print_json({"job": spec, **asdict(facts), "steps_per_epoch": facts.steps_per_epoch,
+                    "notes": notes})
+        return 0
+    for line in (facts.text(spec), *notes):
+        print(line)
+    return 0
