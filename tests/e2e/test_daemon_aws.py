@@ -63,7 +63,7 @@ def test_interruption_drains_and_replaces_in_another_zone(world, tmp_path):
         # The 2-minute window ends: EC2 takes the instance; the daemon closes it, no 2nd launch.
         world.ec2.terminate_instances(InstanceIds=[victim])
         world.state_change(victim, "shutting-down")
-        gone = wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 10.0)
+        gone = wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 60.0)
         assert gone
         assert len(d.state.live_instances()) == 3
     finally:
@@ -87,7 +87,7 @@ def test_a_rebalance_recommendation_drains_and_the_instance_goes_once_its_worker
         victim = sorted(live)[0]
         world.rebalance(victim)
         assert wait_for(lambda: len(set(r.id for r in d.state.live_instances()) - set(live))
-                        == 1, 10.0), "no replacement after the rebalance recommendation"
+                        == 1, 60.0), "no replacement after the rebalance recommendation"
         assert (f"{victim}/0", "revocation notice") in coord.drains
         assert [e.instance_id for e in d.state.events(kinds=["rebalance"])] == [victim]
         row = {r.id: r for r in d.state.live_instances()}[victim]
@@ -95,7 +95,7 @@ def test_a_rebalance_recommendation_drains_and_the_instance_goes_once_its_worker
         new = [r for r in d.state.live_instances() if r.id not in live]
         assert new[0].offering.zone != live[victim].offering.zone
         del coord.speeds[f"{victim}/0"]  # its worker left the ring at a step boundary
-        assert wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 10.0)
+        assert wait_for(lambda: victim not in {r.id for r in d.state.live_instances()}, 60.0)
         assert {r.id: r for r in d.state.instances()}[victim].end_reason == \
             "its workers left the ring"
         assert victim not in {i["InstanceId"] for i in world.instances("e2e-rebalance")}

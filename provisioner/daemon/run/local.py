@@ -341,7 +341,8 @@ class LocalEnvironment:
         driver = LocalDriver(self.wd.cloud, self.worker_command(coordinator), clock=now,
                              availability=synthetic.AvailabilityIndex(snap.availability),
                              notice_window_s=loc.notice_window_s,
-                             hard_kill_every=loc.hard_kill_every)
+                             hard_kill_every=loc.hard_kill_every,
+                             gpus_per_instance=loc.gpus_per_instance)
         self._driver = driver
         return Parts(driver, TraceSource([], snapshot=snap), self.launch_env())
 
