@@ -183,11 +183,11 @@ def serve_until_over(outcome: Any, stop: threading.Event, *, linger_s: float = L
                      poll_s: float = 0.5) -> Any:
     """Wait until ``stop`` is set (returns None) or ``outcome()`` is no longer running;
     then serve ``linger_s`` more (``stop`` cuts it short) and return that outcome."""
-    from trainer.membership import Outcome
+    from trainer.membership import JobOutcome
 
     while not stop.wait(poll_s):
         o = outcome()
-        if o is not Outcome.RUNNING:
+        if o is not JobOutcome.RUNNING:
             stop.wait(linger_s)
             return o
     return None
@@ -196,9 +196,7 @@ def serve_until_over(outcome: Any, stop: threading.Event, *, linger_s: float = L
 def _worker(args: argparse.Namespace) -> int:
     if args.boot_idle:  # before the heavy imports: they are most of a joiner's boot
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    from trainer.client import CoordinatorUnreachable
-    from trainer.devices import DeviceError
-    from trainer.job import JobError
+    from trainer.errors import CoordinatorUnreachable, DeviceError, JobError
     from trainer.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
     from trainer.notice import NoticePoller
 

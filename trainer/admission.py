@@ -32,6 +32,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from trainer.errors import AuthError, TokenRefused
 
 MAGIC = b"SPOTRING-CTL1"
 NONCE = 16
@@ -43,14 +44,6 @@ REFUSED = bytes(MAC)  # the server's answer to a wrong proof, in place of its ow
 MAX_FRAME = 64 << 20  # bodies above this are refused (snapshot chunks are 4 MiB)
 _LEN = struct.Struct("!I")
 _SEQ = struct.Struct("!Q")
-
-
-class AuthError(Exception):
-    """A handshake or a frame failed its check (wrong token, forged, replayed or garbled)."""
-
-
-class TokenRefused(AuthError):
-    """The server said this client's token is wrong."""
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:

@@ -22,21 +22,11 @@ import time
 from collections.abc import Callable
 
 from trainer import membership as mb
-from trainer.store_client import ControlLost, ControlStore, ControlTimeout, TokenRefused
+from trainer.store_client import ControlStore
+from trainer.errors import (ControlLost, ControlTimeout, CoordinatorUnreachable, JoinRefused,
+                            TokenRefused)
 
 log = logging.getLogger(__name__)
-
-
-class CoordinatorUnreachable(Exception):
-    """The coordinator did not answer within the connect budget (or stopped answering)."""
-
-
-class JoinRefused(Exception):
-    """The coordinator refused this worker (wrong token, another job) or the job is over."""
-
-    def __init__(self, verdict: str) -> None:
-        self.verdict = verdict
-        super().__init__(verdict)
 
 
 def connect(

@@ -33,7 +33,7 @@ from typing import Any
 
 from trainer import decide as dc
 from trainer import membership as mb
-from trainer.membership import MemberInfo, Outcome, Plan
+from trainer.membership import MemberInfo, JobOutcome, Plan
 from trainer.snapshot import SnapshotSettings, Vault, open_store
 from trainer.store import StoreServer, raise_fd_limit, stats_of
 
@@ -67,7 +67,7 @@ class Coordinator:
         if initial_world < 1:
             raise ValueError(f"initial_world={initial_world}: must be at least 1")
         self._host, self._port, self._token = host, port, token
-        self._settings = dc.Settings(heartbeat_timeout_s, rollcall_s, initial_world)
+        self._settings = dc.ControlSettings(heartbeat_timeout_s, rollcall_s, initial_world)
         self._clock = clock
         self._poll_s = poll_s
         self._snapshot = snapshot
@@ -76,7 +76,7 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._ring = dc.Ring()
+        self._ring = dc.ControlState()
         self._events: list[dict[str, Any]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Coordinator:
         base = int(time.time() * 1000)
         self._server.local_set(mb.IDS, str(base).encode())
         with self._lock:
-            self._ring = dc.Ring(scan_from=base + 1)
+            self._ring = dc.ControlState(scan_from=base + 1)
         self._server.local_set(mb.INCARNATION, secrets.token_hex(8).encode())
         if self._vault is not None:
             latest = self._vault.latest()  # a snapshot of an earlier incarnation counts
@@ -187,7 +187,7 @@ class Coordinator:
         with self._lock:
             return self._ring.plan
 
-    def outcome(self) -> Outcome:
+    def outcome(self) -> JobOutcome:
         with self._lock:
             return self._ring.outcome
 
@@ -213,7 +213,7 @@ class Coordinator:
         assert server is not None
         ids = int(server.local_get(mb.IDS) or b"0")
         keys = dc.reads(self._ring, ids)
-        snap = dc.Snapshot(self._clock(), time.time(), {k: server.local_get(k) for k in keys})
+        snap = dc.TickReads(self._clock(), time.time(), {k: server.local_get(k) for k in keys})
         self._ring, actions = dc.decide(self._ring, snap, self._settings, ids)
         self._apply(actions)
 

@@ -79,6 +79,7 @@ from torch.utils.data import (
 )
 
 from trainer.data_workers import Failure, Keyed, pack, read_samples, unpack
+from trainer.errors import FeedError
 
 __all__ = ["Feed", "FeedError"]
 
@@ -99,11 +100,6 @@ _CLOSE_S = 10.0
 
 
 IdsLike = Sequence[int] | torch.Tensor
-
-
-class FeedError(RuntimeError):
-    """The input pipeline cannot deliver: a worker died, the loader failed, a wait timed out,
-    or the feed is closed. The message says which and what to do."""
 
 
 class Feed:

@@ -2,7 +2,7 @@
 
 Design (after torch elastic's ``_RendezvousJoinOp``, which only reads state and returns an
 action): the coordinator thread reads the keys :func:`reads` names from its store into a
-:class:`Snapshot`, calls :func:`decide`, and applies the returned actions (:class:`Put`,
+:class:`TickReads`, calls :func:`decide`, and applies the returned actions (:class:`Put`,
 :class:`Add`, :class:`Delete`, :class:`DeletePrefix`, :class:`Emit`, all in
 :mod:`trainer.ring_state`). :func:`decide` never blocks, sleeps, mutates its inputs or touches
 the store, so every rule below is tested with plain data.
@@ -40,11 +40,12 @@ from typing import Any
 
 from trainer import membership as mb
 from trainer import plans
-from trainer.membership import EventKind, MemberState, Outcome, Plan
+from trainer.membership import EventKind, MemberState, JobOutcome, Plan
 from trainer.plans import Joiner
 from trainer.ring_state import (  # noqa: F401 - the state and actions, re-exported for callers
-    SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, Ring, RollCall,
-    Settings, Snapshot, Tracked, as_dict, members, stats)
+    SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, ControlState, RollCall,
+    ControlSettings, TickReads, Tracked, as_dict, members, stats)
+from trainer.errors import Malformed
 
 HANDSHAKE_TIMEOUT_S = 20.0  # a joiner that takes an id and never says hello is forgotten
 REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for a wake-up
@@ -58,7 +59,7 @@ MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a to
 # -- reads --------------------------------------------------------------------------------------
 
 
-def reads(ring: Ring, ids: int) -> list[str]:
+def reads(ring: ControlState, ids: int) -> list[str]:
     """The keys one tick reads, given the current value of the ``ids`` counter."""
     keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT]
     if ring.plan is None:
@@ -85,7 +86,7 @@ def reads(ring: Ring, ids: int) -> list[str]:
 class _Tick:
     """One decision in progress: the evolving state and the actions so far."""
 
-    def __init__(self, ring: Ring, snap: Snapshot, settings: Settings, ids: int) -> None:
+    def __init__(self, ring: ControlState, snap: TickReads, settings: ControlSettings, ids: int) -> None:
         self.r = ring
         self.s = snap
         self.cfg = settings
@@ -113,17 +114,17 @@ class _Tick:
         return t
 
 
-def decide(ring: Ring, snap: Snapshot, settings: Settings, ids: int
-           ) -> tuple[Ring, list[Action]]:
+def decide(ring: ControlState, snap: TickReads, settings: ControlSettings, ids: int
+           ) -> tuple[ControlState, list[Action]]:
     """One tick (see the module docstring). Returns the new state and the actions to apply."""
     t = _Tick(ring, snap, settings, ids)
     _advance_clock(t)
     _joins(t)
     _heartbeats(t)
     _reports(t)
-    if t.r.plan is None and t.r.outcome is Outcome.RUNNING:
+    if t.r.plan is None and t.r.outcome is JobOutcome.RUNNING:
         _adopt(t)
-    if t.r.outcome is Outcome.RUNNING:
+    if t.r.outcome is JobOutcome.RUNNING:
         _generations(t)
     return t.r, t.actions
 
@@ -149,11 +150,11 @@ def _joins(t: _Tick) -> None:
         del unseen[i]
         try:
             hello = mb.Hello.parse(raw)
-        except mb.Malformed as e:
+        except Malformed as e:
             t.malformed(f"member {i}", e)
             t.actions.append(Put(mb.k_verdict(i), f"refused: malformed hello ({e})".encode()))
             continue
-        if t.r.outcome is not Outcome.RUNNING:
+        if t.r.outcome is not JobOutcome.RUNNING:
             t.actions.append(Put(mb.k_verdict(i), mb.finished_verdict(t.r.outcome)))
             continue
         if t.r.job and hello.job and hello.job != t.r.job:
@@ -211,7 +212,7 @@ def _new_reports(t: _Tick, counter: str, key: Any, skip: Any, parse: Any,
             continue
         try:
             out.append((m, tr, parse(raw)))
-        except mb.Malformed as e:
+        except Malformed as e:
             t.malformed(tr.name, e)
             if keep_malformed is not None:
                 out.append((m, tr, keep_malformed))
@@ -229,16 +230,16 @@ def _reports(t: _Tick) -> None:
         t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
                data={"finished": True, "step": done.step, "checksum": done.checksum})
     for _, tr, err in _new_reports(t, mb.ERRORS, mb.k_error, (), mb.JobFailure.parse):
-        if t.r.outcome is not Outcome.RUNNING:
+        if t.r.outcome is not JobOutcome.RUNNING:
             break
-        t.set(outcome=Outcome.FAILED, failure=err.message)
+        t.set(outcome=JobOutcome.FAILED, failure=err.message)
         t.actions.append(Put(mb.FINISHED, f"failed: {err.message}".encode()))
         t.emit(EventKind.JOB_ERROR, tr.name, detail=err.message, data={"step": err.step})
     raw = t.s.get(mb.STATS)
     if raw is not None and raw not in (b"", b"{}"):
         try:
-            t.set(progress=mb.Progress.parse(raw))
-        except mb.Malformed as e:
+            t.set(progress=mb.ProgressReport.parse(raw))
+        except Malformed as e:
             if t.r.malformed == 0 or t.r.progress.step == 0:
                 t.malformed("stats", e)
             else:
@@ -251,15 +252,15 @@ def _reports(t: _Tick) -> None:
                 continue
             try:
                 sp = mb.Speed.parse(raw)
-            except mb.Malformed:
+            except Malformed:
                 t.set(malformed=t.r.malformed + 1)
                 continue
             t.put_tracked(replace(tr, samples_per_s=sp.samples_per_s or tr.samples_per_s,
                                   batch=sp.batch))
     plan = t.r.plan
-    if (t.r.outcome is Outcome.RUNNING and plan is not None and plan.members
+    if (t.r.outcome is JobOutcome.RUNNING and plan is not None and plan.members
             and all(m in t.r.done for m in plan.members)):
-        t.set(outcome=Outcome.DONE)
+        t.set(outcome=JobOutcome.DONE)
         t.actions.append(Put(mb.FINISHED, b"done"))
         t.emit(EventKind.FINISHED, ",".join(plan.names), detail="every member finished",
                generation=plan.generation)
@@ -511,7 +512,7 @@ def _publish(t: _Tick, new: Plan) -> None:
         t.emit(EventKind.LOST, "", detail=f"every member holding the state is gone; waiting "
                f"for members to resume from the snapshot ({new.reason})", generation=g)
     elif not new.members:
-        t.set(outcome=Outcome.LOST, failure=new.reason)
+        t.set(outcome=JobOutcome.LOST, failure=new.reason)
         t.actions.append(Put(mb.FINISHED, b"lost"))
         t.emit(EventKind.FINISHED, "", detail=f"the job is lost: {new.reason}", generation=g)
 
@@ -522,9 +523,9 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
         raw = t.s.get(mb.k_formed(plan.generation, m))
         try:
             if raw is None:
-                raise mb.Malformed("missing")
+                raise Malformed("missing")
             reports[m] = mb.Formed.parse(raw)
-        except mb.Malformed as e:
+        except Malformed as e:
             t.malformed(t.r.tracked[m].name if m in t.r.tracked else str(m), e)
     if len(reports) < len(plan.members):
         return  # a report was malformed: the ring will break or report again; keep waiting
@@ -552,7 +553,7 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
 # -- commands and views -----------------------------------------------------------------------
 
 
-def command_drain(ring: Ring, name: str, reason: str) -> tuple[Ring, list[Action], bool]:
+def command_drain(ring: ControlState, name: str, reason: str) -> tuple[ControlState, list[Action], bool]:
     """Ask the member called ``name`` to leave at the next step boundary (pure).
 
     Returns ``(state, actions, found)``; ``found`` is False when no such member exists.

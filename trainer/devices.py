@@ -21,12 +21,9 @@ import os
 import torch
 
 from trainer.plans import choose_backend  # noqa: F401 - re-exported: one rule
+from trainer.errors import DeviceError
 
 GLOO, NCCL = "gloo", "nccl"
-
-
-class DeviceError(ValueError):
-    """A ``--device`` this host cannot give (the message names the flag and the fix)."""
 
 
 def local_rank() -> int:

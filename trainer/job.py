@@ -30,10 +30,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
-
-
-class JobError(Exception):
-    """The job module cannot be imported or ``make_job`` fails or returns something wrong."""
+from trainer.errors import JobError
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")

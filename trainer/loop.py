@@ -37,19 +37,20 @@ from trainer import batching, client, devices, sync
 from trainer import membership as mb
 from trainer import snapshot as snap
 from trainer import state as st
-from trainer.job import Job, JobError, load_job, resolve_mode
-from trainer.member import Outcome
+from trainer.job import Job, load_job, resolve_mode
+from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUnreachable,
+                            JobCodeError, JobError, JoinRefused)
+from trainer.member import MemberOutcome
 from trainer.reducer import DEFAULT_BUCKET_MB
 from trainer.runners import member_class
 from trainer.sampler import CursorState, epoch_order
-from trainer.step import JobCodeError, make_scaler
-from trainer.store_client import ControlLost, ControlTimeout
+from trainer.step import make_scaler
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_JOB, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_LOST = 0, 2, 3, 4, 5
-EXIT_CODES = {Outcome.FINISHED: EXIT_OK, Outcome.DRAINED: EXIT_OK, Outcome.NOTICED: EXIT_OK,
-              Outcome.REFUSED: EXIT_REFUSED, Outcome.LOST: EXIT_LOST, Outcome.FAILED: EXIT_JOB}
+EXIT_CODES = {MemberOutcome.FINISHED: EXIT_OK, MemberOutcome.DRAINED: EXIT_OK, MemberOutcome.NOTICED: EXIT_OK,
+              MemberOutcome.REFUSED: EXIT_REFUSED, MemberOutcome.LOST: EXIT_LOST, MemberOutcome.FAILED: EXIT_JOB}
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 SLOW_WINDOW = 15  # steps in the running median that --slowdown sleeps against
 LOG_EVERY_S = 10.0  # progress lines at most this often (and at every epoch end)
@@ -137,8 +138,8 @@ class Worker:
     def run(self) -> int:
         """Load, profile, join and train until finished, drained or refused. Returns exit code.
 
-        Raises :class:`trainer.job.JobError` (before any contact with the coordinator),
-        :class:`trainer.devices.DeviceError` and :class:`trainer.client.CoordinatorUnreachable`.
+        Raises :class:`trainer.errors.JobError` (before any contact with the coordinator),
+        :class:`trainer.errors.DeviceError` and :class:`trainer.errors.CoordinatorUnreachable`.
         """
         cfg = self.cfg
         self.device = devices.resolve(cfg.device)
@@ -163,11 +164,11 @@ class Worker:
                                            budget_s=cfg.connect_budget_s,
                                            op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
                     member_id = client.join(store, hello)
-                except client.JoinRefused as e:
+                except JoinRefused as e:
                     ended = mb.verdict_outcome(e.verdict)
                     if ended is not None:
                         # a job that ended lost or failed never exits 0, even for a late joiner
-                        code = {mb.Outcome.LOST: EXIT_LOST, mb.Outcome.FAILED: EXIT_JOB}.get(
+                        code = {mb.JobOutcome.LOST: EXIT_LOST, mb.JobOutcome.FAILED: EXIT_JOB}.get(
                             ended, EXIT_OK)
                         log.log(logging.INFO if code == EXIT_OK else logging.ERROR,
                                 "the job is already over: %s", e.verdict)
@@ -181,21 +182,21 @@ class Worker:
                     outcome = member_class(job.mode)(self, store, member_id, hb).live()
                 except (ControlLost, ControlTimeout) as e:  # a store call failed
                     hb.stop()
-                    raise client.CoordinatorUnreachable(
+                    raise CoordinatorUnreachable(
                         f"lost the coordinator {cfg.host}:{cfg.port}: "
                         f"{str(e).splitlines()[0]}; restart it and this worker") from e
                 except BaseException:
                     hb.stop()
                     raise
-                if outcome is Outcome.REFUSED:
+                if outcome is MemberOutcome.REFUSED:
                     hb.beat()  # show the coordinator this dropped member woke up
                 hb.stop()
                 store.close()
-                if outcome is Outcome.REFUSED and cfg.rejoin and self.notice is None:
+                if outcome is MemberOutcome.REFUSED and cfg.rejoin and self.notice is None:
                     log.warning("dropped from the ring while unresponsive; joining as a new "
                                 "member")
                     continue
-                if outcome is Outcome.FAILED and self.failure:
+                if outcome is MemberOutcome.FAILED and self.failure:
                     print(f"error: {self.failure}", flush=True)
                 return EXIT_CODES[outcome]
         finally:
@@ -250,7 +251,7 @@ class Worker:
     def _profile(self) -> float:
         """A few forward/backward passes before joining; returns the measured samples/s.
 
-        Raises :class:`trainer.job.JobError` when the job's code raises: it is reported
+        Raises :class:`trainer.errors.JobError` when the job's code raises: it is reported
         before the worker ever contacts the coordinator.
         """
         job = self.job
@@ -298,8 +299,8 @@ class Worker:
     def batch(self, ids: torch.Tensor) -> Any:
         """The collated batch of ``ids`` on the device. A dead loader process gets one new
         pipeline; the dataset's own exceptions (and a second failure) are the job's error.
-        Raises :class:`trainer.step.JobCodeError`."""
-        from trainer.data import FeedError
+        Raises :class:`trainer.errors.JobCodeError`."""
+        from trainer.errors import FeedError
 
         for attempt in (1, 2):
             try:
@@ -348,7 +349,7 @@ class Worker:
 
     def load(self, state: dict[str, Any]) -> None:
         """Load a state received from a peer, after checking it fits this job's model and
-        optimiser (names, shapes, dtypes). Raises :class:`trainer.state.BadState`."""
+        optimiser (names, shapes, dtypes). Raises :class:`trainer.errors.BadState`."""
         job = self.job
         assert job is not None
         st.check_like(state.get("model"), job.model.state_dict(), "the model state received")
@@ -366,7 +367,7 @@ class Worker:
             self.sizes = {str(k): int(v) for k, v in state["sizes"].items()}
             self.metrics = {str(k): float(v) for k, v in (state.get("metrics") or {}).items()}
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise st.BadState(f"the state received does not fit this job: {e}") from e
+            raise BadState(f"the state received does not fit this job: {e}") from e
 
     def checksum(self) -> str:
         """Checksum of the parameters, buffers and optimiser state: equal on every member."""

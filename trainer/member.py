@@ -16,7 +16,7 @@ missed a roll call) is refused when it wakes and the worker joins again as a new
 exception in the job's own code ends the job as failed (reported once, with the step and the
 fix), not as a revocation.
 
-Rule for callers: :meth:`Member.live` returns an :class:`Outcome`; the worker maps it to an
+Rule for callers: :meth:`Member.live` returns an :class:`MemberOutcome`; the worker maps it to an
 exit code. A member never outlives its heartbeat.
 """
 
@@ -34,10 +34,10 @@ import torch
 from trainer import batching, client, ring, sync
 from trainer import membership as mb
 from trainer import snapshot as snap
-from trainer import state as st
 from trainer.sampler import CursorState, epoch_order, scale_sizes, split
-from trainer.step import EVAL_COL, LATEST_COL, JobCodeError, Stepper
-from trainer.store_client import ControlLost, ControlTimeout
+from trainer.step import EVAL_COL, LATEST_COL, Stepper
+from trainer.errors import (BadState, ControlLost, ControlTimeout, GenerationBroken, JobCodeError,
+                            Malformed, SnapshotError)
 
 if TYPE_CHECKING:
     from trainer.loop import Worker
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Outcome(str, enum.Enum):
+class MemberOutcome(str, enum.Enum):
     """How one membership ended."""
 
     FINISHED = "finished"  # the job completed
@@ -162,7 +162,7 @@ class Member:
 
     # -- the membership --------------------------------------------------------------------------
 
-    def live(self) -> Outcome:
+    def live(self) -> MemberOutcome:
         """Run this membership until it ends; returns how."""
         try:
             while True:
@@ -175,22 +175,22 @@ class Member:
                 plan = self.plan
                 try:
                     newest = self._step()
-                except ring.RingBroken as e:
+                except GenerationBroken as e:
                     self._report_broken(plan.generation, e)
                     continue
                 except JobCodeError as e:
                     self._report_job_error(e)
-                    return Outcome.FAILED
+                    return MemberOutcome.FAILED
                 if self.w.cursor.epoch >= self.w.job.epochs:  # type: ignore[union-attr]
                     self._finish()
-                    return Outcome.FINISHED
+                    return MemberOutcome.FINISHED
                 if newest > plan.generation:
                     self._drop_group()  # the old group is finished with; kept until exit
         finally:
             if self.stepper is not None:
                 self.stepper.close()
 
-    def _wait_and_form(self) -> Outcome | None:
+    def _wait_and_form(self) -> MemberOutcome | None:
         """Wait for a newer plan; form it if it names me. Returns an outcome or None."""
         current = self.plan.generation if self.plan else 0
         while True:
@@ -208,53 +208,53 @@ class Member:
                 continue
             if not self.was_member and self.w.notice is not None:
                 self._ask_drain()
-                return Outcome.NOTICED
+                return MemberOutcome.NOTICED
             time.sleep(0.01)
         self.seen = latest
         try:
             plan = mb.Plan.from_json(raw)
-        except mb.Malformed as e:  # only token holders write plans: a bug, not an attack
+        except Malformed as e:  # only token holders write plans: a bug, not an attack
             log.error("generation %d: plan unreadable (%s); waiting for the next", latest, e)
             return None
         rank = plan.rank_of(self.id)
         if rank is None:
             if self.id in plan.drained:
                 log.info("drained at generation %d; leaving", plan.generation)
-                return Outcome.DRAINED
+                return MemberOutcome.DRAINED
             if not plan.members and not plan.resume:
                 log.error("the ring lost every member holding the state: %s", plan.reason)
-                return Outcome.LOST
+                return MemberOutcome.LOST
             # an empty plan with a snapshot to resume is not the end: the coordinator waits
             # for members (a joiner that reads it before its admission is published waits
             # on; a member dropped from it joins again and resumes the snapshot)
             if self.was_member:
                 if self._drained_between(current, plan.generation):
-                    return Outcome.DRAINED
+                    return MemberOutcome.DRAINED
                 log.warning("refused: dropped from the ring at generation %d (%s)",
                             plan.generation, plan.reason)
-                return Outcome.REFUSED
+                return MemberOutcome.REFUSED
             return None  # a generation formed before my turn: keep waiting
         self.plan = plan
         self.hb.generation = plan.generation
         try:
             self._form(plan, rank)
         except (ControlLost, ControlTimeout) as e:  # forming needs the coordinator
-            self._report_broken(plan.generation, ring.RingBroken(f"coordinator: {e}"))
-        except ring.RingBroken as e:
+            self._report_broken(plan.generation, GenerationBroken(f"coordinator: {e}"))
+        except GenerationBroken as e:
             self._report_broken(plan.generation, e)
         return None
 
-    def _ended(self) -> Outcome:
+    def _ended(self) -> MemberOutcome:
         """The job is over (``finished`` is set): how, for this member."""
         how = self.store.get(mb.FINISHED).decode(errors="replace")
         if how.startswith("failed"):
             if self.w.failure is None:
                 self.w.failure = how.removeprefix("failed: ")
                 log.error("the job failed: %s", self.w.failure)
-            return Outcome.FAILED
+            return MemberOutcome.FAILED
         if how == "lost":
-            return Outcome.LOST
-        return Outcome.FINISHED if self.was_member else Outcome.NOTICED
+            return MemberOutcome.LOST
+        return MemberOutcome.FINISHED if self.was_member else MemberOutcome.NOTICED
 
     def _drained_between(self, current: int, latest: int) -> bool:
         """Was this member drained by a generation after ``current`` and before ``latest``?
@@ -267,7 +267,7 @@ class Member:
         for gen in range(current + 1, latest):
             try:
                 plan = mb.Plan.from_json(self.store.get(mb.k_plan(gen)))
-            except (mb.Malformed, RuntimeError):
+            except (Malformed, RuntimeError):
                 continue  # deleted long ago, or unreadable: it cannot name me
             if self.id in plan.drained:
                 log.info("drained at generation %d; leaving", gen)
@@ -293,8 +293,8 @@ class Member:
                 lambda: self._broken(gen), initial=plan.fresh_start)
             if state is not None:
                 sync.check(state, step=best, job=plan.job)
-        except st.BadState as e:  # a peer sent something that is not this job's state
-            raise ring.RingBroken(f"state from the source rejected: {e}") from e
+        except BadState as e:  # a peer sent something that is not this job's state
+            raise GenerationBroken(f"state from the source rejected: {e}") from e
         discarded = 0
         if state is not None:
             if self.pending and int(state["step"]) == self.pending.step + 1:
@@ -303,8 +303,8 @@ class Member:
             if self.fresh or int(state["step"]) != w.step:
                 try:
                     w.load(state)  # members already at that step hold the same bits: skip
-                except st.BadState as e:
-                    raise ring.RingBroken(f"state from the source rejected: {e}") from e
+                except BadState as e:
+                    raise GenerationBroken(f"state from the source rejected: {e}") from e
         if self.pending is not None:
             discarded = 1
             self.pending = None
@@ -345,8 +345,8 @@ class Member:
             tree = snap.fetch(self.store, manifest)
             sync.check(tree, step=manifest.step, job=plan.job)
             self.w.load(tree)
-        except (ValueError, KeyError, snap.SnapshotError, st.BadState) as e:
-            raise ring.RingBroken(f"resuming from the snapshot failed: {e}") from e
+        except (ValueError, KeyError, SnapshotError, BadState) as e:
+            raise GenerationBroken(f"resuming from the snapshot failed: {e}") from e
         self.fresh = False
         log.warning("resumed from the snapshot of step %d (every member holding the state "
                     "was lost)", manifest.step)
@@ -376,7 +376,7 @@ class Member:
     def _step(self) -> int:
         """One step of the current generation. Returns the newest generation any member saw.
 
-        Raises :class:`ring.RingBroken` (nothing applied) and :class:`JobCodeError`.
+        Raises :class:`ring.GenerationBroken` (nothing applied) and :class:`JobCodeError`.
         """
         w, job, plan, group, stepper = self.w, self.w.job, self.plan, self.group, self.stepper
         assert job is not None and plan is not None and group is not None
@@ -436,7 +436,7 @@ class Member:
         """Rank 0, once a step is committed: the progress the coordinator reads, a durable
         snapshot when one is due, the trained model when the coordinator asked for it."""
         w = self.w
-        self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done, world, loss,
+        self.hb.stats = mb.ProgressReport(gen, w.step, w.cursor.epoch, w.samples_done, world, loss,
                                     w.metrics).to_json()
         if w.snapshotter is not None:
             w.snapshotter.maybe(w.step, w.state, w.fingerprint, w.cursor.epoch, w.samples_done)
@@ -481,7 +481,7 @@ class Member:
         while True:  # the end must reach the coordinator, even one that is restarting
             try:
                 if publish and self.hb.stats is not None:
-                    last = mb.Progress.parse(self.hb.stats)
+                    last = mb.ProgressReport.parse(self.hb.stats)
                     self.hb.publish_stats(
                         dataclasses.replace(last, metrics=dict(w.metrics)).to_json())
                 self.store.set(mb.k_done(self.id), done.to_json())

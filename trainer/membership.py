@@ -28,10 +28,10 @@ Protocol (all keys live in the coordinator's store):
   collective, and the coordinator takes a roll call before publishing ``n + 1``.
 * ``forming/<n>/<id>``: a member starts forming generation ``n``; ``formed/<n>/<id>``
   (:class:`Formed`) its report after forming it, counted by ``formedn/<n>``.
-* ``stats`` (:class:`Progress`, rank 0's report), ``speed/<id>`` (:class:`Speed`),
+* ``stats`` (:class:`ProgressReport`, rank 0's report), ``speed/<id>`` (:class:`Speed`),
   ``done/<id>`` (:class:`Done`, counter ``dones``), ``error/<id>`` (:class:`JobFailure`: the
   user's code raised; counter ``errors``) and ``finished`` (the coordinator's
-  :class:`Outcome`).
+  :class:`JobOutcome`).
 * ``snapshot/latest`` and ``snapshot/config``: the newest durable snapshot and when rank 0
   takes them (:mod:`trainer.snapshot`).
 * ``coord/incarnation`` changes when the coordinator is restarted; every member then
@@ -50,6 +50,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from trainer.errors import Malformed
 
 # -- key names ------------------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ class MemberState(str, enum.Enum):
     DRAINING = "draining"  # asked to leave at the next step boundary
 
 
-class Outcome(str, enum.Enum):
+class JobOutcome(str, enum.Enum):
     """How the job ended (``finished`` key), or that it has not."""
 
     RUNNING = "running"
@@ -139,20 +140,20 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"  # the user's code raised (the same on every member)
 
 
-def finished_verdict(outcome: Outcome) -> bytes:
+def finished_verdict(outcome: JobOutcome) -> bytes:
     """The join verdict for a job that is over, saying how it ended."""
     return f"finished: the job is over ({outcome.value})".encode()
 
 
-def verdict_outcome(verdict: str) -> Outcome | None:
+def verdict_outcome(verdict: str) -> JobOutcome | None:
     """How the job ended, from a :func:`finished_verdict` (None: not one, or no outcome)."""
     if not verdict.startswith("finished:"):
         return None
     _, _, tail = verdict.rpartition("(")
     try:
-        return Outcome(tail.rstrip(")"))
+        return JobOutcome(tail.rstrip(")"))
     except ValueError:
-        return Outcome.DONE  # a coordinator that did not say: the job was over
+        return JobOutcome.DONE  # a coordinator that did not say: the job was over
 
 
 class EventKind(str, enum.Enum):
@@ -173,10 +174,6 @@ class EventKind(str, enum.Enum):
 
 
 # -- messages -----------------------------------------------------------------------------------
-
-
-class Malformed(ValueError):
-    """A value read from the store that is not the message its key promises."""
 
 
 class _Message:
@@ -284,7 +281,7 @@ class Formed(_Message):
 
 
 @dataclass(frozen=True)
-class Progress(_Message):
+class ProgressReport(_Message):
     """Rank 0's report of the ring's progress (``stats``)."""
 
     generation: int = 0

@@ -16,7 +16,7 @@ backward never completed (unused parameters, or ``b_i = 0``: no backward at all)
 launched there too, in order.
 
 :meth:`Reducer.finish` then waits for every bucket in order, each wait abortable
-(:func:`trainer.ring.wait`). A failure raises :class:`trainer.ring.RingBroken` and nothing
+(:func:`trainer.ring.wait`). A failure raises :class:`trainer.errors.GenerationBroken` and nothing
 is applied (the commit rule is the caller's). A reducer serves one generation: its buckets
 are fresh memory, so a collective of a broken generation that completes late cannot write
 into the next generation's gradients.
@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from trainer import ring
+from trainer.errors import GenerationBroken
 
 log = logging.getLogger(__name__)
 
@@ -194,20 +195,20 @@ class Reducer:
     def finish(self, tail: torch.Tensor) -> torch.Tensor:
         """After the backward pass (or instead of it, with ``b_i = 0``): launch what is left,
         in order, the last bucket carrying ``tail``; wait for all. Returns the reduced tail
-        (on the CPU, float32). Raises :class:`trainer.ring.RingBroken`; nothing is applied.
+        (on the CPU, float32). Raises :class:`trainer.errors.GenerationBroken`; nothing is applied.
         """
         if tail.numel() != self.tail_numel:
             raise ValueError(f"tail of {tail.numel()} values, the reducer was built for "
                              f"{self.tail_numel}")
         self._active = False
         if self._failed is not None:
-            raise ring.RingBroken(f"allreduce launch: {self._failed}") from self._failed
+            raise GenerationBroken(f"allreduce launch: {self._failed}") from self._failed
         try:
             return self._finish(tail)
-        except ring.RingBroken:
+        except GenerationBroken:
             raise
         except Exception as e:  # noqa: BLE001 - a launch on a broken group
-            raise ring.RingBroken(f"allreduce: {e}") from e
+            raise GenerationBroken(f"allreduce: {e}") from e
 
     def _finish(self, tail: torch.Tensor) -> torch.Tensor:
         while self._next < len(self.buckets):

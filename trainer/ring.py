@@ -16,7 +16,7 @@ member whose neighbour died therefore stops waiting within one slice even when g
 would block until its timeout. Group construction runs in a helper thread for the same
 reason (a peer of the new generation may die before connecting).
 
-Rule for callers: after :class:`RingBroken`, never use that group again; report the failure
+Rule for callers: after :class:`GenerationBroken`, never use that group again; report the failure
 and form the next generation.
 """
 
@@ -34,16 +34,13 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
 
 from trainer.store_client import ControlStore
+from trainer.errors import GenerationBroken
 
 log = logging.getLogger(__name__)
 
 _GRAVEYARD: list[Any] = []
 WAIT_SLICE_S = 0.05
 _SLICE = datetime.timedelta(seconds=WAIT_SLICE_S)
-
-
-class RingBroken(Exception):
-    """A collective or the forming of a group failed or was aborted; the step is discarded."""
 
 
 def bury(obj: Any) -> None:
@@ -69,9 +66,9 @@ def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what
     t.start()
     while not done.wait(WAIT_SLICE_S):
         if should_abort():
-            raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+            raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
     if "error" in box:
-        raise RingBroken(f"{what}: {box['error']}") from box["error"]
+        raise GenerationBroken(f"{what}: {box['error']}") from box["error"]
     return box["value"]
 
 
@@ -127,7 +124,7 @@ def form_group(
     listens on and advertises to its peers (default: gloo's, the address of this host's
     name). ``sub``: a sub-group of the generation (e.g. ``"s1/"``: its rendezvous runs under
     ``g<n>/s1/``, deleted with the generation's keys; ``rank`` and ``world`` are then the
-    sub-group's). Returns the :class:`Group`. Raises :class:`RingBroken` when a peer does not
+    sub-group's). Returns the :class:`Group`. Raises :class:`GenerationBroken` when a peer does not
     connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
     """
     conn = store.clone() if isinstance(store, ControlStore) else store
@@ -153,7 +150,7 @@ def form_group(
 
     try:
         pg, ctl = _run_abortable(build, should_abort, f"form g{generation}")
-    except RingBroken:
+    except GenerationBroken:
         bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
         if isinstance(conn, ControlStore):
             conn.close()
@@ -170,7 +167,7 @@ def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool
 
     ``sliced``: wait with ``Work.wait(timeout)`` slices (gloo: a slice that runs out leaves
     the work running); False waits on the work's future instead (NCCL's ``wait(timeout)``
-    may abort the communicator when it runs out). Raises :class:`RingBroken` when the
+    may abort the communicator when it runs out). Raises :class:`GenerationBroken` when the
     collective fails (a peer died, the gloo timeout passed) or ``should_abort()`` turns true
     while waiting.
     """
@@ -183,21 +180,21 @@ def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool
                 if work.is_completed():
                     break  # failed (or finished right after the slice ran out): ask below
             if should_abort():
-                raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
     else:
         done = threading.Event()
         work.get_future().add_done_callback(lambda _f: done.set())
         while not done.wait(WAIT_SLICE_S):
             if should_abort():
-                raise RingBroken(f"{what}: aborted (the generation was declared broken)")
+                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
     try:
         work.wait()  # returns at once: the work is completed
     except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
-        raise RingBroken(f"{what}: {e}") from e
+        raise GenerationBroken(f"{what}: {e}") from e
 
 
 def allreduce(pg: Any, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
-    """Sum ``tensor`` in place over the group. Raises :class:`RingBroken` on failure."""
+    """Sum ``tensor`` in place over the group. Raises :class:`GenerationBroken` on failure."""
     wait(pg.allreduce([tensor]), should_abort, "allreduce",
          sliced=isinstance(pg, dist.ProcessGroupGloo))
 
@@ -208,7 +205,7 @@ def send(pg: Any, tensors: list[tuple[torch.Tensor, int, int]],
 
     The waits run whole on a helper thread (bounded by the group's timeout): gloo closes the
     pair when a ``Work.wait(timeout)`` slice of a send or receive runs out, so the sliced wait
-    of the collectives cannot serve here. Raises :class:`RingBroken` when a peer dies, the
+    of the collectives cannot serve here. Raises :class:`GenerationBroken` when a peer dies, the
     group's timeout passes, or ``should_abort()`` turns true while waiting.
     """
     wait_posted([(pg.send([t], dst, tag), dst) for t, dst, tag in tensors], should_abort)
@@ -217,13 +214,13 @@ def send(pg: Any, tensors: list[tuple[torch.Tensor, int, int]],
 def wait_posted(works: list[tuple[Any, int]], should_abort: Callable[[], bool]) -> None:
     """Wait for point-to-point works posted earlier, ``(work, peer)`` each, as :func:`send`
     waits (keep their tensors alive until this returns); a work already completed costs no
-    helper thread. Raises :class:`RingBroken` as :func:`send`."""
+    helper thread. Raises :class:`GenerationBroken` as :func:`send`."""
     for work, peer in works:
         if work.is_completed():
             try:
                 work.wait()  # returns at once (or raises the failure)
             except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
-                raise RingBroken(f"send to or recv from rank {peer}: {e}") from e
+                raise GenerationBroken(f"send to or recv from rank {peer}: {e}") from e
         else:
             _run_abortable(work.wait, should_abort, f"send to or recv from rank {peer}")
 

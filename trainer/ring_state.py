@@ -1,7 +1,7 @@
 """What the coordinator knows and what it can do: the state, the snapshot and the actions of
 :func:`trainer.decide.decide`, and the views the daemon reads.
 
-Design: frozen dataclasses only (the decision returns a new :class:`Ring`, never mutates
+Design: frozen dataclasses only (the decision returns a new :class:`ControlState`, never mutates
 one); the actions are the only way the decision touches the world, and
 :class:`trainer.coordinator.Coordinator` is their one executor.
 
@@ -18,13 +18,13 @@ from typing import Any
 
 from trainer import membership as mb
 from trainer import plans
-from trainer.membership import EventKind, MemberState, Outcome, Plan
+from trainer.membership import EventKind, MemberState, JobOutcome, Plan
 
 SPEED_POLL_S = 0.5  # how often members' reported samples/s are read (the first at once)
 
 
 @dataclass(frozen=True)
-class Settings:
+class ControlSettings:
     heartbeat_timeout_s: float = 5.0
     rollcall_s: float = 0.5
     initial_world: int = 1
@@ -65,7 +65,7 @@ class RollCall:
 
 
 @dataclass(frozen=True)
-class Ring:
+class ControlState:
     """Everything the coordinator knows (see the module docstring)."""
 
     plan: Plan | None = None
@@ -84,9 +84,9 @@ class Ring:
     adopted: bool = False  # a restarted coordinator took over a running ring
     first_report: float | None = None  # active time of the first member report seen
     resumed_from: int | None = None  # the step of the snapshot the ring last resumed from
-    progress: mb.Progress = mb.Progress()
+    progress: mb.ProgressReport = mb.ProgressReport()
     steps_lost: int = 0
-    outcome: Outcome = Outcome.RUNNING
+    outcome: JobOutcome = JobOutcome.RUNNING
     failure: str = ""
     job: str = ""
     seen_counts: Mapping[str, int] = field(default_factory=dict)  # drains/dones/errors
@@ -97,7 +97,7 @@ class Ring:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class TickReads:
     """What one tick read: the monotonic and wall clocks and the values of :func:`reads`."""
 
     now: float
@@ -152,7 +152,7 @@ Action = Put | Add | Delete | DeletePrefix | Emit
 # -- views ----------------------------------------------------------------------------------
 
 
-def stats(ring: Ring) -> dict[str, Any]:
+def stats(ring: ControlState) -> dict[str, Any]:
     """The ring's progress as the daemon and the CLI show it (plain data)."""
     p = ring.progress
     out: dict[str, Any] = {
@@ -160,9 +160,9 @@ def stats(ring: Ring) -> dict[str, Any]:
         "step": p.step, "epoch": p.epoch, "samples_done": p.samples_done,
         "world": len(ring.plan.members) if ring.plan else 0,
         "steps_lost": ring.steps_lost,
-        "finished": ring.outcome is not Outcome.RUNNING,
+        "finished": ring.outcome is not JobOutcome.RUNNING,
         "outcome": ring.outcome.value,
-        "lost": ring.outcome is Outcome.LOST,
+        "lost": ring.outcome is JobOutcome.LOST,
         "completing": bool(ring.done),
         "malformed": ring.malformed,
         "adopted": ring.adopted,
@@ -179,7 +179,7 @@ def stats(ring: Ring) -> dict[str, Any]:
     return out
 
 
-def members(ring: Ring) -> list[mb.MemberInfo]:
+def members(ring: ControlState) -> list[mb.MemberInfo]:
     """Members of the newest generation and admitted joiners, by id."""
     gen = ring.plan.generation if ring.plan else 0
     return [mb.MemberInfo(id=tr.member_id, name=tr.name,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trainer.job import JobError
+from trainer.errors import JobError
 
 _CLASSES = {
     "ring": ("trainer.member", "Member"),
@@ -26,7 +26,7 @@ _CLASSES = {
 
 
 def member_class(mode: str) -> Any:
-    """The member class of ``mode``. Raises :class:`trainer.job.JobError` for an unknown or
+    """The member class of ``mode``. Raises :class:`trainer.errors.JobError` for an unknown or
     unavailable mode."""
     if mode not in _CLASSES:
         raise JobError(f"mode {mode!r}: expected one of {', '.join(_CLASSES)}")

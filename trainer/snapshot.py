@@ -46,6 +46,7 @@ import torch
 
 from trainer import membership as mb
 from trainer import state as st
+from trainer.errors import BadState, SnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,6 @@ LATEST = mb.SNAPSHOT  # the newest complete manifest (JSON), in the coordinator'
 CONFIG = mb.SNAPSHOT_CONFIG  # when rank 0 takes them (JSON), in the coordinator's store
 CHUNK = 4 << 20
 _NAME = re.compile(r"^step-\d{10}-[0-9a-f]{8}$")
-
-
-class SnapshotError(Exception):
-    """A snapshot could not be stored, found or read (the message says which and why)."""
 
 
 @dataclass(frozen=True)
@@ -454,7 +451,7 @@ def fetch(conn: Any, manifest: Manifest) -> dict[str, Any]:
                             "manifest")
     try:
         tree = st.decode(bytes(buf))
-    except st.BadState as e:
+    except BadState as e:
         raise SnapshotError(f"snapshot {manifest.name}: {e}") from e
     if not isinstance(tree, dict) or tree.get("step") != manifest.step:
         raise SnapshotError(f"snapshot {manifest.name}: it does not hold step {manifest.step}")

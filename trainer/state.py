@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from trainer.errors import BadState
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -42,10 +43,6 @@ ALIGN = 64
 MAX_HEADER = 64 << 20
 MAX_DEPTH = 64
 _LEN = struct.Struct("!Q")
-
-
-class BadState(ValueError):
-    """Bytes that are not a state this module wrote, or a state that does not fit the job."""
 
 
 # -- encode -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ the same decisions from it:
   the loss with a ``GradScaler``. The scaler unscales the *reduced* gradients, identical on
   every member, so its skip-step decision and its next scale are the same everywhere.
 * **Commit rule**: the optimiser steps only after every bucket's reduction returned;
-  :class:`trainer.ring.RingBroken` leaves parameters, buffers and optimiser untouched (the
+  :class:`trainer.errors.GenerationBroken` leaves parameters, buffers and optimiser untouched (the
   buffers the forward pass updated in place are restored).
 
 An exception in the user's forward, loss or backward raises :class:`JobCodeError` (the job
@@ -46,24 +46,12 @@ from typing import Any
 import torch
 
 from trainer.reducer import DEFAULT_BUCKET_MB, Reducer
+from trainer.errors import GenerationBroken, JobCodeError
 
 ROW = 5  # per-member row in the tail
 B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL = range(ROW)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SPLIT = float(2**24)  # integer buffers travel as hi * 2^24 + lo, each exact in float32
-
-
-class JobCodeError(Exception):
-    """The job's own code (forward, loss or backward) raised; the run cannot go on as is."""
-
-    def __init__(self, stage: str, step: int, batch: int, exc: BaseException) -> None:
-        self.stage, self.step, self.batch, self.exc = stage, step, batch, exc
-        first = (str(exc).splitlines() or [""])[0][:300]
-        hint = ""
-        if "more than 1 value per channel" in str(exc):
-            hint = " (BatchNorm needs at least 2 samples: set Job.min_local_batch)"
-        super().__init__(f"the job's {stage} raised {type(exc).__name__}: {first}{hint} at "
-                         f"step {step} with a local batch of {batch}; fix the job")
 
 
 def _batch_len(batch: Any) -> int:
@@ -113,7 +101,7 @@ def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | 
 
 
 @dataclass(frozen=True)
-class Result:
+class StepResult:
     """What a committed step tells the member: the reduced rows and this member's times."""
 
     rows: torch.Tensor  # (world, ROW), float32
@@ -170,17 +158,15 @@ class Stepper:
     def step(self, pg: Any, batch: Any, b: int, total: int, *, step: int, latest: int,
              eval_s: float, should_abort: Callable[[], bool],
              after_compute: Callable[[float, int], None] | None = None,
-             broken: Callable[[], bool] = lambda: False) -> Result:
+             broken: Callable[[], bool] = lambda: False) -> StepResult:
         """Compute this member's share ``batch`` (``b`` samples; ``b = 0``: nothing to
         compute), reduce and commit. ``after_compute(seconds, b)`` runs between the backward
         pass and the reduction (the ``--slowdown`` emulation). ``broken()`` is asked once more
         after the reduction: a late completion on an abandoned generation is not committed.
 
         Raises :class:`JobCodeError` (the job's code raised) and
-        :class:`trainer.ring.RingBroken` (nothing applied).
+        :class:`trainer.errors.GenerationBroken` (nothing applied).
         """
-        from trainer import ring
-
         self.reducer.begin(pg, b / total, should_abort)
         # the forward pass updates running statistics in place: a discarded step must not
         # keep them (the members would hold different buffers at the same step)
@@ -198,7 +184,7 @@ class Stepper:
             reduced = self.reducer.finish(tail)
             wait_s = time.perf_counter() - t1
             if broken():
-                raise ring.RingBroken("the reduction completed after the generation was "
+                raise GenerationBroken("the reduction completed after the generation was "
                                       "broken")
         except BaseException:
             with torch.no_grad():
@@ -207,7 +193,7 @@ class Stepper:
             raise
         skipped = self._commit(reduced)
         rows = reduced[: self._o_used].view(self.world, ROW).clone()
-        return Result(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped)
+        return StepResult(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped)
 
     def _buffers(self) -> list[torch.Tensor]:
         return [*self._avg, *self._copy, *self._ints]

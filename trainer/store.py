@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from trainer import admission
+from trainer.errors import AuthError, Malformed
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,6 @@ LOG_EVERY_S = 10.0  # the flood warning is logged at most this often
 _HEAD = struct.Struct("!BIH")
 _RESP = struct.Struct("!BH")
 _LEN = struct.Struct("!I")
-
-
-class Malformed(ValueError):
-    """A request body that does not follow the wire format."""
 
 
 class Blobs(Protocol):
@@ -284,9 +281,9 @@ class StoreServer:
                                writer: asyncio.StreamWriter) -> None:
         try:
             chan = await self._handshake(reader, writer)
-        except (admission.AuthError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+        except (AuthError, asyncio.TimeoutError, asyncio.IncompleteReadError,
                 ConnectionError, OSError) as e:
-            if isinstance(e, admission.AuthError):
+            if isinstance(e, AuthError):
                 self.counters["refused"] += 1
                 log.warning("control port: refused a connection from %s: %s",
                             writer.get_extra_info("peername"), e)
@@ -300,7 +297,7 @@ class StoreServer:
             await self._serve(reader, writer, chan)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
-        except (admission.AuthError, ValueError) as e:
+        except (AuthError, ValueError) as e:
             self.counters["bad_frames"] += 1
             log.warning("control port: closed a connection from %s: %s",
                         writer.get_extra_info("peername"), e)
@@ -320,7 +317,7 @@ class StoreServer:
                                         self._handshake_s)
         try:
             proof, chan = admission.server_check(self._token, nonce, answer)
-        except admission.AuthError:
+        except AuthError:
             writer.write(admission.REFUSED)  # tells an honest worker its token is wrong
             await writer.drain()
             raise

@@ -31,18 +31,7 @@ import torch.distributed as dist
 
 from trainer import admission
 from trainer import store as wire
-
-
-class ControlLost(RuntimeError):
-    """The control connection broke, or the coordinator refused (or failed) the handshake."""
-
-
-class TokenRefused(ControlLost):
-    """The coordinator refused this worker's token."""
-
-
-class ControlTimeout(RuntimeError):
-    """A blocking ``get``/``wait`` did not see its keys within the timeout."""
+from trainer.errors import AuthError, ControlLost, ControlTimeout, TokenRefused
 
 
 def _seconds(timeout: datetime.timedelta | float | None, default: float) -> float:
@@ -80,9 +69,9 @@ class ControlStore(dist.Store):
             sock.sendall(answer)
             proof = self._read_exact(sock, admission.MAC)
             self._chan = admission.client_check(token, hello, cn, proof)
-        except (admission.AuthError, OSError, ControlLost) as e:
+        except (AuthError, OSError, ControlLost) as e:
             sock.close()
-            if isinstance(e, admission.TokenRefused):
+            if isinstance(e, TokenRefused):
                 raise TokenRefused(f"{host}:{port} refused this worker's token: check "
                                    "--token-file (it must hold the job's token)") from e
             if isinstance(e, ControlLost):
@@ -136,7 +125,7 @@ class ControlStore(dist.Store):
                 n = admission.frame_length(self._read_exact(sock, 4))
                 rest = self._read_exact(sock, n + admission.TAG)
                 reply = self._chan.open(rest[:n], rest[n:])
-            except (OSError, admission.AuthError, ValueError, ControlLost) as e:
+            except (OSError, AuthError, ValueError, ControlLost) as e:
                 self.close()
                 raise ControlLost(f"control connection to {self.host}:{self.port} lost: "
                                   f"{e}") from e

@@ -29,6 +29,7 @@ import torch
 
 from trainer import ring
 from trainer import state as st
+from trainer.errors import BadState, GenerationBroken
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def sync_state(
     ``(state, src, nbytes, best)``: the decoded state this member must load (None when it
     already holds the newest step), the source rank, the state bytes this member sent (the
     source: the sum over its receivers) or received, and the agreed newest step. Raises
-    :class:`ring.RingBroken` on failure, :class:`trainer.state.BadState` when the bytes
+    :class:`ring.GenerationBroken` on failure, :class:`trainer.errors.BadState` when the bytes
     received are not a state or fail their digest.
     """
     table = torch.zeros(world, 3, dtype=torch.float64)
@@ -124,7 +125,7 @@ def sync_state(
     if best < 0 and initial:
         best = steps[0]
     elif best < 0:
-        raise ring.RingBroken("no member of the new generation holds the training state")
+        raise GenerationBroken("no member of the new generation holds the training state")
     src = steps.index(best)
     best = int(table[src, 2])
     receivers = [r for r in range(world)
@@ -146,23 +147,23 @@ def sync_state(
     ring.recv(pg, head, src, _TAG_LENGTH, should_abort)
     n = int(head[0])
     if not 0 < n <= 1 << 40:
-        raise st.BadState(f"the state source announced {n} bytes")
+        raise BadState(f"the state source announced {n} bytes")
     data = torch.empty(n, dtype=torch.uint8)
     ring.recv(pg, data, src, _TAG_STATE, should_abort)
     if _digest_words(data) != head[1:].tolist():
-        raise st.BadState("the state received does not match the digest its source announced")
+        raise BadState("the state received does not match the digest its source announced")
     return st.decode(data), src, n, best
 
 
 def check(state: Any, *, step: int, job: str) -> dict[str, Any]:
     """Check a received state against what the generation announced: a mapping whose
     ``step`` is the agreed newest ``step`` and whose ``job`` fingerprint is the plan's
-    (when the plan names one). Returns it; raises :class:`trainer.state.BadState`."""
+    (when the plan names one). Returns it; raises :class:`trainer.errors.BadState`."""
     if not isinstance(state, dict):
-        raise st.BadState("the state received is not a mapping")
+        raise BadState("the state received is not a mapping")
     if state.get("step") != step:
-        raise st.BadState(f"the state received is at step {state.get('step')!r}, the "
+        raise BadState(f"the state received is at step {state.get('step')!r}, the "
                           f"generation agreed on {step}")
     if job and state.get("job") != job:
-        raise st.BadState("the state received is of another job than the generation's plan")
+        raise BadState("the state received is of another job than the generation's plan")
     return state

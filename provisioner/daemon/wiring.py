@@ -104,7 +104,8 @@ BY_STEPS_ONLY_S = 1e8
 def _check_store(ring_snap: Any) -> None:
     """List the snapshot store once, so a missing bucket, credentials or SDK is one line
     naming ``snapshot.url`` before anything starts (the coordinator opens it again)."""
-    from trainer.snapshot import SnapshotError, open_store
+    from trainer.snapshot import open_store
+    from trainer.errors import SnapshotError
 
     url = ring_snap.url
     try:

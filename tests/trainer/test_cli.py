@@ -115,14 +115,14 @@ def test_serve_until_over_returns_the_outcome_after_lingering() -> None:
     import threading
 
     from trainer.__main__ import serve_until_over
-    from trainer.membership import Outcome
+    from trainer.membership import JobOutcome
 
-    seen = iter([Outcome.RUNNING, Outcome.RUNNING, Outcome.DONE])
+    seen = iter([JobOutcome.RUNNING, JobOutcome.RUNNING, JobOutcome.DONE])
     assert serve_until_over(lambda: next(seen), threading.Event(), linger_s=0.0,
-                            poll_s=0.001) is Outcome.DONE
+                            poll_s=0.001) is JobOutcome.DONE
     stop = threading.Event()
     stop.set()  # SIGTERM or Ctrl-C before the end: no outcome, exit 0
-    assert serve_until_over(lambda: Outcome.RUNNING, stop, poll_s=0.001) is None
+    assert serve_until_over(lambda: JobOutcome.RUNNING, stop, poll_s=0.001) is None
 
 
 def test_standalone_coordinator_exits_by_itself_when_the_job_is_done(tmp_path: Path) -> None:

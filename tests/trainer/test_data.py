@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from trainer import data
-from trainer.data import Feed, FeedError
+from trainer.data import Feed
+from trainer.errors import FeedError
 
 # -- datasets (module level: the workers may unpickle them under spawn) ----------------------
 

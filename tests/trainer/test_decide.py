@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from trainer import decide as dc
 from trainer import membership as mb
-from trainer.membership import EventKind, MemberState, Outcome
+from trainer.membership import EventKind, MemberState, JobOutcome
 
-CFG = dc.Settings(heartbeat_timeout_s=5.0, rollcall_s=0.5, initial_world=2)
+CFG = dc.ControlSettings(heartbeat_timeout_s=5.0, rollcall_s=0.5, initial_world=2)
 
 
 class World:
@@ -15,13 +15,13 @@ class World:
     def __init__(self) -> None:
         self.kv: dict[str, bytes] = {mb.IDS: b"0"}
         self.now = 100.0
-        self.ring = dc.Ring()
+        self.ring = dc.ControlState()
         self.events: list[dc.Emit] = []
 
     def tick(self, dt: float = 0.05) -> list[dc.Action]:
         self.now += dt
         ids = int(self.kv.get(mb.IDS, b"0"))
-        snap = dc.Snapshot(self.now, 1e9 + self.now,
+        snap = dc.TickReads(self.now, 1e9 + self.now,
                            {k: self.kv.get(k) for k in dc.reads(self.ring, ids)})
         self.ring, actions = dc.decide(self.ring, snap, CFG, ids)
         for a in actions:
@@ -102,10 +102,10 @@ def test_stats_cannot_end_the_job_and_malformed_stats_are_ignored() -> None:
     a, b = _two_members(w)
     w.kv[mb.STATS] = b'{"finished": true, "step": 7}'
     w.tick()
-    assert w.ring.outcome is Outcome.RUNNING and w.ring.progress.step == 7
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.progress.step == 7
     w.kv[mb.STATS] = b'{"step": "lots"}'
     w.tick()
-    assert w.ring.outcome is Outcome.RUNNING and w.ring.progress.step == 7
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.progress.step == 7
     assert w.ring.malformed >= 1 and not dc.stats(w.ring)["finished"]
 
 
@@ -151,7 +151,7 @@ def test_a_job_error_ends_the_job_as_failed_not_as_a_revocation() -> None:
     ).encode()
     w.add(mb.ERRORS)
     w.tick()
-    assert w.ring.outcome is Outcome.FAILED and w.kv[mb.FINISHED].startswith(b"failed")
+    assert w.ring.outcome is JobOutcome.FAILED and w.kv[mb.FINISHED].startswith(b"failed")
     assert "job-error" in w.kinds() and "lost" not in w.kinds()
     assert dc.stats(w.ring)["failure"].startswith("job x")
 
@@ -163,7 +163,7 @@ def test_every_member_done_finishes_the_job() -> None:
         w.kv[mb.k_done(m)] = mb.Done("c", 40, {"accuracy": 0.9}).to_json().encode()
         w.add(mb.DONES)
         w.tick()
-    assert w.ring.outcome is Outcome.DONE and w.kv[mb.FINISHED] == b"done"
+    assert w.ring.outcome is JobOutcome.DONE and w.kv[mb.FINISHED] == b"done"
     late = w.hello(mb.Hello("late", 1.0, "job1").to_json())
     w.tick()
     assert w.kv[mb.k_verdict(late)].startswith(b"finished")
@@ -207,7 +207,7 @@ def test_when_no_holder_of_the_state_is_left_the_job_is_lost_at_once_not_reforme
     for _ in range(140):  # 7 s: only the joiner beats; a and b hang before gen 2 forms
         w.beat(j)
         w.tick()
-    assert w.ring.outcome is Outcome.LOST and w.kv[mb.FINISHED] == b"lost"
+    assert w.ring.outcome is JobOutcome.LOST and w.kv[mb.FINISHED] == b"lost"
     assert "never received it" in w.ring.failure
     assert w.ring.plan.members == () and w.ring.plan.generation <= 4
     # the members read the plan that says so: it must parse (it had one zone per joiner)

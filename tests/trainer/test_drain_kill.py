@@ -22,7 +22,7 @@ from tests.trainer.ringutil import Ring
 from trainer import membership as mb
 from trainer import plans as pl
 from trainer.member import Member as _Member
-from trainer.member import Outcome
+from trainer.member import MemberOutcome
 from trainer.store import StoreServer
 from trainer.store_client import ControlStore
 
@@ -105,12 +105,12 @@ def test_an_empty_plan_with_a_snapshot_to_resume_does_not_end_a_joiner() -> None
         assert joiner._wait_and_form() is None and joiner.seen == 4
         dropped = _Member(None, store, 3, None)  # type: ignore[arg-type]
         dropped.was_member, dropped.plan = True, mb.Plan(3, (3,), ("x",))
-        assert dropped._wait_and_form() is Outcome.REFUSED  # joins again and resumes
+        assert dropped._wait_and_form() is MemberOutcome.REFUSED  # joins again and resumes
         store.set(mb.k_plan(5), mb.Plan(5, (), (), lost=(2,),
                                         reason="no member holding the state is left"
                                         ).to_json())
         store.set(mb.LATEST, "5")
         assert _Member(None, store, 8, None)._wait_and_form(  # type: ignore[arg-type]
-            ) is Outcome.LOST
+            ) is MemberOutcome.LOST
     finally:
         server.stop()

@@ -16,6 +16,7 @@ import pytest
 from tests.trainer.ringutil import REPO, TOKEN, Ring
 from trainer import snapshot as snap
 from trainer.coordinator import Coordinator
+from trainer.errors import SnapshotError
 
 JOB = "tests/trainer/jobs/regression.py"
 
@@ -86,7 +87,7 @@ def test_bad_snapshot_settings_name_the_field() -> None:
                       ({"keep": 0}, "keep"), ({"every_s": float("inf")}, "every_s")):
         with pytest.raises(ValueError, match=field):
             snap.SnapshotSettings("/tmp/x", **kw)
-    with pytest.raises(snap.SnapshotError, match="s3://bucket"):
+    with pytest.raises(SnapshotError, match="s3://bucket"):
         snap.open_store(snap.SnapshotSettings("ftp://nowhere"))
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.job import Job, JobError, load_job
+from trainer.job import Job, load_job
+from trainer.errors import JobError
 
 
 def test_missing_file_is_named() -> None:

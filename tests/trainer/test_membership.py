@@ -8,6 +8,7 @@ from trainer import membership as mb
 from trainer import plans as pl
 from trainer.membership import Plan
 from trainer.plans import Joiner, next_plan
+from trainer.errors import Malformed
 
 
 def test_first_generation_waits_for_the_initial_world() -> None:
@@ -45,7 +46,7 @@ def test_plan_json_round_trip() -> None:
                                  b'{"name": "a", "prior": "fast"}',
                                  b'{"name": "a", "prior": Infinity}', "x" * 10, b"\xff\xfe"])
 def test_a_malformed_hello_is_refused_as_malformed(raw: bytes) -> None:
-    with pytest.raises(mb.Malformed):
+    with pytest.raises(Malformed):
         mb.Hello.parse(raw)
 
 
@@ -54,18 +55,18 @@ def test_messages_round_trip_and_reject_wrong_types() -> None:
     assert mb.Hello.parse(h.to_json()) == h
     f = mb.Formed("c0ffee", 10, 1, 0, 100, 2.5)
     assert mb.Formed.parse(f.to_json()) == f
-    p = mb.Progress(3, 40, 2, 2560, 2, 0.5, {"accuracy": 0.9, "r2": float("nan")})
-    q = mb.Progress.parse(p.to_json())
+    p = mb.ProgressReport(3, 40, 2, 2560, 2, 0.5, {"accuracy": 0.9, "r2": float("nan")})
+    q = mb.ProgressReport.parse(p.to_json())
     assert q.step == 40 and q.metrics["accuracy"] == 0.9
     for bad in (b'{"step": -1}', b'{"step": true}', b'{"metrics": {"a": "x"}}',
                 b'{"finished": true, "step": "9"}'):
-        with pytest.raises(mb.Malformed):
-            mb.Progress.parse(bad)
-    with pytest.raises(mb.Malformed):
+        with pytest.raises(Malformed):
+            mb.ProgressReport.parse(bad)
+    with pytest.raises(Malformed):
         mb.Formed.parse(b'{"checksum": 5, "step": 1}')
-    with pytest.raises(mb.Malformed):
+    with pytest.raises(Malformed):
         mb.Plan.from_json(b'{"generation": 2, "members": [1, 1], "names": ["a", "a"]}')
-    with pytest.raises(mb.Malformed):
+    with pytest.raises(Malformed):
         mb.Plan.from_json(b'{"generation": 0, "members": [], "names": []}')
     assert mb.parse_drain(b"") == "drain requested"
 
@@ -102,10 +103,10 @@ def test_started_but_not_formed_while_others_formed_is_dropped_and_nobody_if_all
 
 
 def test_the_verdict_for_a_job_that_is_over_says_how_it_ended() -> None:
-    from trainer.membership import Outcome, finished_verdict, verdict_outcome
+    from trainer.membership import JobOutcome, finished_verdict, verdict_outcome
 
-    for outcome in (Outcome.DONE, Outcome.LOST, Outcome.FAILED):
+    for outcome in (JobOutcome.DONE, JobOutcome.LOST, JobOutcome.FAILED):
         assert verdict_outcome(finished_verdict(outcome).decode()) is outcome
-    assert verdict_outcome("finished: the job is over") is Outcome.DONE  # said nothing more
+    assert verdict_outcome("finished: the job is over") is JobOutcome.DONE  # said nothing more
     assert verdict_outcome("refused: a different job") is None
     assert verdict_outcome("ok") is None

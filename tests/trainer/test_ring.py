@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
-from trainer.client import JoinRefused, connect
+from trainer.client import connect
+from trainer.errors import JoinRefused
 
 pytestmark = pytest.mark.slow
 

@@ -25,11 +25,11 @@ import torch
 from tests.trainer.ringutil import TOKEN, Ring, _context
 from trainer import membership as mb
 from trainer import ring as rg
-from trainer import state as st
 from trainer import sync
-from trainer.client import JoinRefused, connect, join
+from trainer.client import connect, join
+from trainer.errors import BadState, ControlLost, JoinRefused, TokenRefused
 from trainer.store import StoreServer
-from trainer.store_client import ControlLost, ControlStore, TokenRefused
+from trainer.store_client import ControlStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -227,7 +227,7 @@ def _receiver(port: int, q: Any) -> None:
     try:
         sync.sync_state(pg, 1, 2, 5, False, dict, lambda: False)
         q.put("loaded")
-    except st.BadState as e:
+    except BadState as e:
         q.put(f"rejected: {e}")
 
 

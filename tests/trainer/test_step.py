@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import ring
 from trainer.reducer import Reducer, plan_buckets
-from trainer.step import JobCodeError, Stepper, make_scaler
+from trainer.step import Stepper, make_scaler
+from trainer.errors import GenerationBroken, JobCodeError
 
 torch.set_num_threads(1)
 _BUILD = threading.RLock()  # torch's RNG is process-wide: ranks build their models in turn
@@ -271,7 +271,7 @@ def test_an_abandoned_reduction_applies_nothing() -> None:
         calls["n"] += 1
         return calls["n"] > 3
 
-    with pytest.raises(ring.RingBroken):
+    with pytest.raises(GenerationBroken):
         st.step(pg, (x, y), 12, 24, step=0, latest=1, eval_s=0.0, should_abort=abort)
     st.close()
     assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())

@@ -12,7 +12,8 @@ import pytest
 from trainer import admission
 from trainer import store as wire
 from trainer.store import StoreServer
-from trainer.store_client import ControlLost, ControlStore, ControlTimeout, TokenRefused
+from trainer.store_client import ControlStore
+from trainer.errors import AuthError, ControlLost, ControlTimeout, Malformed, TokenRefused
 
 TOKEN = b"store-test-token"
 
@@ -30,23 +31,23 @@ def test_handshake_proves_the_token_both_ways() -> None:
     answer, cn = admission.client_answer(TOKEN, hello)
     proof, server_chan = admission.server_check(TOKEN, sn, answer)
     client_chan = admission.client_check(TOKEN, hello, cn, proof)
-    with pytest.raises(admission.AuthError):
+    with pytest.raises(AuthError):
         admission.server_check(b"other", sn, answer)
-    with pytest.raises(admission.AuthError):  # a server that does not hold the token
+    with pytest.raises(AuthError):  # a server that does not hold the token
         admission.client_check(TOKEN, hello, cn, bytes(reversed(proof)))
-    with pytest.raises(admission.TokenRefused):
+    with pytest.raises(TokenRefused):
         admission.client_check(TOKEN, hello, cn, admission.REFUSED)
     # frames: in order they open; altered, replayed or reordered they do not
     f1, f2 = client_chan.seal(b"one"), client_chan.seal(b"two")
     assert server_chan.feed(f1 + f2[:5]) == [b"one"]
     assert server_chan.feed(f2[5:]) == [b"two"]
-    with pytest.raises(admission.AuthError):
+    with pytest.raises(AuthError):
         server_chan.feed(f1)  # a replay
     fresh = admission.client_check(TOKEN, hello, cn, proof)
     srv = admission.server_check(TOKEN, sn, answer)[1]
     bad = bytearray(fresh.seal(b"set gen/latest 9"))
     bad[6] ^= 1
-    with pytest.raises(admission.AuthError):
+    with pytest.raises(AuthError):
         srv.feed(bytes(bad))
 
 
@@ -54,7 +55,7 @@ def test_request_bodies_are_checked() -> None:
     body = wire.encode_request(wire.SET, [b"k", b"v"], 5)
     assert wire.decode_request(body) == (wire.SET, 5, [b"k", b"v"])
     for bad in (b"", b"\x63\x00\x00\x00\x00\x00\x00", body[:-1], body + b"x"):
-        with pytest.raises(wire.Malformed):
+        with pytest.raises(Malformed):
             wire.decode_request(bad)
 
 

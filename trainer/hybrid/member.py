@@ -62,9 +62,10 @@ from trainer.hybrid.server import Exchange
 from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_compute,
                                       updates_left)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
-from trainer.member import Member, Outcome, _Pending
+from trainer.member import Member, MemberOutcome, _Pending
 from trainer.sampler import CursorState, epoch_order, scale_sizes, split
 from trainer.step import B_COL, COMPUTE_COL
+from trainer.errors import GenerationBroken
 
 if TYPE_CHECKING:
     from trainer.loop import Worker
@@ -128,14 +129,14 @@ class HybridMember(Member):
         self.gen: _Gen | None = None
         self.own: dict[int, _Own] = {}
 
-    def live(self) -> Outcome:
+    def live(self) -> MemberOutcome:
         if self.problem:
             message = f"job {self.w.cfg.job}: hybrid mode: {self.problem}"
             log.error("%s", message)
             self.store.set(mb.k_error(self.id), mb.JobFailure(self.w.step, message).to_json())
             self.store.add(mb.ERRORS, 1)
             self.w.failure = message
-            return Outcome.FAILED
+            return MemberOutcome.FAILED
         return super().live()
 
     # -- forming -----------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class HybridMember(Member):
                                     rank, world, cfg.collective_timeout_s,
                                     lambda: self._broken(gen), backend=plan.backend,
                                     hostname=cfg.ring_host or self.store.local_address)
-        except ring.RingBroken:
+        except GenerationBroken:
             ring.bury(conn)
             conn.close()
             raise
@@ -246,8 +247,8 @@ class HybridMember(Member):
     def _step(self) -> int:
         """One round of this zone (module docstring); at the end of the generation, the
         rounds until the zone is done. Returns the newest generation known (the current
-        one while the zone goes on). Raises :class:`trainer.ring.RingBroken`,
-        :class:`trainer.step.JobCodeError`."""
+        one while the zone goes on). Raises :class:`trainer.errors.GenerationBroken`,
+        :class:`trainer.errors.JobCodeError`."""
         if self.ring_mode:
             return super()._step()
         g, plan = self.gen, self.plan
@@ -289,7 +290,7 @@ class HybridMember(Member):
         if n and self.plan is not None and self._broken(self.plan.generation):
             # a member that was frozen (its heartbeat too) asks the store before it commits:
             # what it would apply now may have been computed again by the survivors
-            raise ring.RingBroken("the generation was broken while this member waited")
+            raise GenerationBroken("the generation was broken while this member waited")
         for _ in range(n):
             v = w.step
             own = self.own.pop(v, None)
@@ -313,7 +314,7 @@ class HybridMember(Member):
         assert g is not None and g.exchange is not None
         while not done():
             if self._aborted():
-                raise ring.RingBroken("aborted (the generation was declared broken)")
+                raise GenerationBroken("aborted (the generation was declared broken)")
             g.exchange.wait(ring.WAIT_SLICE_S)
 
     def _lead(self) -> tuple[int, int, int, list[int]]:
@@ -326,8 +327,8 @@ class HybridMember(Member):
         while True:
             if self._aborted():
                 if x.failed is not None:
-                    raise ring.RingBroken(f"cross-zone exchange: {x.failed}")
-                raise ring.RingBroken("aborted (the generation was declared broken)")
+                    raise GenerationBroken(f"cross-zone exchange: {x.failed}")
+                raise GenerationBroken("aborted (the generation was declared broken)")
             while (t := x.ticket()) is not None:
                 g.asked -= 1
                 g.newest = max(g.newest, t.newest)
@@ -384,7 +385,7 @@ class HybridMember(Member):
         n = len(job)
         cur, total = self._cursor(v)
         if sum(sizes) != total:
-            raise ring.RingBroken(f"the leader split update {v} into {sum(sizes)} samples, "
+            raise GenerationBroken(f"the leader split update {v} into {sum(sizes)} samples, "
                                   f"not {total}")
         order = w.order() if cur.epoch == w.cursor.epoch else epoch_order(w.cfg.seed,
                                                                           cur.epoch, n)
@@ -416,7 +417,7 @@ class HybridMember(Member):
         total = int(meta[SAMPLES])
         expect = w.cursor.step_total(len(job), job.global_batch, min_batch=w.min_batch)
         if total != expect:
-            raise ring.RingBroken(f"update {v} carries {total} samples, its step {expect}")
+            raise GenerationBroken(f"update {v} carries {total} samples, its step {expect}")
         g.layout.apply(update, job.optimizer)
         if own is not None:
             self._record(_Pending(v, own.epoch, own.ids))

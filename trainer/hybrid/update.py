@@ -124,7 +124,7 @@ class ZoneStepper:
 
         Returns the :class:`Computed` update (the same vector on every zone member); the
         model's parameters, buffers and optimiser are as before. Raises
-        :class:`trainer.step.JobCodeError` and :class:`trainer.ring.RingBroken`.
+        :class:`trainer.errors.JobCodeError` and :class:`trainer.errors.GenerationBroken`.
         """
         layout = self.layout
         self.reducer.begin(pg, b / total, should_abort)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from trainer import ring
 from trainer.pipeline.runner import transport
+from trainer.errors import GenerationBroken
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ class Agreement:
         self._q.put((wave, work, pack, row))
 
     def wait(self, wave: int) -> Agreed:
-        """Block until ``wave`` is agreed. Raises :class:`trainer.ring.RingBroken` when a
+        """Block until ``wave`` is agreed. Raises :class:`trainer.errors.GenerationBroken` when a
         reduction failed or the generation was declared broken."""
         with self._cond:
             while wave not in self.agreed:
                 if self.error is not None:
-                    raise ring.RingBroken(f"wave {wave}: {self.error}") from self.error
+                    raise GenerationBroken(f"wave {wave}: {self.error}") from self.error
                 if self.should_abort():
-                    raise ring.RingBroken(f"wave {wave}: aborted (the generation was "
+                    raise GenerationBroken(f"wave {wave}: aborted (the generation was "
                                           "declared broken)")
                 self._cond.wait(ring.WAIT_SLICE_S)
             for done in [w for w in self.reduced if w < wave]:  # applied: not needed to

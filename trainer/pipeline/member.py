@@ -54,16 +54,17 @@ from trainer import membership as mb
 from trainer import ring
 from trainer import snapshot as snap
 from trainer import state as st
-from trainer.member import Member, Outcome
+from trainer.member import Member, MemberOutcome
 from trainer.pipeline import agree, complete, partition, placement, profile, wsp
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.runner import Micro, StageRunner, transport
 from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
-from trainer.pipeline.stagestate import LayoutError, ModelIndex, StagePack, bundle, load
+from trainer.pipeline.stagestate import ModelIndex, StagePack, bundle, load
+from trainer.errors import (BadState, ControlLost, ControlTimeout, GenerationBroken, LayoutError,
+                            Malformed, SnapshotError, StateLost)
 from trainer.sampler import CursorState, epoch_order
-from trainer.store_client import ControlLost, ControlTimeout
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,6 @@ BACKUP_TAG = (1 << 30) | (3 << 24)  # + wave % 64
 _POLL = datetime.timedelta(milliseconds=1)
 # (above every wave's tags)
 OPTIMIZER_SLOTS = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}  # else 2 (Adam's)
-
-
-class StageLost(Exception):
-    """Layers that no member holds any more, and no durable snapshot to take them from."""
 
 
 @dataclass
@@ -169,25 +166,25 @@ class PipelineMember(Member):
             return float(torch.cuda.get_device_properties(self.w.device).total_memory)
         return math.inf
 
-    def live(self) -> Outcome:
+    def live(self) -> MemberOutcome:
         if self.setup_error is not None:
             return self._fail(self.setup_error)
         try:
             return super().live()
-        except StageLost as e:  # raised while forming: the job cannot go on
+        except StateLost as e:  # raised while forming: the job cannot go on
             return self._fail(f"job {self.w.cfg.job}: the job is lost: {e}")
         finally:
             if self.agree is not None:
                 self.agree.stop()
 
-    def _fail(self, message: str) -> Outcome:
+    def _fail(self, message: str) -> MemberOutcome:
         log.error("%s", message)
         self.store.set(mb.k_error(self.id), mb.JobFailure(self.w.step, message).to_json())
         self.store.add(mb.ERRORS, 1)
         if self.plan is not None:
             self.store.add(mb.k_broken(self.plan.generation), 1)
         self.w.failure = message
-        return Outcome.FAILED
+        return MemberOutcome.FAILED
 
     def _drop_group(self) -> None:
         if self.agree is not None:
@@ -201,10 +198,10 @@ class PipelineMember(Member):
 
     # -- forming a generation ---------------------------------------------------------------
 
-    def _settings(self, world: int) -> partition.Settings:
+    def _settings(self, world: int) -> partition.LayoutSettings:
         job, ps = self.w.job, self.ps
         slots = OPTIMIZER_SLOTS.get(type(job.optimizer).__name__, 2)
-        return partition.Settings(ps.stages, ps.micro_batch, ps.schedule, slots,
+        return partition.LayoutSettings(ps.stages, ps.micro_batch, ps.schedule, slots,
                                   max(1, -(-job.global_batch // ps.micro_batch)))
 
     def _form(self, plan: mb.Plan, rank: int) -> None:
@@ -451,7 +448,7 @@ class PipelineMember(Member):
     def _from_snapshot(self, plan: mb.Plan, layout: partition.Layout, missing: tuple[int, ...],
                        abort: Any) -> tuple[int, tuple[partition.Transfer, ...]]:
         """Layers ``missing`` are held by nobody: every member rolls back to the newest
-        durable snapshot (rank 0 loads it and sends it on). Raises :class:`StageLost` when
+        durable snapshot (rank 0 loads it and sends it on). Raises :class:`StateLost` when
         there is none."""
         w = self.w
         found = torch.zeros(2, dtype=torch.float64)
@@ -464,11 +461,11 @@ class PipelineMember(Member):
                     self._place_whole(placement.HOST)  # then loaded whole
                     w.load(tree)
                     found[:] = torch.tensor([1.0, manifest.step])
-            except (ValueError, KeyError, snap.SnapshotError, st.BadState) as e:
+            except (ValueError, KeyError, SnapshotError, BadState) as e:
                 log.error("the durable snapshot cannot be used: %s", e)
         ring.allreduce(self.group.ctl, found, abort)
         if found[0] == 0:
-            raise StageLost(
+            raise StateLost(
                 f"layers {missing[0]}..{missing[-1]} are held by no member left (every "
                 "replica of a stage was lost) and there is no durable snapshot; run more than "
                 "one virtual worker or keep snapshots")
@@ -492,7 +489,7 @@ class PipelineMember(Member):
         """Run the moves this member is in: post every send, then receive and load (the
         shared state too, when forming: a joiner's step, cursor and metrics), then wait for
         the sends. Returns the bytes sent and received. Raises
-        :class:`trainer.ring.RingBroken` (a peer failed, or sent a state that is not
+        :class:`trainer.errors.GenerationBroken` (a peer failed, or sent a state that is not
         this job's at ``step``)."""
         pg, opt = self.group.ctl, self.w.job.optimizer
         posted, keep, nbytes = [], [], 0
@@ -513,20 +510,20 @@ class PipelineMember(Member):
                 ring.recv(pg, head, t.src, base + 2 * i, abort)
             n = int(head[0])
             if not 0 < n <= 1 << 40:
-                raise ring.RingBroken(f"stage state from rank {t.src}: {n} bytes announced")
+                raise GenerationBroken(f"stage state from rank {t.src}: {n} bytes announced")
             data = torch.empty(n, dtype=torch.uint8)
             with transport(f"recv from rank {t.src}"):
                 ring.recv(pg, data, t.src, base + 2 * i + 1, abort)
             nbytes += n
             try:
                 if _digest(data) != head[1:].tolist():
-                    raise st.BadState("digest differs from the one announced")
+                    raise BadState("digest differs from the one announced")
                 if base != GATHER_TAG:  # layers this member will hold: onto its device
                     self.index.place(placement.only(len(self.index), t.lo, t.hi,
                                                     placement.DEVICE), self.w.device, opt)
                 meta = load(self.index, opt, st.decode(data), t.lo, t.hi)
                 if meta.get("step") != step or (plan.job and meta.get("job") != plan.job):
-                    raise st.BadState(f"state of step {meta.get('step')!r} of another job, "
+                    raise BadState(f"state of step {meta.get('step')!r} of another job, "
                                       f"or not the agreed step {step}")
                 if base == MOVE_TAG:  # a gather or a handover carries the sender's
                     self._load_meta(meta)  # metrics, older than the head's own
@@ -534,8 +531,8 @@ class PipelineMember(Member):
                 if t.hi > t.lo and base == MOVE_TAG:
                     log.info("received layers %d..%d from rank %d (slot %s)", t.lo, t.hi - 1,
                              t.src, self.layout.slot_of(t.src) if self.layout else None)
-            except (st.BadState, KeyError, TypeError, ValueError) as e:
-                raise ring.RingBroken(f"stage state from rank {t.src} rejected: {e}") from e
+            except (BadState, KeyError, TypeError, ValueError) as e:
+                raise GenerationBroken(f"stage state from rank {t.src} rejected: {e}") from e
         ring.wait_posted(posted, abort)
         return nbytes
 
@@ -636,8 +633,8 @@ class PipelineMember(Member):
         replica leaves with notice go to members that stay, so a drain loses nothing."""
         try:
             nxt = mb.Plan.from_json(self.store.get(mb.k_plan(self.newest)))
-        except (ControlLost, ControlTimeout, mb.Malformed) as e:
-            raise ring.RingBroken(f"reading generation {self.newest}: {e}") from e
+        except (ControlLost, ControlTimeout, Malformed) as e:
+            raise GenerationBroken(f"reading generation {self.newest}: {e}") from e
         staying = [r for r, m in enumerate(self.plan.members) if m in set(nxt.members)]
         moves = partition.handover(self.layout, staying)
         if not moves:
@@ -736,7 +733,7 @@ class PipelineMember(Member):
             got = [(bk or (None, 0.0, 0)) if backup else own for backup in which]
         for pack, extra, extra_n in got:
             if pack is None or pack.numel() != flat.numel():
-                raise ring.RingBroken(f"wave {wp.wave}: a kept pack the completion counts "
+                raise GenerationBroken(f"wave {wp.wave}: a kept pack the completion counts "
                                       "on is not here")
             flat, loss, loss_n = flat + pack.to(flat.device), loss + extra, loss_n + extra_n
         return flat, loss, loss_n
@@ -793,7 +790,7 @@ class PipelineMember(Member):
                 w.evaluate()
                 self._release()
         if self._head():
-            self.hb.stats = mb.Progress(gen, w.step, w.cursor.epoch, w.samples_done,
+            self.hb.stats = mb.ProgressReport(gen, w.step, w.cursor.epoch, w.samples_done,
                                         len(self.plan.members), loss, w.metrics).to_json()
 
     def _record_ids(self, wv: _Wave, ids: list[int], member: int) -> None:

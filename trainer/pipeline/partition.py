@@ -89,7 +89,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Settings:
+class LayoutSettings:
     """What the layout needs of the job: stages ``k``, the micro-batch size, the schedule,
     optimiser state tensors per parameter, the most micro-batches a wave has (GPipe keeps
     them all in flight), and the hysteresis ``keep_within`` (0.9: keep the previous slots
@@ -152,7 +152,7 @@ class Layout:
 # -- memory and time ---------------------------------------------------------------------------
 
 
-def in_flight(settings: Settings, stage: int, stages: int) -> int:
+def in_flight(settings: LayoutSettings, stage: int, stages: int) -> int:
     """Micro-batches whose activations a stage holds at once under the schedule."""
     if settings.schedule == "gpipe":
         return settings.max_micro
@@ -160,7 +160,7 @@ def in_flight(settings: Settings, stage: int, stages: int) -> int:
 
 
 def stage_memory(costs: Costs, lo: int, hi: int, stage: int, stages: int,
-                 settings: Settings) -> float:
+                 settings: LayoutSettings) -> float:
     """Bytes a member needs for layers ``[lo, hi)`` at ``stage``: weights, gradients and
     optimiser slots, and the activations in flight (its input and each layer's output)."""
     weights = sum(costs.param_bytes[lo:hi]) * (2 + settings.optimizer_slots)
@@ -180,7 +180,7 @@ def _bottleneck(pre: list[float], bounds: Sequence[int], speeds: Sequence[float]
 
 
 def _feasible(costs: Costs, bounds: Sequence[int], caps: Sequence[float],
-              settings: Settings) -> bool:
+              settings: LayoutSettings) -> bool:
     k = len(bounds) - 1
     return all(bounds[j] < bounds[j + 1] for j in range(k)) and all(
         stage_memory(costs, bounds[j], bounds[j + 1], j, k, settings) <= caps[j]
@@ -188,7 +188,7 @@ def _feasible(costs: Costs, bounds: Sequence[int], caps: Sequence[float],
 
 
 def best_bounds(costs: Costs, speeds: Sequence[float], caps: Sequence[float],
-                settings: Settings) -> tuple[int, ...] | None:
+                settings: LayoutSettings) -> tuple[int, ...] | None:
     """Contiguous stage boundaries minimising ``max_j C_j / speeds[j]`` with each stage's
     memory within ``caps[j]``; None when no split fits. Ties: the earliest boundaries."""
     k, n = len(speeds), costs.layers
@@ -289,7 +289,7 @@ def _kept(members: Sequence[Candidate], v_count: int, k: int
     return vws, sorted(m.rank for m in free)
 
 
-def _fit(costs: Costs, vws: list[list[Candidate]], settings: Settings,
+def _fit(costs: Costs, vws: list[list[Candidate]], settings: LayoutSettings,
          hint: Sequence[int] | None) -> tuple[tuple[int, ...], float] | None:
     """Boundaries for the slots ``vws`` (the hint kept while close to optimal) and the
     resulting total rate; None when nothing fits in memory."""
@@ -318,7 +318,7 @@ def _orders(k: int) -> list[tuple[int, ...]]:
     return [tuple(range(k)), tuple(reversed(range(k)))]
 
 
-def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: Settings,
+def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: LayoutSettings,
                hint: Sequence[int] | None
                ) -> tuple[list[list[Candidate]], tuple[tuple[int, ...], float]] | None:
     """The best order of the speed tiers over the stages (an expensive layer, e.g. a
@@ -332,7 +332,7 @@ def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: Settings,
     return best
 
 
-def decide(members: Sequence[Candidate], costs: Costs, settings: Settings,
+def decide(members: Sequence[Candidate], costs: Costs, settings: LayoutSettings,
            hint: Sequence[int] | None = None) -> Layout | None:
     """The layout of a generation (see the module docstring). ``members`` in rank order;
     ``hint``: the previous layout's boundaries. Returns None when no layout fits the

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from trainer.pipeline.stagestate import place_module
-from trainer.step import PRECISIONS, JobCodeError
+from trainer.step import PRECISIONS
+from trainer.errors import JobCodeError
 
 BACKWARD_FACTOR = 3.0  # forward + backward = 3 forwards
 
@@ -136,7 +137,7 @@ def stepwise(model: torch.nn.Module, x: Any, device: torch.device, precision: st
 def profile_step(job: Any, batch: Any, device: torch.device) -> float:
     """One profiling step of a pipelined job before it joins: the layers' forwards one at
     a time (:func:`stepwise`) and the job's loss, nothing applied. Returns the seconds spent
-    moving layers (not compute). Raises :class:`trainer.step.JobCodeError`."""
+    moving layers (not compute). Raises :class:`trainer.errors.JobCodeError`."""
     if not job.model.training:
         job.model.train()
     first = batch[0] if isinstance(batch, (tuple, list)) else batch

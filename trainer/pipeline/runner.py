@@ -27,7 +27,7 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
 
 Rule for callers: one :class:`StageRunner` per stage per generation; call :meth:`run` with the
 same micro-batches and schedule kind on every stage of the VW; after
-:class:`trainer.ring.RingBroken` the wave is discarded (the caller restores the buffers and
+:class:`trainer.errors.GenerationBroken` the wave is discarded (the caller restores the buffers and
 zeroes the gradients).
 """
 
@@ -45,7 +45,8 @@ from trainer import ring
 from trainer.pipeline import emulate
 from trainer.pipeline.schedule import FORWARD, Op
 from trainer.state import DTYPES
-from trainer.step import PRECISIONS, JobCodeError
+from trainer.step import PRECISIONS
+from trainer.errors import GenerationBroken, JobCodeError
 
 _CODES = {dt: i for i, dt in enumerate(DTYPES.values())}
 _BY_CODE = list(DTYPES.values())
@@ -60,7 +61,7 @@ def transport(what: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        raise ring.RingBroken(f"{what}: {e}") from e
+        raise GenerationBroken(f"{what}: {e}") from e
 
 
 def tag(wave: int, micro: int, kind: int) -> int:
@@ -137,10 +138,10 @@ class StageRunner:
             self._recv(head, src, tag(wave, micro.index, kind - 1), should_abort)
             code, ndim = int(head[0]), int(head[1])
             if not 0 <= code < len(_BY_CODE) or not 0 <= ndim <= HEADER - 2:
-                raise ring.RingBroken(f"stage message from rank {src}: bad header")
+                raise GenerationBroken(f"stage message from rank {src}: bad header")
             shape = tuple(int(d) for d in head[2:2 + ndim])
             if any(d < 0 for d in shape) or torch.Size(shape).numel() > 1 << 34:
-                raise ring.RingBroken(f"stage message from rank {src}: bad shape {shape}")
+                raise GenerationBroken(f"stage message from rank {src}: bad shape {shape}")
             self._recv_shapes[key] = (shape, _BY_CODE[code])
         shape, dtype = self._recv_shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device if self.device.type == "cuda"
@@ -167,8 +168,8 @@ class StageRunner:
         """Run ``ops`` over ``micros`` (indexed by ``Op.micro``). ``inputs(i)``: micro-batch
         ``i``'s inputs (stage 0 only); ``targets(i)``: its targets (last stage only).
 
-        Returns :class:`StageStats`. Raises :class:`trainer.ring.RingBroken` (a peer failed
-        or the generation was declared broken) and :class:`trainer.step.JobCodeError` (the
+        Returns :class:`StageStats`. Raises :class:`trainer.errors.GenerationBroken` (a peer failed
+        or the generation was declared broken) and :class:`trainer.errors.JobCodeError` (the
         job's own code raised).
         """
         dtype = PRECISIONS[self.precision]

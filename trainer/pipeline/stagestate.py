@@ -36,10 +36,7 @@ import torch
 from trainer import state as st
 from trainer import sync
 from trainer.pipeline.placement import DEVICE, HOST, RELEASED
-
-
-class LayoutError(ValueError):
-    """The model cannot be cut into stages (not an ``nn.Sequential``, tied layers)."""
+from trainer.errors import BadState, LayoutError
 
 
 @dataclass(frozen=True)
@@ -188,24 +185,24 @@ def load(index: ModelIndex, optimizer: torch.optim.Optimizer, tree: Any, lo: int
          ) -> dict[str, Any]:
     """Load a received :func:`bundle` of layers ``[lo, hi)`` into this member's model and
     optimiser after checking it (names, shapes and dtypes of its tensors; the optimiser
-    state's shapes). Returns its ``meta``. Raises :class:`trainer.state.BadState`."""
+    state's shapes). Returns its ``meta``. Raises :class:`trainer.errors.BadState`."""
     if not isinstance(tree, dict) or tree.get("lo") != lo or tree.get("hi") != hi:
-        raise st.BadState(f"the stage state received is not layers {lo}..{hi - 1}")
+        raise BadState(f"the stage state received is not layers {lo}..{hi - 1}")
     model, opt, meta = tree.get("model"), tree.get("opt"), tree.get("meta")
     own = index.state(lo, hi)
     st.check_like(model, own, f"the state of layers {lo}..{hi - 1}")
     if not isinstance(opt, dict) or not isinstance(meta, dict):
-        raise st.BadState("the stage state received lacks its optimiser state or meta")
+        raise BadState("the stage state received lacks its optimiser state or meta")
     params = {str(i): p for layer in index.layers[lo:hi] for (_, p), i in zip(
         [x for x in layer.params if x[1].requires_grad], layer.opt_index, strict=True)}
     if not set(opt) <= set(params):
-        raise st.BadState("the stage state received has optimiser state of other layers")
+        raise BadState("the stage state received has optimiser state of other layers")
     for k, s in opt.items():
         p = params[k]
         if not isinstance(s, dict) or any(
                 isinstance(v, torch.Tensor) and v.numel() > 1 and v.shape != p.shape
                 for v in s.values()):
-            raise st.BadState(f"optimiser state {k}: shapes differ from its parameter")
+            raise BadState(f"optimiser state {k}: shapes differ from its parameter")
     with torch.no_grad():
         for name, t in own.items():
             t.copy_(model[name])
