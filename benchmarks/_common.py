@@ -194,7 +194,7 @@ class Ring:
     def __init__(self, workdir: Path, job: Path = DEFAULT_JOB, env: dict[str, str] | None = None,
                  initial_world: int = 1, heartbeat_timeout_s: float = 5.0,
                  device: str = "cpu") -> None:
-        from trainer.coordinator import Coordinator
+        from trainer.control.coordinator import Coordinator
 
         self.device = device  # every worker's --device (never the worker's own default, auto)
         self.workdir = Path(workdir)
@@ -290,7 +290,7 @@ def _make_batch(job: Any, ids: Any, device: Any) -> Any:
     import torch
     from torch.utils.data import TensorDataset
 
-    from trainer.devices import pin
+    from trainer.worker.devices import pin
 
     ds = job.train_set
     if device.type != "cuda":
@@ -358,10 +358,10 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer.devices import resolve
+    from trainer.worker.devices import resolve
     from trainer.job import load_job
-    from trainer.sampler import CursorState, epoch_order, scale_sizes
-    from trainer.step import PRECISIONS
+    from trainer.data.sampler import CursorState, epoch_order, scale_sizes
+    from trainer.collective.step import PRECISIONS
 
     torch.set_num_threads(max(1, args.threads))
     device = resolve(args.device)

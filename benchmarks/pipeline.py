@@ -63,8 +63,8 @@ from pipeline_profile import flops_profile
 from trainer.pipeline import local, partition, wsp
 from trainer.pipeline import schedule as sc
 from trainer.pipeline.emulate import SleepyLayer, deferred, sleepy_mlp
-from trainer.sampler import scale_sizes
-from trainer.step import Stepper
+from trainer.data.sampler import scale_sizes
+from trainer.collective.step import Stepper
 
 log = logging.getLogger("benchmarks.pipeline")
 F = torch.nn.functional

@@ -93,7 +93,7 @@ from device import (  # noqa: E402
     DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, OVERRUN, default_base_slowdown,
     device_env, device_ratios, parse_device_ms,
 )
-from trainer.batching import LinearFit, optimal_sizes  # noqa: E402
+from trainer.data.batching import LinearFit, optimal_sizes  # noqa: E402
 from trainer.job import load_job  # noqa: E402
 
 log = logging.getLogger("benchmarks.hetero")

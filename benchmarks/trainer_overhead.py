@@ -179,7 +179,7 @@ def grad_bucket_mb(job_path: Path, env: dict[str, str], workers: int,
     os.environ.update(env)
     try:
         from trainer.job import load_job
-        from trainer.step import Stepper
+        from trainer.collective.step import Stepper
 
         job = load_job(str(job_path), 0)
     finally:

@@ -34,7 +34,7 @@ from trainer.errors import JobError
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.runners)
+MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.worker.modes)
 #: ``Job.mode`` "auto": the mode the provisioner chose for the run (the worker's ``--mode``,
 #: ``$SPOTRING_MODE``), else the ring.
 AUTO = "auto"
@@ -93,7 +93,7 @@ class Job:
         default: 2 with BatchNorm, which needs more than one value per channel, else 1)."""
         if self.min_local_batch is not None:
             return self.min_local_batch
-        from trainer.batching import default_min_batch
+        from trainer.data.batching import default_min_batch
 
         return default_min_batch(self.model)
 

@@ -29,7 +29,7 @@ from tests.fakes.wait import wait_for
 
 pytestmark = pytest.mark.slow
 needs_trainer = pytest.mark.skipif(
-    importlib.util.find_spec("trainer.snapshot") is None,
+    importlib.util.find_spec("trainer.state.snapshot") is None,
     reason="needs the trainer side of issue 15 (trainer.snapshot, workers that outlive the "
            "coordinator)")
 QUIET = ("--outages-per-hour", "0", "--max-size", "3", "--speed", "60")

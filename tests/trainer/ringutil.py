@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.coordinator import Coordinator
+from trainer.control.coordinator import Coordinator
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = b"test-token-0123456789"
-PRELOAD = ["torch", "torch.distributed", "trainer.loop", "trainer.__main__",
+PRELOAD = ["torch", "torch.distributed", "trainer.worker.loop", "trainer.__main__",
            "sklearn.datasets", "sklearn.model_selection"]
 _CTX: Any = None
 

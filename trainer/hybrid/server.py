@@ -45,9 +45,9 @@ from typing import Any
 
 import torch
 
+from trainer.errors import ExchangeError
 from trainer.hybrid.placement import Placement, host_ranges, host_shard_sizes
 from trainer.hybrid.staleness import Sequencer, Ticket
-from trainer.errors import ExchangeError
 
 log = logging.getLogger(__name__)
 

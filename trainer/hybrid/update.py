@@ -3,9 +3,9 @@ by every replica in version order.
 
 Design. An update is what one ring step would commit, kept apart from the weights until its
 turn: :class:`ZoneStepper` computes a zone's share of a global batch on each member (the
-ring's forward/backward under the job's precision, :func:`trainer.step.forward_backward`),
+ring's forward/backward under the job's precision, :func:`trainer.collective.step.forward_backward`),
 reduces it over the zone in buckets while the backward pass runs (the ring's
-:class:`trainer.reducer.Reducer`, each gradient weighted by ``b_i / B``), and packs the sum
+:class:`trainer.collective.reducer.Reducer`, each gradient weighted by ``b_i / B``), and packs the sum
 into one float32 vector (:class:`UpdateLayout`): every trainable parameter's gradient
 (registration order), one *used* flag per parameter (did any member's backward produce it),
 the change the forward passes made to every buffer (BatchNorm statistics, weighted by
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from trainer.reducer import DEFAULT_BUCKET_MB, Reducer
-from trainer.step import LOSS_COL, ROW, forward_backward
+from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
+from trainer.collective.step import LOSS_COL, ROW, forward_backward
 
 META = 4  # samples, loss x samples, staleness, zone
 SAMPLES, LOSS_SUM, STALENESS, ZONE = range(META)
@@ -89,7 +89,7 @@ class UpdateLayout:
 @dataclass(frozen=True)
 class Computed:
     """A zone's update and what its members measured: ``rows`` (zone members x
-    :data:`trainer.step.ROW`, the ring's step rows), this member's compute and wait."""
+    :data:`trainer.collective.step.ROW`, the ring's step rows), this member's compute and wait."""
 
     update: torch.Tensor
     rows: torch.Tensor

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import ring
-from trainer.pipeline.runner import transport
+from trainer.collective import groups
 from trainer.errors import GenerationBroken
+from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Agreement:
                 if self.should_abort():
                     raise GenerationBroken(f"wave {wave}: aborted (the generation was "
                                           "declared broken)")
-                self._cond.wait(ring.WAIT_SLICE_S)
+                self._cond.wait(groups.WAIT_SLICE_S)
             for done in [w for w in self.reduced if w < wave]:  # applied: not needed to
                 del self.reduced[done]  # roll forward (kept, they held every wave's pack)
             return self.agreed.pop(wave)
@@ -106,11 +106,11 @@ class Agreement:
                     return
                 wave, work, pack, row = item
                 if work is not None:
-                    ring.wait(work, self.should_abort, f"stage reduction of wave {wave}",
+                    groups.wait(work, self.should_abort, f"stage reduction of wave {wave}",
                               sliced=isinstance(self.stage_pg, dist.ProcessGroupGloo))
                 with self._cond:
                     self.reduced[wave] = pack
-                ring.allreduce(self.ctl_pg, row, self.should_abort)
+                groups.allreduce(self.ctl_pg, row, self.should_abort)
                 with self._cond:
                     self.agreed[wave] = Agreed(wave, pack, row)
                     self.newest = wave

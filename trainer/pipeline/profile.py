@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from trainer.pipeline.stagestate import place_module
-from trainer.step import PRECISIONS
+from trainer.collective.step import PRECISIONS
 from trainer.errors import JobCodeError
+from trainer.pipeline.stagestate import place_module
 
 BACKWARD_FACTOR = 3.0  # forward + backward = 3 forwards
 

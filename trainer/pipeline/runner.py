@@ -13,7 +13,7 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   from its loss), back-propagates and posts the gradient of its input to the previous stage.
   Gradients accumulate in the layers' ``.grad`` over the wave's micro-batches;
 * sends are posted and never waited for inside the schedule (waited at the wave's end), so a
-  schedule cannot deadlock on them; receives wait abortably (:func:`trainer.ring.recv`), so a
+  schedule cannot deadlock on them; receives wait abortably (:func:`trainer.collective.groups.recv`), so a
   stage whose neighbour died stops within a slice;
 * shapes are not fixed at a first step: a small header (dtype and shape) goes before a
   tensor. With ``fixed_shapes`` (the default: a stage's output shape depends only on the
@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
-from trainer import ring
+from trainer.collective import groups
+from trainer.collective.step import PRECISIONS
+from trainer.errors import GenerationBroken, JobCodeError
 from trainer.pipeline import emulate
 from trainer.pipeline.schedule import FORWARD, Op
-from trainer.state import DTYPES
-from trainer.step import PRECISIONS
-from trainer.errors import GenerationBroken, JobCodeError
+from trainer.state.codec import DTYPES
 
 _CODES = {dt: i for i, dt in enumerate(DTYPES.values())}
 _BY_CODE = list(DTYPES.values())
@@ -152,12 +152,12 @@ class StageRunner:
     def _recv(self, t: torch.Tensor, src: int, tag_: int, should_abort: Callable[[], bool]
               ) -> None:
         with transport(f"recv from rank {src}"):
-            ring.wait_posted([(self.pg.recv([t], src, tag_), src)], should_abort)
+            groups.wait_posted([(self.pg.recv([t], src, tag_), src)], should_abort)
 
     def finish_sends(self, should_abort: Callable[[], bool]) -> None:
         """Wait for every posted send (their buffers are kept alive until then)."""
         pending, self._pending = self._pending, []
-        ring.wait_posted(pending, should_abort)
+        groups.wait_posted(pending, should_abort)
         self._keep.clear()
 
     # -- a wave ------------------------------------------------------------------------------

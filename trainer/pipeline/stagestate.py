@@ -8,7 +8,7 @@ trained, carried in its optimiser and resident on its device (the others are rel
 :mod:`trainer.pipeline.placement`, carried out by :meth:`ModelIndex.place`).
 :class:`ModelIndex` maps a layer range to its state dict entries, its parameters and their
 optimiser indices; :func:`bundle` and :func:`load` move a range with the small shared state
-(step, data cursor, metrics) as a tree for :mod:`trainer.state` (no pickle; the receiver
+(step, data cursor, metrics) as a tree for :mod:`trainer.state.codec` (no pickle; the receiver
 checks names, shapes and dtypes against its own model and the step against the generation's
 agreement).
 
@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from trainer import state as st
-from trainer import sync
-from trainer.pipeline.placement import DEVICE, HOST, RELEASED
+from trainer.collective import sync
 from trainer.errors import BadState, LayoutError
+from trainer.pipeline.placement import DEVICE, HOST, RELEASED
+from trainer.state import codec as st
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def _place(t: torch.Tensor, target: torch.device) -> None:
 def bundle(index: ModelIndex, optimizer: torch.optim.Optimizer, lo: int, hi: int,
            meta: Mapping[str, Any]) -> dict[str, Any]:
     """Layers ``[lo, hi)`` and the shared state ``meta`` as a tree for
-    :func:`trainer.state.encode`."""
+    :func:`trainer.state.codec.encode`."""
     return {"lo": lo, "hi": hi, "model": index.state(lo, hi),
             "opt": index.opt_state(optimizer, lo, hi), "meta": dict(meta)}
 

@@ -204,7 +204,7 @@ def test_no_update_staler_than_the_bound_through_the_faults(elastic: dict[str, A
 
 def test_every_member_killed_at_once_resumes_from_the_durable_snapshot(tmp_path: Path
                                                                        ) -> None:
-    from trainer import snapshot as snap
+    from trainer.state import snapshot as snap
 
     pace = tmp_path / "pace"  # slowly until both replacements are in
     pace.write_text("")

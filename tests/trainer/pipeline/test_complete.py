@@ -126,10 +126,10 @@ def test_survivors_record_the_dead_stage_0_member_s_part_of_the_waves_it_may_hav
     when it dies, the waves the survivors roll forward through may be agreed and unapplied
     there, so unrecorded: each surviving stage-0 member records the dead one's part of its
     newest waves (from ``target - D - 1``); a drained member applied every wave."""
-    from tests.trainer.pipeline.test_member_setup import _member, seq
-    from trainer import membership as mb
-    from trainer.pipeline.member import _Wave
-    from trainer.sampler import CursorState
+    from tests.trainer.worker.modes.test_pipeline import _member, seq
+    from trainer.data.sampler import CursorState
+    from trainer.protocol import messages as mb
+    from trainer.worker.modes.pipeline import _Wave
 
     m = _member(seq())
     m.ps = m.ps.__class__(stages=2, micro_batch=4, staleness=2)

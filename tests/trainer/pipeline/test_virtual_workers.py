@@ -21,8 +21,8 @@ import pytest
 
 from tests.trainer.jobs import pipe
 from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
-from trainer import snapshot as snap
 from trainer.pipeline.stagestate import ModelIndex
+from trainer.state import snapshot as snap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
