@@ -154,7 +154,7 @@ def partition_ratio(slowdowns: Sequence[float], m: int, micro: int, work_ms: flo
     costs = [c * scale for c in raw]
     k = len(slowdowns)
     speeds = [1.0 / f for f in slowdowns]
-    settings = partition.LayoutSettings(k, micro, "1f1b", 2, m)
+    settings = partition.Settings(k, micro, "1f1b", 2, m)
     lay = partition.decide([partition.Candidate(r, s) for r, s in enumerate(speeds)],
                            partition.Costs(tuple(costs), (0.0,) * len(costs), (0.0,) * len(costs)),
                            settings)
@@ -288,7 +288,7 @@ def time_to_target(slowdowns: Sequence[float], batch: int, micro: int, sample_ms
     speeds = [1.0 / f for f in slowdowns]
     costs = partition.Costs((1.0,) * 8 + (0.0,), (0.0,) * 9, (0.0,) * 9)
     lay = partition.decide([partition.Candidate(r, s) for r, s in enumerate(speeds)], costs,
-                           partition.LayoutSettings(2, micro, "1f1b", 2, batch // micro))
+                           partition.Settings(2, micro, "1f1b", 2, batch // micro))
     assert lay is not None
     res = local.run(make, lay, waves, loss_fn=F.mse_loss, make_optimizer=_adam, kind="1f1b",
                     slowdowns=slowdowns, stop_loss=target, processes=True)

@@ -197,7 +197,9 @@ def _worker(args: argparse.Namespace) -> int:
     if args.boot_idle:  # before the heavy imports: they are most of a joiner's boot
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from trainer.errors import CoordinatorUnreachable, DeviceError, JobError
-    from trainer.worker.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
+    from trainer.worker.config import WorkerConfig
+    from trainer.worker.decision import EXIT_JOB, EXIT_UNREACHABLE
+    from trainer.worker.loop import Worker
     from trainer.worker.notice import NoticePoller
 
     if args.slowdown < 1.0:
@@ -236,6 +238,8 @@ def _worker(args: argparse.Namespace) -> int:
         NoticePoller(args.notice_url, worker.give_notice).start()
     try:
         code = worker.run()
+        if code == EXIT_JOB and worker.failure:
+            print(f"error: {worker.failure}", flush=True)
     except (JobError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = EXIT_JOB

@@ -132,7 +132,7 @@ class LayoutError(TrainerError, ValueError):
     """The model cannot be cut into stages (not an ``nn.Sequential``, tied layers)."""
 
 
-# -- training state --------------------------------------------------------------------------------
+# -- training state ----------------------------------------------------------------------------
 
 
 class BadState(TrainerError, ValueError):

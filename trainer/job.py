@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
 from trainer.errors import JobError
 
 

@@ -16,8 +16,9 @@ backward never completed (unused parameters, or ``b_i = 0``: no backward at all)
 launched there too, in order.
 
 :meth:`Reducer.finish` then waits for every bucket in order, each wait abortable
-(:func:`trainer.collective.groups.wait`). A failure raises :class:`trainer.errors.GenerationBroken` and nothing
-is applied (the commit rule is the caller's). A reducer serves one generation: its buckets
+(:func:`trainer.collective.groups.wait`). A failure raises
+:class:`trainer.errors.GenerationBroken` and nothing is applied (the commit rule is the
+caller's). A reducer serves one generation: its buckets
 are fresh memory, so a collective of a broken generation that completes late cannot write
 into the next generation's gradients.
 

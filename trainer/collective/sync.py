@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainer.collective import groups
@@ -35,55 +33,6 @@ log = logging.getLogger(__name__)
 
 _TAG_LENGTH, _TAG_STATE = 1, 2  # point-to-point tags of the state's length and bytes
 _DIGEST_WORDS = 4  # the SHA-256 digest as four int64 words after the length
-
-
-def checksum(*modules_or_states: Any) -> str:
-    """SHA-256 (hex, first 16 chars) of the bytes of every tensor in the arguments, in order:
-    modules (their parameters and buffers) and state dicts (any nesting of dicts and lists,
-    e.g. an optimiser's). Equal checksums mean bitwise-equal training state."""
-    h = hashlib.sha256()
-
-    def walk(x: Any) -> None:
-        if isinstance(x, torch.nn.Module):
-            for t in list(x.parameters()) + list(x.buffers()):
-                walk(t)
-        elif isinstance(x, torch.Tensor):
-            t = x.detach().to("cpu").contiguous().reshape(-1)
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str):
-                h.update(str(k).encode())
-                walk(x[k])
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        else:
-            h.update(repr(x).encode())
-
-    for x in modules_or_states:
-        walk(x)
-    return h.hexdigest()[:16]
-
-
-def rng_state() -> dict[str, Any]:
-    """The process's RNG states (python, numpy, torch CPU, and CUDA when it is in use)."""
-    out: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state()
-    return out
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (a CUDA state only where CUDA is in use)."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _digest_words(payload: torch.Tensor) -> list[int]:

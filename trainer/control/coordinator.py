@@ -1,7 +1,8 @@
-"""The coordinator: the membership protocol of :mod:`trainer.protocol.messages`, served to token holders.
+"""The coordinator: the membership protocol of :mod:`trainer.protocol.messages`, served to
+token holders.
 
-Design: the coordinator owns the control store (:class:`trainer.protocol.store.StoreServer`: only
-processes that prove the job token can connect) and one thread that executes
+Design: the coordinator owns the control store (:class:`trainer.protocol.store.StoreServer`:
+only processes that prove the job token can connect) and one thread that executes
 :func:`trainer.control.decide.decide`: every tick (every ``poll_s`` while something is in flight,
 every ``STEADY_POLL_S`` otherwise) it reads the keys :func:`trainer.control.decide.reads` names
 straight from the store's table (same process: no round trip), calls the pure decision and

@@ -86,7 +86,8 @@ def reads(ring: ControlState, ids: int) -> list[str]:
 class _Tick:
     """One decision in progress: the evolving state and the actions so far."""
 
-    def __init__(self, ring: ControlState, snap: TickReads, settings: ControlSettings, ids: int) -> None:
+    def __init__(self, ring: ControlState, snap: TickReads, settings: ControlSettings,
+                 ids: int) -> None:
         self.r = ring
         self.s = snap
         self.cfg = settings
@@ -553,7 +554,8 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
 # -- commands and views -----------------------------------------------------------------------
 
 
-def command_drain(ring: ControlState, name: str, reason: str) -> tuple[ControlState, list[Action], bool]:
+def command_drain(ring: ControlState, name: str, reason: str
+                  ) -> tuple[ControlState, list[Action], bool]:
     """Ask the member called ``name`` to leave at the next step boundary (pure).
 
     Returns ``(state, actions, found)``; ``found`` is False when no such member exists.

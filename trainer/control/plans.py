@@ -1,4 +1,5 @@
-"""How the next generation is made: pure planning rules over :class:`trainer.protocol.messages.Plan`.
+"""How the next generation is made: pure planning rules over
+:class:`trainer.protocol.messages.Plan`.
 
 Design: :func:`next_plan` turns the current plan, the admitted joiners and the members that
 leave (with notice or without) into the next plan; :func:`reform_or_drop` bounds the re-forms

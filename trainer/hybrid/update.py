@@ -3,14 +3,15 @@ by every replica in version order.
 
 Design. An update is what one ring step would commit, kept apart from the weights until its
 turn: :class:`ZoneStepper` computes a zone's share of a global batch on each member (the
-ring's forward/backward under the job's precision, :func:`trainer.collective.step.forward_backward`),
-reduces it over the zone in buckets while the backward pass runs (the ring's
-:class:`trainer.collective.reducer.Reducer`, each gradient weighted by ``b_i / B``), and packs the sum
-into one float32 vector (:class:`UpdateLayout`): every trainable parameter's gradient
-(registration order), one *used* flag per parameter (did any member's backward produce it),
-the change the forward passes made to every buffer (BatchNorm statistics, weighted by
-``b_i / B``; the buffers themselves are put back, since a replica's buffers move only when
-an update is applied), and four figures (samples, loss x samples, staleness, zone).
+ring's forward/backward under the job's precision,
+:func:`trainer.collective.step.forward_backward`), reduces it over the zone in buckets while
+the backward pass runs (the ring's :class:`trainer.collective.reducer.Reducer`, each gradient
+weighted by ``b_i / B``), and packs the sum into one float32 vector (:class:`UpdateLayout`):
+every trainable parameter's gradient (registration order), one *used* flag per parameter
+(did any member's backward produce it), the change the forward passes made to every buffer
+(BatchNorm statistics, weighted by ``b_i / B``; the buffers themselves are put back, since a
+replica's buffers move only when an update is applied), and four figures (samples, loss x
+samples, staleness, zone).
 :meth:`UpdateLayout.apply` is the commit: parameters nobody used get ``grad = None`` (not
 stepped, as the ring), the job's own optimiser steps with the gradient views, the buffer
 changes are added. Every replica applies the same vectors in the same order, so replicas at

@@ -4,7 +4,8 @@ Design. After computing wave ``t`` a member posts its stage's pack to the all-re
 stage group (the same stage of every virtual worker) and hands the wave to
 :class:`Agreement`, whose thread waits for that reduction and only then joins the wave's
 *control* reduction over the whole generation: one row per member (samples, busy and wall
-seconds, the newest generation it saw, the last stage's loss and its samples, flags). So
+seconds, the newest generation it saw, the last stage's loss and its samples, flags: the
+head's duties once the wave is applied, a snapshot and the export of the trained model). So
 the control reduction of wave ``t`` completes on a member only when every member's stage
 reduction of ``t`` had completed: an agreed wave's reduced pack exists on every member of
 every stage (that is what lets survivors of a failure roll forward to the newest wave
@@ -36,8 +37,9 @@ from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
-ROW = 9  # the control row of one member
-SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N = range(ROW)
+ROW = 10  # the control row of one member
+# SNAP, EXPORT: the head's duties once the wave is applied (VW 0 gathers on the head for them)
+SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N, EXPORT = range(ROW)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -89,7 +90,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class LayoutSettings:
+class Settings:
     """What the layout needs of the job: stages ``k``, the micro-batch size, the schedule,
     optimiser state tensors per parameter, the most micro-batches a wave has (GPipe keeps
     them all in flight), and the hysteresis ``keep_within`` (0.9: keep the previous slots
@@ -152,7 +153,7 @@ class Layout:
 # -- memory and time ---------------------------------------------------------------------------
 
 
-def in_flight(settings: LayoutSettings, stage: int, stages: int) -> int:
+def in_flight(settings: Settings, stage: int, stages: int) -> int:
     """Micro-batches whose activations a stage holds at once under the schedule."""
     if settings.schedule == "gpipe":
         return settings.max_micro
@@ -160,7 +161,7 @@ def in_flight(settings: LayoutSettings, stage: int, stages: int) -> int:
 
 
 def stage_memory(costs: Costs, lo: int, hi: int, stage: int, stages: int,
-                 settings: LayoutSettings) -> float:
+                 settings: Settings) -> float:
     """Bytes a member needs for layers ``[lo, hi)`` at ``stage``: weights, gradients and
     optimiser slots, and the activations in flight (its input and each layer's output)."""
     weights = sum(costs.param_bytes[lo:hi]) * (2 + settings.optimizer_slots)
@@ -180,7 +181,7 @@ def _bottleneck(pre: list[float], bounds: Sequence[int], speeds: Sequence[float]
 
 
 def _feasible(costs: Costs, bounds: Sequence[int], caps: Sequence[float],
-              settings: LayoutSettings) -> bool:
+              settings: Settings) -> bool:
     k = len(bounds) - 1
     return all(bounds[j] < bounds[j + 1] for j in range(k)) and all(
         stage_memory(costs, bounds[j], bounds[j + 1], j, k, settings) <= caps[j]
@@ -188,7 +189,7 @@ def _feasible(costs: Costs, bounds: Sequence[int], caps: Sequence[float],
 
 
 def best_bounds(costs: Costs, speeds: Sequence[float], caps: Sequence[float],
-                settings: LayoutSettings) -> tuple[int, ...] | None:
+                settings: Settings) -> tuple[int, ...] | None:
     """Contiguous stage boundaries minimising ``max_j C_j / speeds[j]`` with each stage's
     memory within ``caps[j]``; None when no split fits. Ties: the earliest boundaries."""
     k, n = len(speeds), costs.layers
@@ -289,7 +290,7 @@ def _kept(members: Sequence[Candidate], v_count: int, k: int
     return vws, sorted(m.rank for m in free)
 
 
-def _fit(costs: Costs, vws: list[list[Candidate]], settings: LayoutSettings,
+def _fit(costs: Costs, vws: list[list[Candidate]], settings: Settings,
          hint: Sequence[int] | None) -> tuple[tuple[int, ...], float] | None:
     """Boundaries for the slots ``vws`` (the hint kept while close to optimal) and the
     resulting total rate; None when nothing fits in memory."""
@@ -318,7 +319,7 @@ def _orders(k: int) -> list[tuple[int, ...]]:
     return [tuple(range(k)), tuple(reversed(range(k)))]
 
 
-def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: LayoutSettings,
+def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: Settings,
                hint: Sequence[int] | None
                ) -> tuple[list[list[Candidate]], tuple[tuple[int, ...], float]] | None:
     """The best order of the speed tiers over the stages (an expensive layer, e.g. a
@@ -332,7 +333,7 @@ def _fit_fresh(costs: Costs, vws: list[list[Candidate]], settings: LayoutSetting
     return best
 
 
-def decide(members: Sequence[Candidate], costs: Costs, settings: LayoutSettings,
+def decide(members: Sequence[Candidate], costs: Costs, settings: Settings,
            hint: Sequence[int] | None = None) -> Layout | None:
     """The layout of a generation (see the module docstring). ``members`` in rank order;
     ``hint``: the previous layout's boundaries. Returns None when no layout fits the
@@ -463,3 +464,16 @@ def gather(layout: Layout) -> tuple[Transfer, ...]:
     head = layout.vws[0][0]
     return tuple(Transfer(r, head, layout.bounds[j], layout.bounds[j + 1])
                  for j, r in enumerate(layout.vws[0]) if j > 0)
+
+
+def wave_micro_sizes(cursor: Any, waves: int, dataset_size: int, global_batch: int,
+                     min_batch: int, micro_batch: int) -> list[tuple[int, ...]]:
+    """The micro-batch sizes of the next ``waves`` waves from the data ``cursor`` (a
+    :class:`trainer.data.sampler.CursorState`): each wave is one step of the global batch
+    (:meth:`~trainer.data.sampler.CursorState.step_total`), cut by :func:`micro_sizes`."""
+    out = []
+    for _ in range(waves):
+        total = cursor.step_total(dataset_size, global_batch, min_batch=min_batch)
+        out.append(micro_sizes(total, micro_batch))
+        cursor = cursor.advance(dataset_size, total)
+    return out

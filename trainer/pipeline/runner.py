@@ -13,8 +13,9 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   from its loss), back-propagates and posts the gradient of its input to the previous stage.
   Gradients accumulate in the layers' ``.grad`` over the wave's micro-batches;
 * sends are posted and never waited for inside the schedule (waited at the wave's end), so a
-  schedule cannot deadlock on them; receives wait abortably (:func:`trainer.collective.groups.recv`), so a
-  stage whose neighbour died stops within a slice;
+  schedule cannot deadlock on them; receives wait abortably
+  (:func:`trainer.collective.groups.recv`), so a stage whose neighbour died stops within a
+  slice;
 * shapes are not fixed at a first step: a small header (dtype and shape) goes before a
   tensor. With ``fixed_shapes`` (the default: a stage's output shape depends only on the
   number of samples) only the first tensor of each micro-batch size in a generation has one;

@@ -27,15 +27,15 @@ order; after a discarded wave, put the buffers back to :attr:`StagePack.committe
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainer.collective import sync
 from trainer.errors import BadState, LayoutError
-from trainer.pipeline.placement import DEVICE, HOST, RELEASED
+from trainer.pipeline.placement import DEVICE, HOST, RELEASED, decide
 from trainer.state import codec as st
 
 
@@ -131,6 +131,18 @@ class ModelIndex:
                         if isinstance(v, torch.Tensor) and k != "step":
                             s[k] = v.to(t.device)
 
+    def hold(self, optimizer: torch.optim.Optimizer, lo: int, hi: int, device: torch.device
+             ) -> None:
+        """Keep only layers ``[lo, hi)`` (a stage): on ``device``, with their optimiser
+        state; every other layer released (:func:`trainer.pipeline.placement.decide`)."""
+        self.keep_only(optimizer, lo, hi)
+        self.place(decide(len(self), lo, hi), device, optimizer)
+
+    def place_whole(self, where: str, device: torch.device,
+                    optimizer: torch.optim.Optimizer) -> None:
+        """Every layer on ``where`` (a head gathering; a whole state about to be loaded)."""
+        self.place(decide(len(self), 0, 0, whole=where), device, optimizer)
+
     def released(self) -> bool:
         """Is some layer released (the model is not whole anywhere on this member)?"""
         return any(t.is_meta for layer in self.layers for _, t in (*layer.params,
@@ -147,7 +159,7 @@ class ModelIndex:
 
     def checksum(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> str:
         """Checksum of layers ``[lo, hi)``: weights, buffers and optimiser state."""
-        return sync.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
+        return st.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
 
 
 def place_module(module: torch.nn.Module, device: torch.device) -> None:
@@ -287,3 +299,18 @@ class StagePack:
                     d = deltas[i]
                     v += d.to(v.dtype) if v.is_floating_point() else torch.round(d).to(v.dtype)
                 b.copy_(v)
+
+
+def whole_checksum(stage_digests: Sequence[tuple[int, int]], mine: str) -> str:
+    """A checksum of the whole model from every member's ``(stage + 1, digest)`` (0: no
+    stage), the same on every member when every stage's replicas are equal; else it ends
+    with this member's own digest ``mine`` ("spare" for a member without a stage). Pure."""
+    by_stage: dict[int, set[int]] = {}
+    for j, c in stage_digests:
+        if j > 0:
+            by_stage.setdefault(j, set()).add(c)
+    whole = hashlib.sha256(repr(sorted((j, sorted(c)) for j, c in by_stage.items()))
+                           .encode()).hexdigest()[:16]
+    if any(len(c) > 1 for c in by_stage.values()):
+        return f"{whole}:{mine or 'spare'}"
+    return whole

@@ -32,6 +32,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from trainer.errors import AuthError, TokenRefused
 
 MAGIC = b"SPOTRING-CTL1"

@@ -50,6 +50,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
 from trainer.errors import Malformed
 
 # -- key names ------------------------------------------------------------------------------

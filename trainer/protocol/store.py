@@ -5,8 +5,8 @@ rendezvous run over one key-value store, as they did over ``torch.distributed.TC
 which has no authentication: anyone who could reach its port could forge generations,
 drains and verdicts. This server keeps the store's semantics (``set``, blocking ``get`` and
 ``wait``, atomic ``add``, ``check``, ``multi_get``, ``compare_set`` ...) but every connection
-must first pass the token handshake of :mod:`trainer.protocol.admission`, and every request after it
-is a sealed frame. The wire bodies are plain bytes::
+must first pass the token handshake of :mod:`trainer.protocol.admission`, and every request
+after it is a sealed frame. The wire bodies are plain bytes::
 
     request   op (1) | timeout_ms (4) | count (2) | (length (4) | bytes) * count
     response  status (1) | count (2) | (length (4) | bytes) * count

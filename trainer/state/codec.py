@@ -10,6 +10,9 @@ header with ``json`` (never ``pickle``), accepts only the dtypes listed in :data
 checks every offset and size against the blob and the tree's depth and size, and copies
 each tensor out of the received bytes. Anything else raises :class:`BadState`.
 
+:func:`checksum` digests the bytes of modules and state trees: equal checksums mean
+bitwise-equal training state (the members compare theirs at every generation).
+
 :func:`fingerprint` names a job's shape (parameter and buffer names, shapes and dtypes, the
 optimiser, the global batch, the dataset size): members of one ring must share it, and a
 received state must carry the one the generation's plan announces.
@@ -29,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from trainer.errors import BadState
 
 DTYPES: dict[str, torch.dtype] = {
@@ -248,4 +252,32 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, global
     shape = [signature(model.state_dict()), type(optimizer).__name__,
              len(optimizer.param_groups), global_batch, dataset_size]
     h.update(json.dumps(shape if mode == "ring" else [*shape, mode]).encode())
+    return h.hexdigest()[:16]
+
+
+def checksum(*modules_or_states: Any) -> str:
+    """SHA-256 (hex, first 16 chars) of the bytes of every tensor in the arguments, in order:
+    modules (their parameters and buffers) and state dicts (any nesting of dicts and lists,
+    e.g. an optimiser's). Equal checksums mean bitwise-equal training state."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.nn.Module):
+            for t in list(x.parameters()) + list(x.buffers()):
+                walk(t)
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous().reshape(-1)
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            h.update(repr(x).encode())
+
+    for x in modules_or_states:
+        walk(x)
     return h.hexdigest()[:16]

@@ -372,7 +372,8 @@ def host_copy(tree: Any) -> Any:
 
 
 class Snapshotter:
-    """Rank 0's snapshots: :meth:`maybe` at each step boundary, the upload on a thread."""
+    """Rank 0's snapshots: :meth:`due` asked for each step, :meth:`take` at its commit, the
+    upload on a thread."""
 
     def __init__(self, connect: Callable[[], Any], every_steps: int, every_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -387,25 +388,35 @@ class Snapshotter:
         self.copy_s = 0.0  # time spent on the step path (the host copies)
         self.failed: str | None = None
 
-    def maybe(self, step: int, get_state: Callable[[], dict[str, Any]], job: str,
-              epoch: int, samples_done: int) -> bool:
-        """Take a snapshot after ``step`` when one is due; True when one was started."""
-        now = self._clock()
-        if not due(step, now, self._last_step, self._last_time, self.every_steps,
+    def due(self, step: int) -> bool:
+        """Is a snapshot due once ``step`` is committed: an interval passed since the last
+        one and no upload is in flight? (One that is due while an upload runs is counted
+        in :attr:`skipped` and asked again at the next step.)"""
+        if not due(step, self._clock(), self._last_step, self._last_time, self.every_steps,
                    self.every_s):
             return False
         if self._thread is not None and self._thread.is_alive():
             self.skipped += 1
             return False
+        return True
+
+    def take(self, step: int, get_state: Callable[[], dict[str, Any]], job: str,
+             epoch: int, samples_done: int) -> None:
+        """Take a snapshot of ``get_state()`` at ``step`` now: a host copy on the caller's
+        thread (training goes on with the originals), the upload on a thread of its own.
+        Call it when :meth:`due` said so, at the commit of ``step`` (a skipped one is not
+        taken: an upload is in flight)."""
+        if self._thread is not None and self._thread.is_alive():
+            self.skipped += 1
+            return
         t0 = time.perf_counter()
         tree = host_copy(get_state())
         self.copy_s += time.perf_counter() - t0
-        self._last_step, self._last_time = step, now
+        self._last_step, self._last_time = step, self._clock()
         self._thread = threading.Thread(
             target=self._upload, args=(tree, step, job, epoch, samples_done),
             name="spotring-snapshot", daemon=True)
         self._thread.start()
-        return True
 
     def _upload(self, tree: Any, step: int, job: str, epoch: int, samples_done: int) -> None:
         try:

@@ -6,8 +6,9 @@ the local rank is ``LOCAL_RANK`` (torchrun's convention) or ``SPOTRING_LOCAL_RAN
 the local driver), so several workers on one host with several GPUs get one GPU each. A
 worker tells the coordinator what it computes on (:func:`describe`: ``cpu`` or
 ``cuda:<GPU UUID>``) and the coordinator picks each generation's backend with the pure
-:func:`trainer.control.plans.choose_backend`: NCCL when every member is on its own GPU, gloo otherwise (NCCL
-refuses two ranks on one GPU, and cannot reach a CPU member; gloo reduces CUDA tensors too,
+:func:`trainer.control.plans.choose_backend`: NCCL when every member is on its own GPU, gloo
+otherwise (NCCL refuses two ranks on one GPU, and cannot reach a CPU member; gloo reduces
+CUDA tensors too,
 through host memory).
 
 Rule for callers: resolve the device once, before the model is built or moved; never assume

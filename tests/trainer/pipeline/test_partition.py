@@ -10,7 +10,7 @@ import pytest
 from trainer.pipeline import partition as pt
 from trainer.pipeline.partition import Candidate, Costs, Holding, Layout, Transfer
 
-S = pt.LayoutSettings(stages=2, micro_batch=4, schedule="1f1b", optimizer_slots=2, max_micro=8)
+S = pt.Settings(stages=2, micro_batch=4, schedule="1f1b", optimizer_slots=2, max_micro=8)
 
 
 def costs(seconds: list[float], param: float = 100.0, act: float = 10.0) -> Costs:
@@ -64,8 +64,8 @@ def test_memory_caps_move_layers_off_a_small_member() -> None:
 
 def test_gpipe_needs_more_activation_memory_than_1f1b() -> None:
     c = costs([1.0] * 4, param=0.0, act=100.0)
-    g = pt.LayoutSettings(2, 4, "gpipe", 2, max_micro=8)
-    one = pt.LayoutSettings(2, 4, "1f1b", 2, max_micro=8)
+    g = pt.Settings(2, 4, "gpipe", 2, max_micro=8)
+    one = pt.Settings(2, 4, "1f1b", 2, max_micro=8)
     assert pt.stage_memory(c, 0, 2, 0, 2, g) == 2 * 100 * 4 * 8
     assert pt.stage_memory(c, 0, 2, 0, 2, one) == 2 * 100 * 4 * 2
     assert pt.stage_memory(c, 2, 4, 1, 2, one) == 3 * 100 * 4 * 1  # input + two outputs
@@ -82,12 +82,12 @@ def test_members_are_tiered_by_speed_and_the_slowest_are_spares() -> None:
 
 def test_an_expensive_last_layer_puts_the_fast_tier_last() -> None:
     c = costs([1.0] * 6 + [6.0])  # a language model's head
-    lay = pt.decide([Candidate(0, 3.0), Candidate(1, 1.0)], c, pt.LayoutSettings(2, 1))
+    lay = pt.decide([Candidate(0, 3.0), Candidate(1, 1.0)], c, pt.Settings(2, 1))
     assert lay is not None and lay.vws == ((1, 0),) and lay.bounds == (0, 3, 7)
 
 
 def test_fewer_members_than_stages_make_one_shorter_virtual_worker() -> None:
-    lay = pt.decide([Candidate(0, 1.0)], costs([1.0] * 4), pt.LayoutSettings(3, 4))
+    lay = pt.decide([Candidate(0, 1.0)], costs([1.0] * 4), pt.Settings(3, 4))
     assert lay is not None and lay.vws == ((0,),) and lay.bounds == (0, 4)
 
 
@@ -123,7 +123,7 @@ def test_a_much_better_fresh_layout_beats_keeping_the_slots() -> None:
     # either stage and both VWs run at the slow members' pace (total rate 0.1 / micro)
     kept = [Candidate(0, 1.0, slot=(0, 0)), Candidate(1, 0.2, slot=(0, 1)),
             Candidate(2, 0.2, slot=(1, 0)), Candidate(3, 1.0, slot=(1, 1))]
-    lay = pt.decide(kept, c, pt.LayoutSettings(2, 1))
+    lay = pt.decide(kept, c, pt.Settings(2, 1))
     assert lay is not None
     assert lay.vws == ((0, 1), (3, 2))  # fresh tiers: the fast members at stage 0
     assert lay.bounds == (0, 7, 8) and sum(lay.rates) == pytest.approx(2 / 7)
@@ -196,5 +196,5 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError):
         Costs((1.0,), (1.0, 2.0), (1.0,))
     with pytest.raises(ValueError):
-        pt.LayoutSettings(2, 4, schedule="zigzag")
+        pt.Settings(2, 4, schedule="zigzag")
     assert pt.decide([Candidate(0, 0.0)], costs([1.0]), S) is None

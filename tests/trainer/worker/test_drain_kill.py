@@ -15,6 +15,7 @@ this is a regression guard for the scenario, not a reproduction.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,8 +24,8 @@ from trainer.control import plans as pl
 from trainer.protocol import messages as mb
 from trainer.protocol.store import StoreServer
 from trainer.protocol.store_client import ControlStore
-from trainer.worker.member import Member as _Member
-from trainer.worker.member import MemberOutcome
+from trainer.worker.decision import MemberOutcome
+from trainer.worker.member import Member
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,18 +75,29 @@ def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: P
         ring.close()
 
 
+def _member(store: ControlStore, member_id: int) -> Member:
+    """A member of no worker, to drive its plan loop against a real store."""
+    w = SimpleNamespace(notice=None, failure=None)
+    return Member(w, store, member_id, None, lambda m: None)  # type: ignore[arg-type]
+
+
 def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining() -> None:
     server = StoreServer("127.0.0.1", 0, b"t")
     server.start()
-    store = ControlStore(*server.address, b"t")
-    store.set(mb.k_plan(5), mb.Plan(5, (1, 2), ("s", "x"), drained=(3,)).to_json())
-    store.set(mb.k_plan(6), mb.Plan(6, (1,), ("s",), lost=(2,)).to_json())
-    x = _Member(None, store, 3, None)  # type: ignore[arg-type]
-    assert x._drained_between(4, 7)  # drained at 5; it reads 7 after its step broke
-    assert not x._drained_between(5, 7)
-    y = _Member(None, store, 2, None)  # type: ignore[arg-type]
-    assert not y._drained_between(4, 7)  # lost, not drained: it must join again
-    server.stop()
+    try:
+        store = ControlStore(*server.address, b"t")
+        store.set(mb.k_plan(5), mb.Plan(5, (1, 2), ("s", "x"), drained=(3,)).to_json())
+        store.set(mb.k_plan(6), mb.Plan(6, (1,), ("s",), lost=(2,)).to_json())
+        store.set(mb.k_plan(7), mb.Plan(7, (1,), ("s",)).to_json())
+        store.set(mb.LATEST, "7")
+        for member_id, current, outcome in ((3, 4, MemberOutcome.DRAINED),  # drained at 5
+                                            (3, 5, MemberOutcome.REFUSED),
+                                            (2, 4, MemberOutcome.REFUSED)):  # lost, not drained
+            m = _member(store, member_id)
+            m.was_member, m.plan = True, mb.Plan(current, (member_id,), ("x",))
+            assert m._wait_and_form() is outcome, (member_id, current)
+    finally:
+        server.stop()
 
 
 def test_an_empty_plan_with_a_snapshot_to_resume_does_not_end_a_joiner() -> None:
@@ -101,16 +113,15 @@ def test_an_empty_plan_with_a_snapshot_to_resume_does_not_end_a_joiner() -> None
                                         reason="no member holding the state is left"
                                         ).to_json())
         store.set(mb.LATEST, "4")
-        joiner = _Member(None, store, 7, None)  # type: ignore[arg-type]
+        joiner = _member(store, 7)
         assert joiner._wait_and_form() is None and joiner.seen == 4
-        dropped = _Member(None, store, 3, None)  # type: ignore[arg-type]
+        dropped = _member(store, 3)
         dropped.was_member, dropped.plan = True, mb.Plan(3, (3,), ("x",))
         assert dropped._wait_and_form() is MemberOutcome.REFUSED  # joins again and resumes
         store.set(mb.k_plan(5), mb.Plan(5, (), (), lost=(2,),
                                         reason="no member holding the state is left"
                                         ).to_json())
         store.set(mb.LATEST, "5")
-        assert _Member(None, store, 8, None)._wait_and_form(  # type: ignore[arg-type]
-            ) is MemberOutcome.LOST
+        assert _member(store, 8)._wait_and_form() is MemberOutcome.LOST
     finally:
         server.stop()

@@ -1,14 +1,16 @@
-"""Which member class trains a job: one per training mode, chosen by ``Job.mode``.
+"""The training modes: how the members of a generation train together, one per ``Job.mode``.
 
-Design: every mode shares the worker (load, profile, join), the coordinator's protocol
-(admission, generations, drains, reports, snapshots) and the state transfer; they differ in
-what a member does inside a generation. ``ring`` is :class:`trainer.worker.member.Member` (data
-parallel, heterogeneity-aware batches); ``pipeline`` (HetPipe virtual workers) and ``hybrid``
-(all-reduce inside a zone, parameter servers across zones) live in their own packages and
-subclass it, so each is a room of its own.
+Design. Every mode shares the worker (load, profile, join), the coordinator's protocol
+(admission, generations, drains, reports, snapshots) and the member skeleton
+(:class:`trainer.worker.member.Member`: wait, form, step, commit, leave); a mode is the small
+strategy the skeleton calls (:class:`~trainer.worker.modes.base.Mode`): how the state
+reaches the members that lack it, what a step computes, how it reduces. ``ring``
+(:mod:`.ring`: data parallel, heterogeneity-aware batches), ``pipeline`` (:mod:`.pipeline`:
+HetPipe virtual workers, on the machinery of :mod:`trainer.pipeline`) and ``hybrid``
+(:mod:`.hybrid`: all-reduce inside a zone, parameter servers across zones, on
+:mod:`trainer.hybrid`). A mode's module is imported only when a job trains in it.
 
-Rule for callers: a member class takes ``(worker, store, member_id, heartbeat)`` and its
-``live()`` returns a :class:`trainer.worker.member.Outcome`.
+Rule for callers: :func:`mode_class` names the class; the skeleton builds it with itself.
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from typing import Any
 from trainer.errors import JobError
 
 _CLASSES = {
-    "ring": ("trainer.worker.member", "Member"),
-    "pipeline": ("trainer.worker.modes.pipeline", "PipelineMember"),
-    "hybrid": ("trainer.worker.modes.hybrid", "HybridMember"),
+    "ring": ("trainer.worker.modes.ring", "RingMode"),
+    "pipeline": ("trainer.worker.modes.pipeline", "PipelineMode"),
+    "hybrid": ("trainer.worker.modes.hybrid", "HybridMode"),
 }
 
 
-def member_class(mode: str) -> Any:
-    """The member class of ``mode``. Raises :class:`trainer.errors.JobError` for an unknown or
-    unavailable mode."""
+def mode_class(mode: str) -> Any:
+    """The :class:`~trainer.worker.modes.base.Mode` class of ``mode``. Raises
+    :class:`trainer.errors.JobError` for an unknown or unavailable mode."""
     if mode not in _CLASSES:
         raise JobError(f"mode {mode!r}: expected one of {', '.join(_CLASSES)}")
     module, name = _CLASSES[mode]

@@ -1,18 +1,19 @@
 """A membership in the hybrid mode: all-reduce inside a zone, parameter-server shards across
 zones, asynchronous large mini-batches with bounded staleness.
 
-Design. :class:`HybridMember` is a :class:`trainer.worker.member.Member` (wait, form, drain, the
-state transfer, snapshots, reports are the ring's) that steps differently inside a
-generation. Forming: the generation's full group (the state is agreed on it, as in the
-ring), then a group per zone (prefix ``g<n>/z<k>/``) and one of the zone leaders
-(``g<n>/ps/``), each bound to the worker's ring address. Then every zone runs *rounds*; in
+Design. :class:`HybridMode` is a mode of the member skeleton (:mod:`trainer.worker.member`:
+wait, form, drain, the commit, snapshots and reports are the skeleton's) whose state
+transfer is the ring's (:class:`trainer.worker.modes.ring.RingMode`, over the generation's
+full group) and that steps differently inside a generation. Forming: then a group per zone
+(prefix ``g<n>/z<k>/``) and one of the zone leaders (``g<n>/ps/``), each bound to the
+worker's ring address. Then every zone runs *rounds*; in
 each, the zone's leader decides and broadcasts to its zone a header ``[action, ticket,
 apply, remote, final, newest]`` (plus the other zones' updates its members lack):
 
 * **apply** the next updates in version order (:meth:`trainer.hybrid.update.UpdateLayout.
-  apply`: the commit), the zone's own ones from memory, the others' as the shards relayed
-  them; each applied update is one of the ring's steps (``step``, data cursor, metrics line,
-  rank 0's evaluation, progress and snapshots);
+  apply`), the zone's own ones from memory, the others' as the shards relayed them; each
+  applied update is one commit of the skeleton (``step``, data cursor, metrics line, rank
+  0's evaluation, progress and snapshots);
 * **compute** ticket ``v`` (``action`` 1) once the weights are at most ``s`` versions behind
   ``v`` (:func:`trainer.hybrid.staleness.may_compute`): the zone's members split the batch
   of ``v`` (the data cursor after ``v`` updates; sizes by the ring's batch planner over the
@@ -40,16 +41,18 @@ member of the zone that computed it, its own share, when it applies it, or at th
 forming when a peer applied it; the shares of zone members gone by then (killed, dropped
 while hung) are recorded by the first of the zone still there.
 
-Rule for callers: as :class:`trainer.worker.member.Member`. ``HybridSettings(staleness=0)`` runs
-the ring itself.
+Rule for callers: as :class:`~trainer.worker.modes.base.Mode`. ``HybridSettings(staleness=0)``
+runs the ring itself.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed import PrefixStore
@@ -57,7 +60,7 @@ from torch.distributed import PrefixStore
 from trainer.collective import groups
 from trainer.collective.step import B_COL, COMPUTE_COL
 from trainer.data import batching
-from trainer.data.sampler import CursorState, epoch_order, scale_sizes, split
+from trainer.data.sampler import CursorState, scale_sizes, split
 from trainer.errors import GenerationBroken
 from trainer.hybrid import settings_of
 from trainer.hybrid.placement import place, shard_hosts, zone_layout
@@ -66,10 +69,11 @@ from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_c
                                       updates_left)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
 from trainer.protocol import messages as mb
-from trainer.worker.member import Member, MemberOutcome, _Pending
+from trainer.worker.modes.base import Commit, Transferred
+from trainer.worker.modes.ring import RingMode
 
 if TYPE_CHECKING:
-    from trainer.worker.loop import Worker
+    from trainer.worker.member import Member
 
 log = logging.getLogger(__name__)
 
@@ -112,46 +116,63 @@ class _Gen:
     timing: dict[int, tuple[int, float, float]] = field(default_factory=dict)
 
 
-class HybridMember(Member):
-    """One membership in the hybrid mode (see the module docstring)."""
+class HybridMode:
+    """The hybrid mode (see the module docstring)."""
 
-    def __init__(self, w: Worker, store: Any, member_id: int, hb: Any) -> None:
-        super().__init__(w, store, member_id, hb)
-        self.problem = ""
+    def __init__(self, member: Member) -> None:
+        self.m = member
+        self.ring = RingMode(member)  # the state transfer; everything at staleness 0
+        job = member.w.job
+        self._problem: str | None = None
         try:
-            self.settings = settings_of(w.job)
+            self.settings = settings_of(job)
         except ValueError as e:
             self.settings = None  # type: ignore[assignment]
-            self.problem = str(e)
-        if not self.problem and w.job is not None and w.job.precision == "fp16":
-            self.problem = ("precision fp16 is not supported in the hybrid mode (its loss "
-                            "scale would have to follow every zone's updates); use bf16")
-        self.ring_mode = not self.problem and self.settings.staleness == 0
+            self._problem = str(e)
+        if self._problem is None and job.precision == "fp16":
+            self._problem = ("precision fp16 is not supported in the hybrid mode (its loss "
+                             "scale would have to follow every zone's updates); use bf16")
+        self.ring_mode = self._problem is None and self.settings.staleness == 0
         self.gen: _Gen | None = None
         self.own: dict[int, _Own] = {}
 
-    def live(self) -> MemberOutcome:
-        if self.problem:
-            message = f"job {self.w.cfg.job}: hybrid mode: {self.problem}"
-            log.error("%s", message)
-            self.store.set(mb.k_error(self.id), mb.JobFailure(self.w.step, message).to_json())
-            self.store.add(mb.ERRORS, 1)
-            self.w.failure = message
-            return MemberOutcome.FAILED
-        return super().live()
+    def problem(self) -> str | None:
+        return None if self._problem is None else f"hybrid mode: {self._problem}"
+
+    def is_head(self) -> bool:
+        return self.m.rank == 0
+
+    def whole_model(self) -> AbstractContextManager[bool]:
+        return self.ring.whole_model()  # every zone holds a whole replica
+
+    def describe(self) -> str:
+        return ""
+
+    def checksum(self) -> str:
+        return self.ring.checksum()
+
+    def transfer_state(self) -> Transferred:
+        return self.ring.transfer_state()
+
+    def close(self) -> None:
+        self.drop()
 
     # -- forming -----------------------------------------------------------------------------
 
-    def _prepare_steps(self, plan: mb.Plan, rank: int) -> int:
+    def prepare(self) -> int:
+        """The zone's group and stepper; the leader's group of leaders and its exchange.
+        Returns the updates this zone computed that no member applied (computed again)."""
         if self.ring_mode:
-            return super()._prepare_steps(plan, rank)
-        w, job, cfg = self.w, self.w.job, self.w.cfg
-        assert job is not None
+            return self.ring.prepare()
+        m, w = self.m, self.m.w
+        job, cfg, plan, rank, rt = w.job, w.cfg, m.plan, m.rank, w.runtime
+        assert plan is not None
+        step, cursor = w.state.progress.step, w.state.progress.cursor
         here = set(plan.keys())
         for v in sorted(self.own):  # updates this zone computed that a peer applied count
             o = self.own[v]
-            if v < w.step:
-                self._record(_Pending(v, o.epoch, o.ids))
+            if v < step:
+                m.record_samples(v, o.epoch, o.ids)
                 # the shares of zone members gone since (killed, dropped while hung) are
                 # recorded by the first of the zone still here: they count, and no one else
                 # will record them (a hung member rejoins as a new member, knowing nothing)
@@ -160,51 +181,52 @@ class HybridMember(Member):
                     gone = [i for k, ids in zip(o.zkeys, o.shares, strict=True)
                             if k not in here for i in ids]
                     if gone:
-                        self._record(_Pending(v, o.epoch, gone))
-        lost = sum(1 for v in self.own if v >= w.step)  # applied nowhere: computed again
+                        m.record_samples(v, o.epoch, gone)
+        lost = sum(1 for v in self.own if v >= step)  # applied nowhere: computed again
         self.own.clear()
         zl = zone_layout(plan.zones, len(plan.members))
         zone = zl.zone_of(rank)
         ranks = zl.ranks[zone]
         keys = plan.keys()
         layout = UpdateLayout(job.model)
-        end = w.step + updates_left(w.cursor, len(job), job.global_batch, w.min_batch,
-                                    job.epochs)
-        zgroup = self._subgroup(plan, f"z{zone}", ranks.index(rank), len(ranks))
+        end = step + updates_left(cursor, len(job), job.global_batch, rt.min_batch, job.epochs)
+        zgroup = self._subgroup(f"z{zone}", ranks.index(rank), len(ranks))
         stepper = ZoneStepper(job.model, layout, job.loss_fn, world=len(ranks),
-                              rank=ranks.index(rank), device=w.device,
+                              rank=ranks.index(rank), device=rt.device,
                               precision=job.precision, bucket_mb=cfg.bucket_mb)
         g = self.gen = _Gen(zone, ranks.index(rank), [keys[r] for r in ranks], zgroup,
                             stepper, layout, end, newest=plan.generation)
-        self._plan_zone()
+        self.ring.plan_sizes(plan, keys=g.zkeys)
         if rank != zl.leader(zone):
             return lost
         zones = len(zl.ranks)
         shards = self.settings.shards or zones
         placement = place(layout.items(), shards, tolerance=self.settings.tolerance)
-        g.psgroup = self._subgroup(plan, "ps", zone, zones)
-        seq = Sequencer(plan.generation, w.step, end) if zone == 0 else None
+        g.psgroup = self._subgroup("ps", zone, zones)
+        seq = Sequencer(plan.generation, step, end) if zone == 0 else None
         g.exchange = Exchange(g.psgroup.ctl, zone, zones, layout.numel, placement,
                               layout.item_offsets(), shard_hosts(shards, zones),
-                              start=w.step, end=end,
+                              start=step, end=end,
                               sequencer=seq,
                               p2p_timeout_s=max(600.0, 20 * cfg.collective_timeout_s)).start()
         log.info("hybrid generation %d: zone %d/%d (%s) of %d, leader; %d shards (imbalance "
                  "%.3f), staleness %d, updates %d..%d", plan.generation, zone, zones,
                  zl.names[zone] or "-", len(ranks), shards, placement.imbalance,
-                 self.settings.staleness, w.step, end)
+                 self.settings.staleness, step, end)
         return lost
 
-    def _subgroup(self, plan: mb.Plan, name: str, rank: int, world: int) -> groups.Group:
+    def _subgroup(self, name: str, rank: int, world: int) -> groups.Group:
         """A process group of some members of the generation, its rendezvous under
         ``g<n>/<name>/`` (the coordinator deletes ``g<n>/`` with the generation)."""
-        gen, cfg = plan.generation, self.w.cfg
-        conn = self.store.clone()
+        m, cfg, plan = self.m, self.m.w.cfg, self.m.plan
+        assert plan is not None
+        gen = plan.generation
+        conn = m.store.clone()
         try:
             group = groups.form_group(PrefixStore(f"{mb.group_prefix(gen)}{name}/", conn), gen,
-                                    rank, world, cfg.collective_timeout_s,
-                                    lambda: self._broken(gen), backend=plan.backend,
-                                    hostname=cfg.ring_host or self.store.local_address)
+                                      rank, world, cfg.collective_timeout_s,
+                                      lambda: m.broken(gen), backend=plan.backend,
+                                      hostname=cfg.ring_host or m.store.local_address)
         except GenerationBroken:
             groups.bury(conn)
             conn.close()
@@ -215,7 +237,7 @@ class HybridMember(Member):
             group.store = conn  # NCCL reads the store again lazily: closed with the group
         return group
 
-    def _drop_group(self) -> None:
+    def drop(self) -> None:
         g, self.gen = self.gen, None
         if g is not None:
             if g.exchange is not None and not g.closed:
@@ -225,50 +247,32 @@ class HybridMember(Member):
                 if grp is not None:
                     grp.abort()
                     groups.bury(grp)
-        super()._drop_group()
-
-    def _plan_zone(self, timings: list[batching.StepTiming] | None = None) -> None:
-        """The zone's batch sizes: the ring's planner over the zone's members."""
-        w, g, plan = self.w, self.gen, self.plan
-        assert g is not None and plan is not None and w.job is not None
-        if timings:
-            w.speed = batching.observe(w.speed, timings)
-        priors = {k: v for k, v in plan.priors.items() if k in g.zkeys and v > 0}
-        prev = {k: w.sizes[k] for k in g.zkeys if k in w.sizes}
-        bp = batching.plan_batches(w.speed, g.zkeys, w.job.global_batch, priors=priors,
-                                   previous=prev if len(prev) == len(g.zkeys) else None,
-                                   min_batch=w.min_batch)
-        w.sizes.update(bp.sizes)
-        me = g.zkeys[g.zrank]
-        if me in bp.drop and not self.drain_sent:
-            w.give_notice("batch planner: " + "; ".join(n for n in bp.notes if me in n))
+        self.ring.drop()
 
     # -- one round -----------------------------------------------------------------------------
 
-    def _step(self) -> int:
+    def step(self) -> int:
         """One round of this zone (module docstring); at the end of the generation, the
         rounds until the zone is done. Returns the newest generation known (the current
         one while the zone goes on). Raises :class:`trainer.errors.GenerationBroken`,
         :class:`trainer.errors.JobCodeError`."""
         if self.ring_mode:
-            return super()._step()
-        g, plan = self.gen, self.plan
-        assert g is not None and plan is not None
-        job = self.w.job
-        assert job is not None
+            return self.ring.step()
+        g, plan, w = self.gen, self.m.plan, self.m.w
+        assert g is not None and plan is not None and self.m.hb is not None
         self._round()
-        while not g.closed and (self.w.cursor.epoch >= job.epochs or (
-                g.final is not None and self.w.step >= g.final)):
+        while not g.closed and (w.state.progress.epoch >= w.job.epochs or (
+                g.final is not None and w.state.progress.step >= g.final)):
             self._round()  # the end of the generation: leave it only together
-        return max(g.newest, self.hb.latest) if g.closed else plan.generation
+        return max(g.newest, self.m.hb.latest) if g.closed else plan.generation
 
     def _aborted(self) -> bool:
-        g, plan = self.gen, self.plan
-        return plan is None or self._broken(plan.generation) or (
+        g = self.gen
+        return self.m.abort() or (
             g is not None and g.exchange is not None and g.exchange.failed is not None)
 
     def _round(self) -> None:
-        g, w = self.gen, self.w
+        g, w = self.gen, self.m.w
         assert g is not None
         lead = g.exchange is not None
         head = torch.zeros(HEADER + len(g.zkeys), dtype=torch.int64)
@@ -288,12 +292,12 @@ class HybridMember(Member):
                     torch.empty(n_remote * g.layout.numel, dtype=torch.float32))
             self._zone_broadcast(body, "zone updates")
             remote = list(body.split(g.layout.numel))
-        if n and self.plan is not None and self._broken(self.plan.generation):
+        if n and self.m.abort():
             # a member that was frozen (its heartbeat too) asks the store before it commits:
             # what it would apply now may have been computed again by the survivors
             raise GenerationBroken("the generation was broken while this member waited")
         for _ in range(n):
-            v = w.step
+            v = w.state.progress.step
             own = self.own.pop(v, None)
             self._apply(v, own.update if own is not None else remote.pop(0), own)
         if action == COMPUTE:
@@ -309,7 +313,7 @@ class HybridMember(Member):
         assert g is not None
         groups.wait(g.zgroup.ctl.broadcast(t, 0), self._aborted, what)
 
-    def _wait_until(self, done: Any) -> None:
+    def _wait_until(self, done: Callable[[], bool]) -> None:
         """Wait for ``done()`` (arrivals on the exchange), abortably."""
         g = self.gen
         assert g is not None and g.exchange is not None
@@ -321,10 +325,11 @@ class HybridMember(Member):
     def _lead(self) -> tuple[int, int, int, list[int]]:
         """The leader's decision for this round: ``(action, ticket, apply, remote versions)``.
         Waits (abortably) while there is nothing to do, at most a keepalive period."""
-        g, w, s = self.gen, self.w, self.settings.staleness
-        assert g is not None and g.exchange is not None and self.plan is not None
-        x, gen = g.exchange, self.plan.generation
-        deadline = time.monotonic() + self.w.cfg.collective_timeout_s / 4
+        g, m, s = self.gen, self.m, self.settings.staleness
+        assert g is not None and g.exchange is not None and m.plan is not None
+        assert m.hb is not None
+        x, gen = g.exchange, m.plan.generation
+        deadline = time.monotonic() + m.w.cfg.collective_timeout_s / 4
         while True:
             if self._aborted():
                 if x.failed is not None:
@@ -337,7 +342,7 @@ class HybridMember(Member):
                     g.final = t.final
                 else:
                     g.held.append(t.version)
-            latest = self.hb.latest
+            latest = m.hb.latest
             if g.final is None and latest > gen and not g.stop_asked:
                 x.request(latest)  # the sequencer stops: every zone leaves at one version
                 g.asked += 1
@@ -345,16 +350,17 @@ class HybridMember(Member):
             if g.final is None and not g.held and g.asked == 0:
                 x.request(latest)
                 g.asked += 1
+            step = m.w.state.progress.step
             remote = x.available()
-            n = contiguous(w.step, set(self.own) | remote, self.settings.max_apply)
-            versions = [v for v in range(w.step, w.step + n) if v not in self.own]
-            if g.held and may_compute(g.held[0], w.step + n, s):
+            n = contiguous(step, set(self.own) | remote, self.settings.max_apply)
+            versions = [v for v in range(step, step + n) if v not in self.own]
+            if g.held and may_compute(g.held[0], step + n, s):
                 v = g.held.pop(0)
                 if not g.held and g.final is None and g.asked == 0:
                     x.request(latest)  # the next ticket arrives while this one computes
                     g.asked += 1
                 return COMPUTE, v, n, versions
-            if (g.final is not None and not g.held and w.step + n == g.final
+            if (g.final is not None and not g.held and step + n == g.final
                     and x.close_ready(g.final)):
                 return DONE, -1, n, versions
             if n or time.monotonic() >= deadline:
@@ -365,80 +371,68 @@ class HybridMember(Member):
 
     def _cursor(self, v: int) -> tuple[CursorState, int]:
         """The data cursor before update ``v`` and the samples of ``v``."""
-        w, job = self.w, self.w.job
-        assert job is not None
-        cur = cursor_after(w.cursor, v - w.step, len(job), job.global_batch, w.min_batch)
-        return cur, cur.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+        w = self.m.w
+        job, p, lo = w.job, w.state.progress, w.runtime.min_batch
+        cur = cursor_after(p.cursor, v - p.step, len(job), job.global_batch, lo)
+        return cur, cur.step_total(len(job), job.global_batch, min_batch=lo)
 
     def _zone_sizes(self, v: int) -> list[int]:
         """The leader's split of update ``v`` over its zone (zone rank order): the zone's
         members may hold different speed models (a joiner's came from another zone), so
         the leader's plan is the one every member of the zone follows."""
-        w, g = self.w, self.gen
+        w, g = self.m.w, self.gen
         assert g is not None
-        return scale_sizes([w.sizes.get(k, 0) for k in g.zkeys], self._cursor(v)[1],
-                           min_batch=w.min_batch)
+        return scale_sizes([w.state.sizes.get(k, 0) for k in g.zkeys], self._cursor(v)[1],
+                           min_batch=w.runtime.min_batch)
 
     def _compute(self, v: int, sizes: list[int]) -> None:
         """Compute ticket ``v`` with the zone (this member's share ``sizes[zone rank]``)."""
-        g, w, job, plan = self.gen, self.w, self.w.job, self.plan
-        assert g is not None and job is not None and plan is not None
-        n = len(job)
+        g, m = self.gen, self.m
+        w, plan, rt = m.w, m.plan, m.w.runtime
+        assert g is not None and plan is not None and m.hb is not None
+        step = w.state.progress.step
         cur, total = self._cursor(v)
         if sum(sizes) != total:
             raise GenerationBroken(f"the leader split update {v} into {sum(sizes)} samples, "
-                                  f"not {total}")
-        order = w.order() if cur.epoch == w.cursor.epoch else epoch_order(w.cfg.seed,
-                                                                          cur.epoch, n)
-        shares = split(order, cur, sizes)
+                                   f"not {total}")
+        shares = split(rt.order(cur.epoch), cur, sizes)
         ids = shares[g.zrank]
         b = int(ids.numel())
-        w.maybe_fault()
-        batch = w.batch(ids) if b > 0 else None
-        res = g.stepper.compute(g.zgroup.pg, batch, b, total, step=w.step,
-                                latest=self.hb.latest, eval_s=w.eval_s,
-                                staleness=v - w.step, zone=g.zone,
-                                should_abort=self._aborted, after_compute=w.slow)
+        rt.maybe_fault(step)
+        batch = rt.batch(ids, step) if b > 0 else None
+        res = g.stepper.compute(g.zgroup.pg, batch, b, total, step=step,
+                                latest=m.hb.latest, eval_s=w.outputs.eval_s,
+                                staleness=v - step, zone=g.zone,
+                                should_abort=self._aborted, after_compute=rt.slow)
         self.own[v] = _Own(res.update, cur.epoch, ids.tolist(),
                            [t.tolist() for t in shares], list(g.zkeys))
         g.timing[v] = (b, res.compute_s, res.wait_s)
         if g.exchange is not None:
             g.exchange.push(v, res.update)
         rows = res.rows
-        self._plan_zone([batching.StepTiming(g.zkeys[r], int(rows[r, B_COL]),
-                                             float(rows[r, COMPUTE_COL]))
-                         for r in range(len(g.zkeys)) if rows[r, B_COL] > 0])
-        w.note_speed(b, res.compute_s)
+        self.ring.plan_sizes(plan, [batching.StepTiming(g.zkeys[r], int(rows[r, B_COL]),
+                                                        float(rows[r, COMPUTE_COL]))
+                                    for r in range(len(g.zkeys)) if rows[r, B_COL] > 0],
+                             keys=g.zkeys)
+        rt.note_speed(b, res.compute_s)
 
     def _apply(self, v: int, update: torch.Tensor, own: _Own | None) -> None:
-        """Commit update ``v`` (the next version) on this replica: one step of the ring."""
-        g, w, job, plan = self.gen, self.w, self.w.job, self.plan
-        assert g is not None and job is not None and plan is not None
+        """Apply update ``v`` (the next version) on this replica and commit it: one step."""
+        g, w = self.gen, self.m.w
+        assert g is not None
+        job, p = w.job, w.state.progress
         meta = g.layout.meta(update)
         total = int(meta[SAMPLES])
-        expect = w.cursor.step_total(len(job), job.global_batch, min_batch=w.min_batch)
+        expect = p.cursor.step_total(len(job), job.global_batch, min_batch=w.runtime.min_batch)
         if total != expect:
             raise GenerationBroken(f"update {v} carries {total} samples, its step {expect}")
         g.layout.apply(update, job.optimizer)
-        if own is not None:
-            self._record(_Pending(v, own.epoch, own.ids))
-        w.step += 1
-        epoch_before = w.cursor.epoch
-        w.cursor = w.cursor.advance(len(job), total)
-        w.samples_done += total
-        loss = meta[LOSS_SUM] / total
         b, compute_s, wait_s = g.timing.pop(v, (0, 0.0, 0.0))
-        if w.cursor.epoch != epoch_before and job.evaluate is not None and self.rank == 0:
-            w.evaluate()
         record = {
-            "t": time.time(), "step": w.step, "generation": plan.generation,
-            "world": len(plan.members), "batch": b, "compute_s": round(compute_s, 6),
-            "wait_s": round(wait_s, 6), "samples": total, "loss": loss,
-            "step_s": round(compute_s + wait_s, 6), "member": plan.keys()[self.rank],
-            "epoch": w.cursor.epoch, "skipped": False, "head_start_s": 0.0,
+            "batch": b, "compute_s": round(compute_s, 6), "wait_s": round(wait_s, 6),
+            "step_s": round(compute_s + wait_s, 6), "skipped": False, "head_start_s": 0.0,
             "zone": g.zone, "own": own is not None, "staleness": int(meta[STALENESS])}
         if g.exchange is not None:
             record["ps_bytes"] = {str(k): n for k, n in g.exchange.shard_bytes.items()}
-        w.log_step(self.rank, record)
-        if self.rank == 0:
-            self._after_commit(plan.generation, len(plan.members), loss)
+        self.m.commit(Commit(total, meta[LOSS_SUM] / total,
+                             own.ids if own is not None else (), record))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.pipeline import PipelineSettings
-from trainer.worker.modes.pipeline import PipelineMember
+from trainer.worker.modes.pipeline import PipelineMode
 
 
 class _Job(SimpleNamespace):
@@ -20,15 +20,15 @@ class _Job(SimpleNamespace):
 
 
 def _member(model: torch.nn.Module, *, precision: str = "fp32", micro: int = 4,
-            min_batch: int = 1, settings: Any = None) -> PipelineMember:
+            min_batch: int = 1, settings: Any = None) -> PipelineMode:
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     job = _Job(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                precision=precision,
                pipeline=settings or PipelineSettings(stages=2, micro_batch=micro))
-    w = SimpleNamespace(job=job, min_batch=min_batch, cfg=SimpleNamespace(job="j.py"),
-                        device=torch.device("cpu"),
-                        batch=lambda ids: (x[ids], y[ids]))
-    return PipelineMember(w, store=None, member_id=1, hb=SimpleNamespace())
+    runtime = SimpleNamespace(min_batch=min_batch, device=torch.device("cpu"),
+                              batch=lambda ids, step: (x[ids], y[ids]))
+    w = SimpleNamespace(job=job, runtime=runtime, cfg=SimpleNamespace(job="j.py"))
+    return PipelineMode(SimpleNamespace(w=w))  # type: ignore[arg-type]
 
 
 def seq() -> torch.nn.Sequential:
@@ -53,19 +53,19 @@ class NotSequential(torch.nn.Module):
 def test_a_job_that_cannot_be_pipelined_fails_with_the_reason(make: Any, kw: dict,
                                                               why: str) -> None:
     m = _member(make(), **kw)
-    assert m.setup_error is not None and why in m.setup_error and "j.py" in m.setup_error
+    assert m.problem() is not None and why in m.problem()
 
 
 def test_layers_that_share_weights_cannot_be_cut() -> None:
     a = torch.nn.Linear(4, 4)
     m = _member(torch.nn.Sequential(a, torch.nn.ReLU(), a))
-    assert m.setup_error is not None and "share weights" in m.setup_error
+    assert m.problem() is not None and "share weights" in m.problem()
 
 
 def test_without_the_profile_hooks_the_layers_are_timed_after_joining(
         caplog: pytest.LogCaptureFixture) -> None:
     m = _member(seq())
-    assert m.setup_error is None
+    assert m.problem() is None
     seconds, act = m.measured
     assert len(seconds) == 3 and act == [32.0, 32.0, 4.0]
     assert "not timed before joining" in caplog.text
@@ -75,7 +75,7 @@ def test_declared_layer_costs_replace_the_measured_ones(tmp_path: Path) -> None:
     m = _member(seq(), settings=PipelineSettings(layer_seconds=(1.0, 0.0, 2.0)))
     assert m.measured[0] == [1.0, 0.0, 2.0]
     bad = _member(seq(), settings=PipelineSettings(layer_seconds=(1.0,)))
-    assert bad.setup_error is not None and "3 layers" in bad.setup_error
+    assert bad.problem() is not None and "3 layers" in bad.problem()
 
 
 def test_settings_are_checked() -> None:
