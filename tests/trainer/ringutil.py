@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,3 +182,14 @@ def finish_checksums(events: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(member name, parameter checksum) of every member that left the ring finished."""
     return [(e["name"], e["data"]["checksum"]) for e in events
             if e["kind"] == "leave" and e["data"].get("finished")]
+
+
+def exported(tmp: Path) -> list[tuple[str, int]]:
+    """(worker, step) of every model a worker in ``tmp`` wrote to ``--output`` because the
+    coordinator asked for it (``Coordinator.request_export``), from the workers' logs."""
+    out = []
+    for f in sorted(tmp.glob("*.log")):
+        for m in re.finditer(r"trained model written to .* \(on request, step (\d+)\)",
+                             f.read_text(errors="replace")):
+            out.append((f.name.removesuffix(".log"), int(m.group(1))))
+    return out

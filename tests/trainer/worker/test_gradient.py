@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -41,5 +40,17 @@ def test_reduced_gradient_equals_full_batch_gradient(tmp_path: Path) -> None:
     p1 = torch.load(out)
     applied = torch.cat([(p0[k] - p1[k]).flatten() for k in p0])  # SGD, lr 1: p0 - p1 = g
     rel = float((applied - full).norm() / full.norm())
-    assert rel < 1e-5, rel
-    assert json.dumps(sizes)  # keep the sizes in the failure message context
+    assert rel < 1e-5, (rel, sizes)
+
+    # The check can tell: the members' plain average (no b_i / B weights) is far from what
+    # was applied, so a ring that dropped the weights would fail the assertion above.
+    def grad(ids: list[int]) -> torch.Tensor:
+        job.model.load_state_dict(p0)
+        job.model.zero_grad()
+        job.loss_fn(job.model(x[ids]), y[ids]).backward()
+        return torch.cat([p.grad.flatten() for p in job.model.parameters()])
+
+    plain = sum(grad(r["ids"]) for r in recs) / len(recs)
+    weighted = sum(grad(r["ids"]) * len(r["ids"]) / probe.N for r in recs)
+    assert float((weighted - full).norm() / full.norm()) < 1e-5
+    assert float((plain - applied).norm() / full.norm()) > 100 * max(rel, 1e-6), sizes

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.trainer.jobs import regression
-from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
+from tests.trainer.ringutil import Ring, exported, finish_checksums, per_epoch_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,6 +38,7 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         ring.worker("b", "--output", str(out), "--fault", "kill@40")  # no notice
         ring.worker("c", "--output", str(out), "--fault", "term@70")  # notice
         ring.wait_for("generation 1", lambda: len(ring.formed()) >= 1, 120)
+        ring.coord.request_export()  # the trained model, now (the daemon's "model so far")
         ring.worker("j1", "--output", str(out))  # joins hot
         ring.wait_for("step 90", lambda: ring.coord.stats()["step"] >= 90, 150)
         ring.worker("j2", "--output", str(out))  # a second join
@@ -49,7 +50,7 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         yield {"ring": ring, "tmp": tmp, "out": out, "stats": ring.coord.stats(),
                "codes": {n: p.returncode for n, p in ring.procs.items()},
                "formed": ring.formed(), "events": ring.coord.events(),
-               "samples": ring.samples(), "logs": ring.logs()}
+               "samples": ring.samples(), "logs": ring.logs(), "exported": exported(tmp)}
     finally:
         ring.close()
 
@@ -108,6 +109,15 @@ def test_the_trained_model_is_written_where_asked_in_a_form_torch_loads(
     with torch.no_grad():
         mse = float(((model(x) - y) ** 2).mean())
     assert mse == pytest.approx(elastic["stats"]["metrics"]["mse"], rel=1e-4)
+
+
+def test_an_export_request_writes_the_model_while_the_ring_trains(elastic: dict[str, Any]
+                                                                 ) -> None:
+    """The ring mode honours ``Coordinator.request_export`` through the member skeleton:
+    rank 0 writes the model at the next step boundary, once, long before the end."""
+    got = elastic["exported"]
+    assert len(got) == 1, (got, elastic["logs"])
+    assert 0 < got[0][1] < elastic["stats"]["step"], got
 
 
 def test_vector_targets_train(tmp_path: Path) -> None:
