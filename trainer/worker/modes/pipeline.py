@@ -234,7 +234,7 @@ class PipelineMode:
             self.slot, self.runner, self.pack = None, None, None
             log.warning("generation %d: no layout of %d stages fits these %d members' memory; "
                         "waiting for more members", gen, self.ps.stages, world)
-            return Transferred(lost)
+            return Transferred()  # the waves lost: prepare() counts them
         holdings = [tb.holding(r, row, target) for r, row in enumerate(rows)]
         moves, missing = partition.transfers(holdings, layout, target, self.index.param_bytes())
         if missing:
