@@ -187,6 +187,46 @@ def test_exceptions_are_defined_in_the_error_module_only() -> None:
             assert issubclass(obj, errors.TrainerError)
 
 
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_every_import_of_the_trainer_names_a_module_or_a_name_of_this_tree() -> None:
+    """A stale ``from trainer.old_module import x`` must fail here, not resolve silently (a
+    development install can find a module of another checkout under the old name)."""
+    mods = _modules()
+    roots = [TRAINER.parent / "trainer", TRAINER.parent / "tests",
+             TRAINER.parent / "benchmarks", TRAINER.parent / "examples"]
+    bad = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    targets = [(a.name, None) for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    targets = [(node.module, a.name) for a in node.names]
+                else:
+                    continue
+                for module, name in targets:
+                    if module.split(".")[0] != "trainer":
+                        continue
+                    if module not in mods:
+                        bad.append(f"{path}:{node.lineno}: no module {module}")
+                    elif name is not None and f"{module}.{name}" not in mods and (
+                            name not in _top_level_names(mods[module])):
+                        bad.append(f"{path}:{node.lineno}: {module} has no {name}")
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("room", sorted(r for r in ALLOWED if r not in ("__init__",
                                                                         "__main__")))
 def test_every_room_is_documented(room: str) -> None:
