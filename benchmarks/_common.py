@@ -194,7 +194,7 @@ class Ring:
     def __init__(self, workdir: Path, job: Path = DEFAULT_JOB, env: dict[str, str] | None = None,
                  initial_world: int = 1, heartbeat_timeout_s: float = 5.0,
                  device: str = "cpu") -> None:
-        from trainer.coordinator import Coordinator
+        from trainer.control.coordinator import Coordinator
 
         self.device = device  # every worker's --device (never the worker's own default, auto)
         self.workdir = Path(workdir)
@@ -290,7 +290,7 @@ def _make_batch(job: Any, ids: Any, device: Any) -> Any:
     import torch
     from torch.utils.data import TensorDataset
 
-    from trainer.devices import pin
+    from trainer.worker.devices import pin
 
     ds = job.train_set
     if device.type != "cuda":
@@ -329,7 +329,7 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     it; each step takes ``global_batch`` random sample ids (seeded by the step number, so a
     restarted run continues the same stream) split evenly over the ranks. ``--epoch-loop``
     instead walks the job's epochs exactly as a spotring worker does (the seeded per-epoch
-    order of :mod:`trainer.sampler`, the short last step of an epoch) and runs the job's
+    order of :mod:`trainer.data.sampler`, the short last step of an epoch) and runs the job's
     ``evaluate`` on rank 0 at every epoch end (its time is the metrics key ``eval_s``): the
     same work as a spotring ring of equal workers, so a ratio against it measures the ring's
     overhead only.
@@ -358,10 +358,10 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer.devices import resolve
+    from trainer.worker.devices import resolve
     from trainer.job import load_job
-    from trainer.sampler import CursorState, epoch_order, scale_sizes
-    from trainer.step import PRECISIONS
+    from trainer.data.sampler import CursorState, epoch_order, scale_sizes
+    from trainer.collective.step import PRECISIONS
 
     torch.set_num_threads(max(1, args.threads))
     device = resolve(args.device)
@@ -428,7 +428,7 @@ def _baseline_main(argv: Sequence[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.current_stream(device).synchronize()
             compute = time.perf_counter() - t0
-            if factor > 1.0:  # as trainer.loop.Worker._slow: a running median of s/sample
+            if factor > 1.0:  # as the trainer's Runtime.slow: a running median of s/sample
                 per_sample.append(compute / sizes[rank])
                 del per_sample[:-15]
                 time.sleep((factor - 1.0) * sizes[rank] * statistics.median(per_sample))

@@ -74,7 +74,7 @@ def make_job(seed: int) -> Any:
 
 def run_mode(mode: str, zones: Any, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Train the job once in ``mode`` over ``zones``; returns what was measured."""
-    from trainer.coordinator import Coordinator
+    from trainer.control.coordinator import Coordinator
 
     out_dir = workdir / mode
     out_dir.mkdir(parents=True, exist_ok=True)

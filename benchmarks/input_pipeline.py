@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.data import Feed  # noqa: E402
+from trainer.data.feed import Feed  # noqa: E402
 
 log = logging.getLogger("benchmarks.input_pipeline")
 

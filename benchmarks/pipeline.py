@@ -63,8 +63,8 @@ from pipeline_profile import flops_profile
 from trainer.pipeline import local, partition, wsp
 from trainer.pipeline import schedule as sc
 from trainer.pipeline.emulate import SleepyLayer, deferred, sleepy_mlp
-from trainer.sampler import scale_sizes
-from trainer.step import Stepper
+from trainer.data.sampler import scale_sizes
+from trainer.collective.step import Stepper
 
 log = logging.getLogger("benchmarks.pipeline")
 F = torch.nn.functional
@@ -221,7 +221,7 @@ def _adam(m: torch.nn.Module) -> torch.optim.Optimizer:
 def ring_ttt(make: Callable[[], torch.nn.Sequential], x: torch.Tensor, y: torch.Tensor,
              slowdowns: Sequence[float], batch: int, target: float, max_steps: int
              ) -> tuple[float, int]:
-    """The ring's steps (trainer.step.Stepper), each rank a forked process as the pipeline's
+    """The ring's steps (trainer.collective.step.Stepper), each rank a forked process as the pipeline's
     are; sizes in proportion to speed. Returns (seconds from the first step to the one
     reaching ``target``, steps)."""
     import multiprocessing

@@ -43,7 +43,7 @@ Figures (one JSON line on stdout):
 
 * ``batch_error``: mean over full steps ``>= --converge-within`` (20) of the mean relative
   distance ``|b_i - b*_i| / b*_i`` between the sizes the ring chose and ``b*``, the integer
-  optimum (:func:`trainer.batching.optimal_sizes`) for the *true* lines ``t_i`` above, never
+  optimum (:func:`trainer.data.batching.optimal_sizes`) for the *true* lines ``t_i`` above, never
   the ring's own estimates. Goal <= 0.02. Steps with a head start (the step after rank 0's
   evaluation, re-split so that rank 0 starts it later: ``head_start_s`` in the metrics) are
   left out of this and the next two figures: their sizes are meant to differ from ``b*``.
@@ -93,7 +93,7 @@ from device import (  # noqa: E402
     DEVICE_JOB, ENV_FACTOR, ENV_FACTORS, ENV_JOB, ENV_LINE, OVERRUN, default_base_slowdown,
     device_env, device_ratios, parse_device_ms,
 )
-from trainer.batching import LinearFit, optimal_sizes  # noqa: E402
+from trainer.data.batching import LinearFit, optimal_sizes  # noqa: E402
 from trainer.job import load_job  # noqa: E402
 
 log = logging.getLogger("benchmarks.hetero")

@@ -172,14 +172,14 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 def grad_bucket_mb(job_path: Path, env: dict[str, str], workers: int,
                    bucket_mb: float | None) -> dict[str, float]:
     """Gradient and bucket memory of each side, counted from the model (MB): spotring's
-    gradients are views into its buckets (:class:`trainer.reducer.Reducer`, its ``nbytes``:
+    gradients are views into its buckets (:class:`trainer.collective.reducer.Reducer`, its ``nbytes``:
     the gradients plus the step's tail); DDP with its defaults (``gradient_as_bucket_view=
     False``) holds each ``.grad`` and a bucket copy of it."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         from trainer.job import load_job
-        from trainer.step import Stepper
+        from trainer.collective.step import Stepper
 
         job = load_job(str(job_path), 0)
     finally:

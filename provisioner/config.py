@@ -333,7 +333,7 @@ class MetricsSettings(_Section):
 
 
 class SnapshotSettings(_Section):
-    """Durable snapshots of the ring's state (the trainer's ``trainer.snapshot``): where and
+    """Durable snapshots of the ring's state (the trainer's ``trainer.state.snapshot``): where and
     how often. Workers upload over the ring's authenticated control channel to the
     coordinator inside the daemon, which writes them here; workers need no credentials.
 

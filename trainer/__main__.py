@@ -1,7 +1,7 @@
 """``python -m trainer coordinator|worker``: what the daemon host and each instance run.
 
-Design: argument parsing and exit codes only; the work is in :mod:`trainer.coordinator` and
-:mod:`trainer.loop`. Bad input (missing token file, bad address, a job that fails to build)
+Design: argument parsing and exit codes only; the work is in :mod:`trainer.control.coordinator` and
+:mod:`trainer.worker.loop`. Bad input (missing token file, bad address, a job that fails to build)
 prints one line naming the flag or file and the fix, exit code 2; an unreachable coordinator
 exits 3 after a bounded retry; a refused join exits 4; a job whose every member was lost
 exits 5. SIGTERM on a worker is a notice: it finishes its step and leaves at the boundary.
@@ -23,7 +23,7 @@ from typing import Any
 
 
 def _token(path: str) -> bytes:
-    from trainer.admission import read_token_file, token_file_warning
+    from trainer.protocol.admission import read_token_file, token_file_warning
 
     try:
         token = read_token_file(Path(path))
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _coordinator(args: argparse.Namespace) -> int:
-    from trainer.coordinator import Coordinator
+    from trainer.control.coordinator import Coordinator
 
     coord = Coordinator(args.host, args.port, _token(args.token_file),
                         heartbeat_timeout_s=args.heartbeat_timeout,
@@ -183,11 +183,11 @@ def serve_until_over(outcome: Any, stop: threading.Event, *, linger_s: float = L
                      poll_s: float = 0.5) -> Any:
     """Wait until ``stop`` is set (returns None) or ``outcome()`` is no longer running;
     then serve ``linger_s`` more (``stop`` cuts it short) and return that outcome."""
-    from trainer.membership import Outcome
+    from trainer.protocol.messages import JobOutcome
 
     while not stop.wait(poll_s):
         o = outcome()
-        if o is not Outcome.RUNNING:
+        if o is not JobOutcome.RUNNING:
             stop.wait(linger_s)
             return o
     return None
@@ -196,11 +196,11 @@ def serve_until_over(outcome: Any, stop: threading.Event, *, linger_s: float = L
 def _worker(args: argparse.Namespace) -> int:
     if args.boot_idle:  # before the heavy imports: they are most of a joiner's boot
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    from trainer.client import CoordinatorUnreachable
-    from trainer.devices import DeviceError
-    from trainer.job import JobError
-    from trainer.loop import EXIT_JOB, EXIT_UNREACHABLE, Worker, WorkerConfig
-    from trainer.notice import NoticePoller
+    from trainer.errors import CoordinatorUnreachable, DeviceError, JobError
+    from trainer.worker.config import WorkerConfig
+    from trainer.worker.decision import EXIT_JOB, EXIT_UNREACHABLE
+    from trainer.worker.loop import Worker
+    from trainer.worker.notice import NoticePoller
 
     if args.slowdown < 1.0:
         print(f"error: --slowdown {args.slowdown}: must be >= 1", file=sys.stderr)
@@ -238,6 +238,8 @@ def _worker(args: argparse.Namespace) -> int:
         NoticePoller(args.notice_url, worker.give_notice).start()
     try:
         code = worker.run()
+        if code == EXIT_JOB and worker.failure:
+            print(f"error: {worker.failure}", flush=True)
     except (JobError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = EXIT_JOB

@@ -31,13 +31,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-
-class JobError(Exception):
-    """The job module cannot be imported or ``make_job`` fails or returns something wrong."""
+from trainer.errors import JobError
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.runners)
+MODES = ("ring", "pipeline", "hybrid")  # how the members train together (trainer.worker.modes)
 #: ``Job.mode`` "auto": the mode the provisioner chose for the run (the worker's ``--mode``,
 #: ``$SPOTRING_MODE``), else the ring.
 AUTO = "auto"
@@ -96,7 +94,7 @@ class Job:
         default: 2 with BatchNorm, which needs more than one value per channel, else 1)."""
         if self.min_local_batch is not None:
             return self.min_local_batch
-        from trainer.batching import default_min_batch
+        from trainer.data.batching import default_min_batch
 
         return default_min_batch(self.model)
 

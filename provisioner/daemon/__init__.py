@@ -1,6 +1,6 @@
 """The daemon of ``provision run``: the provisioning loop of one job, and the life of one run.
 
-Design: rooms a newcomer can name (docs/architecture-provisioner.md):
+Design: rooms a newcomer can name (docs/architecture.md):
 
 - the leaves every room shares: :mod:`.state` (the SQLite write-ahead log), :mod:`.ports`
   (the Protocols of the daemon's collaborators), :mod:`.outcome` (how a run ends, pure);

@@ -4,7 +4,7 @@ Design: one small Protocol per collaborator (the cloud driver's is
 :class:`provisioner.drivers.base.CloudDriver`), so the daemon calls methods instead of
 probing objects with ``getattr``, and a fake implements the same Protocol
 (``tests/fakes/local_coordinator.py``). The coordinator is the trainer's
-(:class:`trainer.coordinator.Coordinator`), built in exactly one place,
+(:class:`trainer.control.coordinator.Coordinator`), built in exactly one place,
 :func:`provisioner.daemon.wiring.make_coordinator`.
 
 Rule: the daemon relies on nothing of the coordinator beyond :class:`RingCoordinator`;
@@ -38,7 +38,7 @@ class RingCoordinator(Protocol):
         ...
 
     def members(self) -> Sequence[Any]:
-        """``trainer.membership.MemberInfo`` rows (id, name, generation, batch,
+        """``trainer.protocol.messages.MemberInfo`` rows (id, name, generation, batch,
         samples_per_s, state, joined_at)."""
         ...
 

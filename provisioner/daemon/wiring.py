@@ -83,7 +83,7 @@ def make_coordinator(host: str, port: int, token: bytes, *,
     """The trainer's coordinator, started (the only place it is constructed), storing the
     ring's snapshots at ``snapshot_url`` every ``snapshot.every_s`` / ``every_steps``.
     Raises UserError naming ``daemon.coordinator_port`` when it cannot listen."""
-    from trainer.coordinator import Coordinator
+    from trainer.control.coordinator import Coordinator
 
     kw: dict[str, Any] = dict(options)
     if snapshot is not None and snapshot_url is not None:
@@ -106,7 +106,8 @@ BY_STEPS_ONLY_S = 1e8
 def _check_store(ring_snap: Any) -> None:
     """List the snapshot store once, so a missing bucket, credentials or SDK is one line
     naming ``snapshot.url`` before anything starts (the coordinator opens it again)."""
-    from trainer.snapshot import SnapshotError, open_store
+    from trainer.errors import SnapshotError
+    from trainer.state.snapshot import open_store
 
     url = ring_snap.url
     try:
@@ -121,8 +122,8 @@ def _check_store(ring_snap: Any) -> None:
 
 
 def _trainer_snapshot(snap: SnapshotSettings, url: str) -> Any:
-    """``trainer.snapshot.SnapshotSettings`` of the daemon's ``[snapshot]`` section."""
-    from trainer.snapshot import SnapshotSettings as RingSnapshots
+    """``trainer.state.snapshot.SnapshotSettings`` of the daemon's ``[snapshot]`` section."""
+    from trainer.state.snapshot import SnapshotSettings as RingSnapshots
 
     return RingSnapshots(url=url, every_s=snap.every_s if snap.every_s > 0 else BY_STEPS_ONLY_S,
                          every_steps=snap.every_steps, keep=snap.keep,

@@ -276,7 +276,7 @@ class LocalDriver:
     def _spawn_one(self, spec: WorkerSpec) -> tuple[int, str | None, list[str]]:
         argv = list(self._command(spec))
         # SPOTRING_ZONE: the worker's zone (the hybrid mode all-reduces inside a zone), unless
-        # the launch names its hybrid group; SPOTRING_LOCAL_RANK: its GPU (trainer.devices)
+        # the launch names its hybrid group; SPOTRING_LOCAL_RANK: its GPU (trainer.worker.devices)
         env = {**os.environ, "SPOTRING_ZONE": spec.offering.zone, **spec.env,
                "SPOTRING_INSTANCE_ID": spec.instance_id, "SPOTRING_SLOWDOWN": str(spec.slowdown),
                "SPOTRING_LOCAL_RANK": str(spec.gpu or 0)}

@@ -9,7 +9,7 @@ are the ones a test makes).
 
 The tests marked ``needs_trainer`` need the trainer side of issue 15 (workers that keep
 training while the coordinator is gone and re-report to a restarted one; snapshots): they
-are skipped until ``trainer.snapshot`` exists.
+are skipped until ``trainer.state.snapshot`` exists.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from tests.fakes.wait import wait_for
 
 pytestmark = pytest.mark.slow
 needs_trainer = pytest.mark.skipif(
-    importlib.util.find_spec("trainer.snapshot") is None,
-    reason="needs the trainer side of issue 15 (trainer.snapshot, workers that outlive the "
+    importlib.util.find_spec("trainer.state.snapshot") is None,
+    reason="needs the trainer side of issue 15 (trainer.state.snapshot, workers that outlive the "
            "coordinator)")
 QUIET = ("--outages-per-hour", "0", "--max-size", "3", "--speed", "60")
 

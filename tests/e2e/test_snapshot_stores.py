@@ -3,7 +3,7 @@ every worker killed at once, the ring resumes from the newest snapshot in the bu
 
 The daemon's side: ``[snapshot] url`` (with ``endpoint_url`` / ``api_endpoint`` for the
 fakes) reaches the coordinator inside the daemon, which stores what the workers upload; the
-workers hold no cloud credentials. Needs the trainer side of issue 15 (``trainer.snapshot``).
+workers hold no cloud credentials. Needs the trainer side of issue 15 (``trainer.state.snapshot``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A stand-in for trainer.coordinator.Coordinator in daemon unit tests: records drains and
+"""A stand-in for trainer.control.coordinator.Coordinator in daemon unit tests: records drains and
 reports the members and speeds a test sets (the real ring is exercised in test_main_job)."""
 
 from dataclasses import dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,11 +23,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.coordinator import Coordinator
+from trainer.control.coordinator import Coordinator
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = b"test-token-0123456789"
-PRELOAD = ["torch", "torch.distributed", "trainer.loop", "trainer.__main__",
+PRELOAD = ["torch", "torch.distributed", "trainer.worker.loop", "trainer.__main__",
            "sklearn.datasets", "sklearn.model_selection"]
 _CTX: Any = None
 
@@ -181,3 +182,14 @@ def finish_checksums(events: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(member name, parameter checksum) of every member that left the ring finished."""
     return [(e["name"], e["data"]["checksum"]) for e in events
             if e["kind"] == "leave" and e["data"].get("finished")]
+
+
+def exported(tmp: Path) -> list[tuple[str, int]]:
+    """(worker, step) of every model a worker in ``tmp`` wrote to ``--output`` because the
+    coordinator asked for it (``Coordinator.request_export``), from the workers' logs."""
+    out = []
+    for f in sorted(tmp.glob("*.log")):
+        for m in re.finditer(r"trained model written to .* \(on request, step (\d+)\)",
+                             f.read_text(errors="replace")):
+            out.append((f.name.removesuffix(".log"), int(m.group(1))))
+    return out

@@ -81,8 +81,8 @@ def test_goals_are_read_from_each_benchmarks_line():
 def test_tiny_jobs_train_a_step_through_the_trainer_and_the_baselines_batches(job, monkeypatch):
     import torch
 
+    from trainer.collective.step import Stepper
     from trainer.job import load_job
-    from trainer.step import Stepper
 
     monkeypatch.setenv("BENCH_TINY", "1")
     monkeypatch.setenv("BENCH_PRECISION", "bf16")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.ringutil import REPO, TOKEN
-from trainer.coordinator import Coordinator
+from trainer.control.coordinator import Coordinator
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +92,8 @@ def test_bad_address_is_a_usage_error(tmp_path: Path) -> None:
 def test_standalone_coordinator_admits_the_token_and_stops_on_sigterm(tmp_path: Path) -> None:
     import signal
 
-    from trainer import membership as mb
-    from trainer.client import connect, join
+    from trainer.protocol import messages as mb
+    from trainer.worker.client import connect, join
 
     tf, port = _token_and_port(tmp_path)
     p = subprocess.Popen(
@@ -115,14 +115,14 @@ def test_serve_until_over_returns_the_outcome_after_lingering() -> None:
     import threading
 
     from trainer.__main__ import serve_until_over
-    from trainer.membership import Outcome
+    from trainer.protocol.messages import JobOutcome
 
-    seen = iter([Outcome.RUNNING, Outcome.RUNNING, Outcome.DONE])
+    seen = iter([JobOutcome.RUNNING, JobOutcome.RUNNING, JobOutcome.DONE])
     assert serve_until_over(lambda: next(seen), threading.Event(), linger_s=0.0,
-                            poll_s=0.001) is Outcome.DONE
+                            poll_s=0.001) is JobOutcome.DONE
     stop = threading.Event()
     stop.set()  # SIGTERM or Ctrl-C before the end: no outcome, exit 0
-    assert serve_until_over(lambda: Outcome.RUNNING, stop, poll_s=0.001) is None
+    assert serve_until_over(lambda: JobOutcome.RUNNING, stop, poll_s=0.001) is None
 
 
 def test_standalone_coordinator_exits_by_itself_when_the_job_is_done(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.job import Job, JobError, load_job
+from trainer.errors import JobError
+from trainer.job import Job, load_job
 
 
 def test_missing_file_is_named() -> None:
@@ -58,7 +59,7 @@ def test_a_job_left_at_auto_trains_in_the_provisioners_mode() -> None:
 def test_workers_of_two_modes_have_different_fingerprints() -> None:
     import torch
 
-    from trainer.state import fingerprint
+    from trainer.state.codec import fingerprint
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -11,7 +11,7 @@ same updates in the same order, so the ring's state transfer, snapshots, checksu
 exactly-once data carry over. The modules: :mod:`~trainer.hybrid.placement` (zones, shards:
 pure), :mod:`~trainer.hybrid.staleness` (tickets and the bound: pure),
 :mod:`~trainer.hybrid.update` (an update's vector: compute, apply),
-:mod:`~trainer.hybrid.server` (the exchange), :mod:`~trainer.hybrid.member` (a membership).
+:mod:`~trainer.hybrid.server` (the exchange), :mod:`~trainer.worker.modes.hybrid` (a membership).
 
 Rule for callers: set ``Job.mode = "hybrid"`` and optionally ``Job.hybrid =
 HybridSettings(...)``; ``staleness=0`` is today's synchronous ring.

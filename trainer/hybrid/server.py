@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from trainer.errors import ExchangeError
 from trainer.hybrid.placement import Placement, host_ranges, host_shard_sizes
 from trainer.hybrid.staleness import Sequencer, Ticket
 
@@ -54,10 +55,6 @@ HEAD = 6
 REQ, TICKET, PUSH, RELAY, BYE = 1, 2, 3, 4, 5
 _KINDS = {REQ: "REQ", TICKET: "TICKET", PUSH: "PUSH", RELAY: "RELAY", BYE: "BYE"}
 TAG_HEAD, TAG_BODY = 1, 2
-
-
-class ExchangeError(Exception):
-    """A peer sent what the generation does not allow, or the link failed."""
 
 
 class Exchange:

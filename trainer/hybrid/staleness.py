@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainer.sampler import CursorState
+from trainer.data.sampler import CursorState
 
 
 @dataclass(frozen=True)

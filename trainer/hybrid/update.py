@@ -3,14 +3,15 @@ by every replica in version order.
 
 Design. An update is what one ring step would commit, kept apart from the weights until its
 turn: :class:`ZoneStepper` computes a zone's share of a global batch on each member (the
-ring's forward/backward under the job's precision, :func:`trainer.step.forward_backward`),
-reduces it over the zone in buckets while the backward pass runs (the ring's
-:class:`trainer.reducer.Reducer`, each gradient weighted by ``b_i / B``), and packs the sum
-into one float32 vector (:class:`UpdateLayout`): every trainable parameter's gradient
-(registration order), one *used* flag per parameter (did any member's backward produce it),
-the change the forward passes made to every buffer (BatchNorm statistics, weighted by
-``b_i / B``; the buffers themselves are put back, since a replica's buffers move only when
-an update is applied), and four figures (samples, loss x samples, staleness, zone).
+ring's forward/backward under the job's precision,
+:func:`trainer.collective.step.forward_backward`), reduces it over the zone in buckets while
+the backward pass runs (the ring's :class:`trainer.collective.reducer.Reducer`, each gradient
+weighted by ``b_i / B``), and packs the sum into one float32 vector (:class:`UpdateLayout`):
+every trainable parameter's gradient (registration order), one *used* flag per parameter
+(did any member's backward produce it), the change the forward passes made to every buffer
+(BatchNorm statistics, weighted by ``b_i / B``; the buffers themselves are put back, since a
+replica's buffers move only when an update is applied), and four figures (samples, loss x
+samples, staleness, zone).
 :meth:`UpdateLayout.apply` is the commit: parameters nobody used get ``grad = None`` (not
 stepped, as the ring), the job's own optimiser steps with the gradient views, the buffer
 changes are added. Every replica applies the same vectors in the same order, so replicas at
@@ -30,8 +31,8 @@ from typing import Any
 
 import torch
 
-from trainer.reducer import DEFAULT_BUCKET_MB, Reducer
-from trainer.step import LOSS_COL, ROW, forward_backward
+from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
+from trainer.collective.step import LOSS_COL, ROW, forward_backward
 
 META = 4  # samples, loss x samples, staleness, zone
 SAMPLES, LOSS_SUM, STALENESS, ZONE = range(META)
@@ -89,7 +90,7 @@ class UpdateLayout:
 @dataclass(frozen=True)
 class Computed:
     """A zone's update and what its members measured: ``rows`` (zone members x
-    :data:`trainer.step.ROW`, the ring's step rows), this member's compute and wait."""
+    :data:`trainer.collective.step.ROW`, the ring's step rows), this member's compute and wait."""
 
     update: torch.Tensor
     rows: torch.Tensor
@@ -124,7 +125,7 @@ class ZoneStepper:
 
         Returns the :class:`Computed` update (the same vector on every zone member); the
         model's parameters, buffers and optimiser are as before. Raises
-        :class:`trainer.step.JobCodeError` and :class:`trainer.ring.RingBroken`.
+        :class:`trainer.errors.JobCodeError` and :class:`trainer.errors.GenerationBroken`.
         """
         layout = self.layout
         self.reducer.begin(pg, b / total, should_abort)

@@ -7,7 +7,7 @@ what members tell each other when a generation forms), the runner of one stage
 (:mod:`.runner`), the wave reductions (:mod:`.agree`), a stage's state (:mod:`.stagestate`),
 the per-layer profile (:mod:`.profile`), emulated layers for measurements on CPUs
 (:mod:`.emulate`), and the member that puts them together (:mod:`.member`, chosen by
-:mod:`trainer.runners`).
+:mod:`trainer.worker.modes`).
 
 Rule for callers: a job builds its settings with :func:`virtual_workers` (it also times the
 model's layers during the worker's profiling, before joining) or :class:`PipelineSettings`.

@@ -4,7 +4,8 @@ Design. After computing wave ``t`` a member posts its stage's pack to the all-re
 stage group (the same stage of every virtual worker) and hands the wave to
 :class:`Agreement`, whose thread waits for that reduction and only then joins the wave's
 *control* reduction over the whole generation: one row per member (samples, busy and wall
-seconds, the newest generation it saw, the last stage's loss and its samples, flags). So
+seconds, the newest generation it saw, the last stage's loss and its samples, flags: the
+head's duties once the wave is applied, a snapshot and the export of the trained model). So
 the control reduction of wave ``t`` completes on a member only when every member's stage
 reduction of ``t`` had completed: an agreed wave's reduced pack exists on every member of
 every stage (that is what lets survivors of a failure roll forward to the newest wave
@@ -30,13 +31,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import ring
+from trainer.collective import groups
+from trainer.errors import GenerationBroken
 from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
-ROW = 9  # the control row of one member
-SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N = range(ROW)
+ROW = 10  # the control row of one member
+# SNAP, EXPORT: the head's duties once the wave is applied (VW 0 gathers on the head for them)
+SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N, EXPORT = range(ROW)
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,16 @@ class Agreement:
         self._q.put((wave, work, pack, row))
 
     def wait(self, wave: int) -> Agreed:
-        """Block until ``wave`` is agreed. Raises :class:`trainer.ring.RingBroken` when a
+        """Block until ``wave`` is agreed. Raises :class:`trainer.errors.GenerationBroken` when a
         reduction failed or the generation was declared broken."""
         with self._cond:
             while wave not in self.agreed:
                 if self.error is not None:
-                    raise ring.RingBroken(f"wave {wave}: {self.error}") from self.error
+                    raise GenerationBroken(f"wave {wave}: {self.error}") from self.error
                 if self.should_abort():
-                    raise ring.RingBroken(f"wave {wave}: aborted (the generation was "
+                    raise GenerationBroken(f"wave {wave}: aborted (the generation was "
                                           "declared broken)")
-                self._cond.wait(ring.WAIT_SLICE_S)
+                self._cond.wait(groups.WAIT_SLICE_S)
             for done in [w for w in self.reduced if w < wave]:  # applied: not needed to
                 del self.reduced[done]  # roll forward (kept, they held every wave's pack)
             return self.agreed.pop(wave)
@@ -105,11 +108,11 @@ class Agreement:
                     return
                 wave, work, pack, row = item
                 if work is not None:
-                    ring.wait(work, self.should_abort, f"stage reduction of wave {wave}",
+                    groups.wait(work, self.should_abort, f"stage reduction of wave {wave}",
                               sliced=isinstance(self.stage_pg, dist.ProcessGroupGloo))
                 with self._cond:
                     self.reduced[wave] = pack
-                ring.allreduce(self.ctl_pg, row, self.should_abort)
+                groups.allreduce(self.ctl_pg, row, self.should_abort)
                 with self._cond:
                     self.agreed[wave] = Agreed(wave, pack, row)
                     self.newest = wave

@@ -28,6 +28,9 @@ of each wave must really be computed again:
 With the layout's boundaries changed nothing is usable and every wave is computed again in
 full (what dropping the waves did before; its started work is counted as lost).
 
+The samples of a dead stage-0 member's part of the waves the survivors rolled forward
+through are recorded for it (:func:`records_for_the_dead`).
+
 Rule for callers: give :func:`plan` the decoded rows every member reduced, the new layout and
 the agreed wave; waves are numbered absolutely.
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.pipeline.partition import Layout
 
@@ -210,3 +214,72 @@ def parts(wp: WavePlan | None, layout: Layout, todo: Sequence[int], counts: Sequ
                 mine |= set(cover)
         out[r] = tuple(sorted(mine))
     return out
+
+
+@dataclass(frozen=True)
+class Part:
+    """The samples one stage-0 member trained of a wave: a record of the ones it applied."""
+
+    wave: int
+    epoch: int
+    member: int
+    ids: tuple[int, ...]
+
+
+def records_for_the_dead(history: Sequence[tuple[int, int, bool, Sequence[tuple[int, Any]]]],
+                         alive: set[int], target: int, staleness: int) -> list[Part]:
+    """The samples of stage-0 members that died, to be recorded by a surviving one (pure).
+
+    A stage-0 member applies agreed waves only as the gate needs them (up to D behind): when
+    it dies, the waves the survivors roll forward through may be agreed and unapplied there,
+    so unrecorded. Each surviving stage-0 member records the dead ones' part of its newest
+    applied waves, from ``target - D - 1`` (the oldest the dead may have missed; a sample
+    recorded twice there is the same wave's, the same record, not trained twice). A member
+    in ``alive`` (the plan's members and the drained, who applied every wave) is skipped.
+    ``history``: ``(wave, epoch, recorded here, parts)`` of the waves this member applied,
+    ``parts`` the ``(member id, ids)`` of every stage-0 pack; only waves this member
+    recorded itself (it held stage 0) count.
+    """
+    out = []
+    for wave, epoch, mine, parts in history:
+        if wave < target - staleness - 1 or not mine:
+            continue
+        for mid, ids in parts:
+            if mid not in alive and ids:
+                out.append(Part(wave, epoch, mid, tuple(int(i) for i in ids)))
+    return out
+
+
+def combine(wp: WavePlan, rank: int, stage: int, flat: Any, loss: float, loss_n: int, *,
+            own: tuple[Any, float, int] | None, reduced: Any,
+            backup: tuple[Any, float, int] | None) -> tuple[Any, float, int]:
+    """This member's pack of a wave completed after a failure (its recomputed part ``flat``
+    with its loss sum and samples): plus its kept contributions (``own``: its pack of the
+    wave before the failure; ``backup``: the previous VW's it holds), or its stage's kept
+    ``reduced`` pack, or zeros, as :meth:`WavePlan.role` says. Raises ``LookupError`` when a
+    pack the plan counts on is not here."""
+    role, _, which = wp.role(rank, stage)
+    if role == "zero":
+        return flat.new_zeros(flat.shape), 0.0, 0
+    if role == "none":
+        return flat, loss, loss_n
+    mine = own or (None, 0.0, 0)
+    if role == "reduced":
+        got = [(reduced, mine[1], mine[2])]
+        flat, loss, loss_n = flat.new_zeros(flat.shape), 0.0, 0
+    else:
+        got = [(backup or (None, 0.0, 0)) if b else mine for b in which]
+    for pack, extra, extra_n in got:
+        if pack is None or pack.numel() != flat.numel():
+            raise LookupError(f"wave {wp.wave}: a kept pack the completion counts on is not "
+                              "here")
+        flat, loss, loss_n = flat + pack.to(flat.device), loss + extra, loss_n + extra_n
+    return flat, loss, loss_n
+
+
+def describe(done: Completion) -> str:
+    """One line on what completing the waves costs (for the log)."""
+    return (f"completed from the kept packs, {done.lost_samples} samples computed before are "
+            f"computed again, {done.in_flight_samples} were in flight (" + ", ".join(
+                f"wave {wp.wave}: {len(wp.recompute)} micro-batches again"
+                for wp in done.waves) + ")")

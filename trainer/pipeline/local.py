@@ -38,7 +38,7 @@ from trainer.pipeline.stagestate import ModelIndex, StagePack
 
 
 @dataclass
-class Result:
+class LocalResult:
     """What :func:`run` saw: per rank, its stage's stats per wave and (``record``) the
     reduced gradients of wave 0 by parameter name; the VWs' wave events; each rank's final
     parameters and buffers of its stage; the loss of every wave; the wall time."""
@@ -77,7 +77,7 @@ def run(make_model: Callable[[], torch.nn.Sequential], layout: partition.Layout,
         kind: str = "1f1b", staleness: int = 0, slowdowns: Sequence[float] | None = None,
         counts: Sequence[int] | None = None, record: bool = False,
         stop_loss: float | None = None, processes: bool = False,
-        timeout_s: float = 60.0) -> Result:
+        timeout_s: float = 60.0) -> LocalResult:
     """Train ``len(waves)`` waves; ``waves[t]`` is wave ``t``'s micro-batches ``(x, y)`` in
     order, split over the VWs by ``layout.rates`` (or ``counts``, fixed micro-batches per
     VW). ``slowdowns[rank]``: the runner's emulated slowdown. ``stop_loss``: stop after the
@@ -94,7 +94,7 @@ def run(make_model: Callable[[], torch.nn.Sequential], layout: partition.Layout,
     models = [make_model() for _ in range(world)]  # here: seeding is process-wide
     t0 = time.perf_counter()
     parts = _in_processes(job, models) if processes else _in_threads(job, models)
-    out = Result(wall_s=time.perf_counter() - t0)
+    out = LocalResult(wall_s=time.perf_counter() - t0)
     for part in parts:
         for k, v in part.stats.items():
             out.stats[k] = v
@@ -106,9 +106,9 @@ def run(make_model: Callable[[], torch.nn.Sequential], layout: partition.Layout,
     return out
 
 
-def _in_threads(job: _Job, models: list[torch.nn.Sequential]) -> list[Result]:
+def _in_threads(job: _Job, models: list[torch.nn.Sequential]) -> list[LocalResult]:
     store = dist.HashStore()
-    parts = [Result() for _ in range(job.world)]
+    parts = [LocalResult() for _ in range(job.world)]
     errors: list[BaseException] = []
 
     def guarded(rank: int) -> None:
@@ -138,7 +138,7 @@ def warm_up() -> None:
     torch.optim.SGD([p], lr=0.0).step()
 
 
-def _in_processes(job: _Job, models: list[torch.nn.Sequential]) -> list[Result]:
+def _in_processes(job: _Job, models: list[torch.nn.Sequential]) -> list[LocalResult]:
     import multiprocessing
 
     warm_up()
@@ -159,7 +159,7 @@ def _in_processes(job: _Job, models: list[torch.nn.Sequential]) -> list[Result]:
     procs = [ctx.Process(target=child, args=(r,), daemon=True) for r in range(job.world)]
     for p in procs:
         p.start()
-    parts: list[Result] = []
+    parts: list[LocalResult] = []
     try:
         for _ in procs:
             rank, part, err = q.get(timeout=job.timeout.total_seconds() * 4)
@@ -176,16 +176,16 @@ def _in_processes(job: _Job, models: list[torch.nn.Sequential]) -> list[Result]:
     return parts
 
 
-def _tensors(part: Result, fn: Callable[[Any], Any]) -> Result:
+def _tensors(part: LocalResult, fn: Callable[[Any], Any]) -> LocalResult:
     part.grads = {k: fn(v) for k, v in part.grads.items()}
     part.params = {r: {k: fn(v) for k, v in d.items()} for r, d in part.params.items()}
     part.buffers = {r: {k: fn(v) for k, v in d.items()} for r, d in part.buffers.items()}
     return part
 
 
-def _rank(job: _Job, rank: int, model: torch.nn.Sequential, store: Any) -> Result:
+def _rank(job: _Job, rank: int, model: torch.nn.Sequential, store: Any) -> LocalResult:
     """One rank's waves (a thread or a forked process); returns what it saw."""
-    out = Result()
+    out = LocalResult()
     layout, world, waves = job.layout, job.world, job.waves
     opt = job.make_optimizer(model)
     index = ModelIndex(model, opt)

@@ -50,6 +50,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -463,3 +464,16 @@ def gather(layout: Layout) -> tuple[Transfer, ...]:
     head = layout.vws[0][0]
     return tuple(Transfer(r, head, layout.bounds[j], layout.bounds[j + 1])
                  for j, r in enumerate(layout.vws[0]) if j > 0)
+
+
+def wave_micro_sizes(cursor: Any, waves: int, dataset_size: int, global_batch: int,
+                     min_batch: int, micro_batch: int) -> list[tuple[int, ...]]:
+    """The micro-batch sizes of the next ``waves`` waves from the data ``cursor`` (a
+    :class:`trainer.data.sampler.CursorState`): each wave is one step of the global batch
+    (:meth:`~trainer.data.sampler.CursorState.step_total`), cut by :func:`micro_sizes`."""
+    out = []
+    for _ in range(waves):
+        total = cursor.step_total(dataset_size, global_batch, min_batch=min_batch)
+        out.append(micro_sizes(total, micro_batch))
+        cursor = cursor.advance(dataset_size, total)
+    return out

@@ -23,7 +23,9 @@ materialise what a load, a received stage or a restored state fills at once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 DEVICE, HOST, RELEASED = "device", "host", "released"
 
@@ -51,3 +53,15 @@ def gather_target(layer_bytes: Sequence[float], lo: int, hi: int, slots: int,
     host."""
     stage = sum(layer_bytes[lo:hi])
     return DEVICE if sum(layer_bytes) + stage * (1 + slots) <= memory else HOST
+
+
+def memory_of(declared: float | None, device: Any) -> float:
+    """The bytes a member offers the layout: the job's declared ``memory_bytes``, else its
+    GPU's memory, else unbounded (a CPU)."""
+    if declared:
+        return float(declared)
+    if device.type == "cuda":
+        import torch
+
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return math.inf

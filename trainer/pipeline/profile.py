@@ -24,6 +24,7 @@ on every member); never compare costs measured on different devices.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -31,8 +32,11 @@ from typing import Any
 
 import torch
 
+from trainer.collective.step import PRECISIONS
+from trainer.errors import JobCodeError, LayoutError
 from trainer.pipeline.stagestate import place_module
-from trainer.step import PRECISIONS, JobCodeError
+
+log = logging.getLogger(__name__)
 
 BACKWARD_FACTOR = 3.0  # forward + backward = 3 forwards
 
@@ -136,7 +140,7 @@ def stepwise(model: torch.nn.Module, x: Any, device: torch.device, precision: st
 def profile_step(job: Any, batch: Any, device: torch.device) -> float:
     """One profiling step of a pipelined job before it joins: the layers' forwards one at
     a time (:func:`stepwise`) and the job's loss, nothing applied. Returns the seconds spent
-    moving layers (not compute). Raises :class:`trainer.step.JobCodeError`."""
+    moving layers (not compute). Raises :class:`trainer.errors.JobCodeError`."""
     if not job.model.training:
         job.model.train()
     first = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -172,3 +176,25 @@ def measure(model: torch.nn.Module, x: Any, repeats: int = 3,
         raise ValueError("a layer of the model never ran in its forward pass")
     _KNOWN[model] = got
     return got
+
+
+def layer_costs(model: torch.nn.Module, layer_seconds: Any, micro_batch: Any,
+                device: torch.device, precision: str) -> tuple[list[float], list[float]]:
+    """Each layer's seconds and activation size for the layout: as the worker's profiling
+    timed them (:func:`attach`), else measured now on ``micro_batch()``'s inputs (logged:
+    the job should build its settings with :func:`trainer.pipeline.virtual_workers`); the
+    job's declared ``layer_seconds`` replace the seconds. Raises
+    :class:`trainer.errors.LayoutError` when those do not match the model's layers."""
+    got = costs(model)
+    if got is None:
+        log.warning("the model's layers were not timed before joining (build the job's "
+                    "settings with trainer.pipeline.virtual_workers); timing them now")
+        got = measure(model, micro_batch(), device=device, precision=precision)
+        model.zero_grad(set_to_none=True)
+    seconds, act = got
+    if layer_seconds is not None:
+        if len(layer_seconds) != len(seconds):
+            raise LayoutError(f"layer_seconds has {len(layer_seconds)} entries; the model has "
+                              f"{len(seconds)} layers")
+        seconds = list(layer_seconds)
+    return seconds, act

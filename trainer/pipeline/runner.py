@@ -13,8 +13,9 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   from its loss), back-propagates and posts the gradient of its input to the previous stage.
   Gradients accumulate in the layers' ``.grad`` over the wave's micro-batches;
 * sends are posted and never waited for inside the schedule (waited at the wave's end), so a
-  schedule cannot deadlock on them; receives wait abortably (:func:`trainer.ring.recv`), so a
-  stage whose neighbour died stops within a slice;
+  schedule cannot deadlock on them; receives wait abortably
+  (:func:`trainer.collective.groups.recv`), so a stage whose neighbour died stops within a
+  slice;
 * shapes are not fixed at a first step: a small header (dtype and shape) goes before a
   tensor. With ``fixed_shapes`` (the default: a stage's output shape depends only on the
   number of samples) only the first tensor of each micro-batch size in a generation has one;
@@ -27,7 +28,7 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
 
 Rule for callers: one :class:`StageRunner` per stage per generation; call :meth:`run` with the
 same micro-batches and schedule kind on every stage of the VW; after
-:class:`trainer.ring.RingBroken` the wave is discarded (the caller restores the buffers and
+:class:`trainer.errors.GenerationBroken` the wave is discarded (the caller restores the buffers and
 zeroes the gradients).
 """
 
@@ -41,11 +42,12 @@ from typing import Any
 
 import torch
 
-from trainer import ring
+from trainer.collective import groups
+from trainer.collective.step import PRECISIONS
+from trainer.errors import GenerationBroken, JobCodeError
 from trainer.pipeline import emulate
 from trainer.pipeline.schedule import FORWARD, Op
-from trainer.state import DTYPES
-from trainer.step import PRECISIONS, JobCodeError
+from trainer.state.codec import DTYPES
 
 _CODES = {dt: i for i, dt in enumerate(DTYPES.values())}
 _BY_CODE = list(DTYPES.values())
@@ -60,7 +62,7 @@ def transport(what: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        raise ring.RingBroken(f"{what}: {e}") from e
+        raise GenerationBroken(f"{what}: {e}") from e
 
 
 def tag(wave: int, micro: int, kind: int) -> int:
@@ -137,10 +139,10 @@ class StageRunner:
             self._recv(head, src, tag(wave, micro.index, kind - 1), should_abort)
             code, ndim = int(head[0]), int(head[1])
             if not 0 <= code < len(_BY_CODE) or not 0 <= ndim <= HEADER - 2:
-                raise ring.RingBroken(f"stage message from rank {src}: bad header")
+                raise GenerationBroken(f"stage message from rank {src}: bad header")
             shape = tuple(int(d) for d in head[2:2 + ndim])
             if any(d < 0 for d in shape) or torch.Size(shape).numel() > 1 << 34:
-                raise ring.RingBroken(f"stage message from rank {src}: bad shape {shape}")
+                raise GenerationBroken(f"stage message from rank {src}: bad shape {shape}")
             self._recv_shapes[key] = (shape, _BY_CODE[code])
         shape, dtype = self._recv_shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device if self.device.type == "cuda"
@@ -151,12 +153,12 @@ class StageRunner:
     def _recv(self, t: torch.Tensor, src: int, tag_: int, should_abort: Callable[[], bool]
               ) -> None:
         with transport(f"recv from rank {src}"):
-            ring.wait_posted([(self.pg.recv([t], src, tag_), src)], should_abort)
+            groups.wait_posted([(self.pg.recv([t], src, tag_), src)], should_abort)
 
     def finish_sends(self, should_abort: Callable[[], bool]) -> None:
         """Wait for every posted send (their buffers are kept alive until then)."""
         pending, self._pending = self._pending, []
-        ring.wait_posted(pending, should_abort)
+        groups.wait_posted(pending, should_abort)
         self._keep.clear()
 
     # -- a wave ------------------------------------------------------------------------------
@@ -167,8 +169,8 @@ class StageRunner:
         """Run ``ops`` over ``micros`` (indexed by ``Op.micro``). ``inputs(i)``: micro-batch
         ``i``'s inputs (stage 0 only); ``targets(i)``: its targets (last stage only).
 
-        Returns :class:`StageStats`. Raises :class:`trainer.ring.RingBroken` (a peer failed
-        or the generation was declared broken) and :class:`trainer.step.JobCodeError` (the
+        Returns :class:`StageStats`. Raises :class:`trainer.errors.GenerationBroken` (a peer failed
+        or the generation was declared broken) and :class:`trainer.errors.JobCodeError` (the
         job's own code raised).
         """
         dtype = PRECISIONS[self.precision]

@@ -8,7 +8,7 @@ trained, carried in its optimiser and resident on its device (the others are rel
 :mod:`trainer.pipeline.placement`, carried out by :meth:`ModelIndex.place`).
 :class:`ModelIndex` maps a layer range to its state dict entries, its parameters and their
 optimiser indices; :func:`bundle` and :func:`load` move a range with the small shared state
-(step, data cursor, metrics) as a tree for :mod:`trainer.state` (no pickle; the receiver
+(step, data cursor, metrics) as a tree for :mod:`trainer.state.codec` (no pickle; the receiver
 checks names, shapes and dtypes against its own model and the step against the generation's
 agreement).
 
@@ -27,19 +27,16 @@ order; after a discarded wave, put the buffers back to :attr:`StagePack.committe
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainer import state as st
-from trainer import sync
-from trainer.pipeline.placement import DEVICE, HOST, RELEASED
-
-
-class LayoutError(ValueError):
-    """The model cannot be cut into stages (not an ``nn.Sequential``, tied layers)."""
+from trainer.errors import BadState, LayoutError
+from trainer.pipeline.placement import DEVICE, HOST, RELEASED, decide
+from trainer.state import codec as st
 
 
 @dataclass(frozen=True)
@@ -134,6 +131,18 @@ class ModelIndex:
                         if isinstance(v, torch.Tensor) and k != "step":
                             s[k] = v.to(t.device)
 
+    def hold(self, optimizer: torch.optim.Optimizer, lo: int, hi: int, device: torch.device
+             ) -> None:
+        """Keep only layers ``[lo, hi)`` (a stage): on ``device``, with their optimiser
+        state; every other layer released (:func:`trainer.pipeline.placement.decide`)."""
+        self.keep_only(optimizer, lo, hi)
+        self.place(decide(len(self), lo, hi), device, optimizer)
+
+    def place_whole(self, where: str, device: torch.device,
+                    optimizer: torch.optim.Optimizer) -> None:
+        """Every layer on ``where`` (a head gathering; a whole state about to be loaded)."""
+        self.place(decide(len(self), 0, 0, whole=where), device, optimizer)
+
     def released(self) -> bool:
         """Is some layer released (the model is not whole anywhere on this member)?"""
         return any(t.is_meta for layer in self.layers for _, t in (*layer.params,
@@ -150,7 +159,7 @@ class ModelIndex:
 
     def checksum(self, optimizer: torch.optim.Optimizer, lo: int, hi: int) -> str:
         """Checksum of layers ``[lo, hi)``: weights, buffers and optimiser state."""
-        return sync.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
+        return st.checksum(self.state(lo, hi), self.opt_state(optimizer, lo, hi))
 
 
 def place_module(module: torch.nn.Module, device: torch.device) -> None:
@@ -179,7 +188,7 @@ def _place(t: torch.Tensor, target: torch.device) -> None:
 def bundle(index: ModelIndex, optimizer: torch.optim.Optimizer, lo: int, hi: int,
            meta: Mapping[str, Any]) -> dict[str, Any]:
     """Layers ``[lo, hi)`` and the shared state ``meta`` as a tree for
-    :func:`trainer.state.encode`."""
+    :func:`trainer.state.codec.encode`."""
     return {"lo": lo, "hi": hi, "model": index.state(lo, hi),
             "opt": index.opt_state(optimizer, lo, hi), "meta": dict(meta)}
 
@@ -188,24 +197,24 @@ def load(index: ModelIndex, optimizer: torch.optim.Optimizer, tree: Any, lo: int
          ) -> dict[str, Any]:
     """Load a received :func:`bundle` of layers ``[lo, hi)`` into this member's model and
     optimiser after checking it (names, shapes and dtypes of its tensors; the optimiser
-    state's shapes). Returns its ``meta``. Raises :class:`trainer.state.BadState`."""
+    state's shapes). Returns its ``meta``. Raises :class:`trainer.errors.BadState`."""
     if not isinstance(tree, dict) or tree.get("lo") != lo or tree.get("hi") != hi:
-        raise st.BadState(f"the stage state received is not layers {lo}..{hi - 1}")
+        raise BadState(f"the stage state received is not layers {lo}..{hi - 1}")
     model, opt, meta = tree.get("model"), tree.get("opt"), tree.get("meta")
     own = index.state(lo, hi)
     st.check_like(model, own, f"the state of layers {lo}..{hi - 1}")
     if not isinstance(opt, dict) or not isinstance(meta, dict):
-        raise st.BadState("the stage state received lacks its optimiser state or meta")
+        raise BadState("the stage state received lacks its optimiser state or meta")
     params = {str(i): p for layer in index.layers[lo:hi] for (_, p), i in zip(
         [x for x in layer.params if x[1].requires_grad], layer.opt_index, strict=True)}
     if not set(opt) <= set(params):
-        raise st.BadState("the stage state received has optimiser state of other layers")
+        raise BadState("the stage state received has optimiser state of other layers")
     for k, s in opt.items():
         p = params[k]
         if not isinstance(s, dict) or any(
                 isinstance(v, torch.Tensor) and v.numel() > 1 and v.shape != p.shape
                 for v in s.values()):
-            raise st.BadState(f"optimiser state {k}: shapes differ from its parameter")
+            raise BadState(f"optimiser state {k}: shapes differ from its parameter")
     with torch.no_grad():
         for name, t in own.items():
             t.copy_(model[name])
@@ -290,3 +299,18 @@ class StagePack:
                     d = deltas[i]
                     v += d.to(v.dtype) if v.is_floating_point() else torch.round(d).to(v.dtype)
                 b.copy_(v)
+
+
+def whole_checksum(stage_digests: Sequence[tuple[int, int]], mine: str) -> str:
+    """A checksum of the whole model from every member's ``(stage + 1, digest)`` (0: no
+    stage), the same on every member when every stage's replicas are equal; else it ends
+    with this member's own digest ``mine`` ("spare" for a member without a stage). Pure."""
+    by_stage: dict[int, set[int]] = {}
+    for j, c in stage_digests:
+        if j > 0:
+            by_stage.setdefault(j, set()).add(c)
+    whole = hashlib.sha256(repr(sorted((j, sorted(c)) for j, c in by_stage.items()))
+                           .encode()).hexdigest()[:16]
+    if any(len(c) > 1 for c in by_stage.values()):
+        return f"{whole}:{mine or 'spare'}"
+    return whole

@@ -239,7 +239,7 @@ class LocalEnvironment:
         """The run's token: the one in ``WORKDIR/token`` (a continued run's workers hold it),
         else a new one. Raises UserError when it is gone while the run's workers live."""
         from provisioner.drivers.local import running
-        from trainer.admission import read_token_file, write_token_file
+        from trainer.protocol.admission import read_token_file, write_token_file
 
         path = self.wd.token
         try:

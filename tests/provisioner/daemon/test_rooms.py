@@ -1,4 +1,4 @@
-"""The provisioner's rooms hold (docs/architecture-provisioner.md): no import cycle anywhere in
+"""The provisioner's rooms hold (docs/architecture.md): no import cycle anywhere in
 ``provisioner/`` and ``pricing/``, and each room imports only what its rule allows.
 
 The graph is read with ``ast`` from the source, every import counted where it is written
@@ -124,7 +124,7 @@ def room(module: str) -> str:
     return "leaf"
 
 
-#: What each room of the daemon may import of the daemon (docs/architecture-provisioner.md).
+#: What each room of the daemon may import of the daemon (docs/architecture.md).
 DAEMON_RULES = {
     "leaf": set(),
     "view": {"leaf", "view"},

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
+from tests.trainer.ringutil import Ring, exported, finish_checksums, per_epoch_counts
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +58,16 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("hybrid-clean")
     ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": "2", "HYBRID_BN": "1"}, initial_world=4)
     try:
-        start_in_order(ring, [("a0", "a", ()), ("b0", "b", ()), ("a1", "a", ()),
-                              ("b1", "b", ())])
+        out = ("--output", str(tmp / "model.pt"))
+        start_in_order(ring, [("a0", "a", out), ("b0", "b", out), ("a1", "a", out),
+                              ("b1", "b", out)])
+        ring.wait_for("step 2", lambda: ring.coord.stats()["step"] >= 2, 120)
+        ring.coord.request_export()  # the trained model, now
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
         codes = {n: p.wait(20) for n, p in ring.procs.items()}
         yield {"codes": codes, "stats": ring.coord.stats(), "events": ring.coord.events(),
-               "samples": ring.samples(), "metrics": ring.metrics()}
+               "samples": ring.samples(), "metrics": ring.metrics(),
+               "exported": exported(tmp), "logs": ring.logs()}
     finally:
         ring.close()
 
@@ -75,6 +79,15 @@ def test_two_zones_train_to_the_end_with_identical_replicas(clean: dict[str, Any
     assert sorted(sums) == ["a0", "a1", "b0", "b1"]
     assert len(set(sums.values())) == 1, sums  # parameters, BatchNorm buffers, Adam state
     assert_exactly_once(clean["samples"], 2)
+
+
+def test_an_export_request_writes_the_model_while_the_zones_train(clean: dict[str, Any]
+                                                                  ) -> None:
+    """The hybrid mode honours ``Coordinator.request_export`` through the member skeleton:
+    rank 0 (a whole replica) writes the model at its next applied update, once."""
+    got = clean["exported"]
+    assert len(got) == 1 and got[0][0] == "a0", (got, clean["logs"])
+    assert 2 <= got[0][1] < clean["stats"]["step"], got
 
 
 def test_every_replica_applies_the_same_updates_in_the_same_order(clean: dict[str, Any]
@@ -204,7 +217,7 @@ def test_no_update_staler_than_the_bound_through_the_faults(elastic: dict[str, A
 
 def test_every_member_killed_at_once_resumes_from_the_durable_snapshot(tmp_path: Path
                                                                        ) -> None:
-    from trainer import snapshot as snap
+    from trainer.state import snapshot as snap
 
     pace = tmp_path / "pace"  # slowly until both replacements are in
     pace.write_text("")

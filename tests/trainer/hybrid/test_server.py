@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainer.errors import ExchangeError
 from trainer.hybrid.placement import place, shard_hosts
-from trainer.hybrid.server import HEAD, PUSH, TAG_HEAD, Exchange, ExchangeError
+from trainer.hybrid.server import HEAD, PUSH, TAG_HEAD, Exchange
 from trainer.hybrid.staleness import Sequencer
 
 SIZES = [40, 30, 20, 10]

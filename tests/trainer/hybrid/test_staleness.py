@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
+from trainer.data.sampler import CursorState
 from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_compute,
                                       updates_left)
-from trainer.sampler import CursorState
 
 
 def test_tickets_in_order_until_the_data_ends() -> None:

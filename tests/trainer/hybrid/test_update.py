@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer.collective.step import Stepper
 from trainer.hybrid.update import SAMPLES, STALENESS, ZONE, UpdateLayout, ZoneStepper
-from trainer.step import Stepper
 
 
 class Net(nn.Module):

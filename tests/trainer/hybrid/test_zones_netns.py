@@ -18,7 +18,7 @@ import pytest
 from tests.fakes.netns import NetnsUnavailable, Zones
 from tests.trainer.hybrid.test_hybrid_ring import JOB
 from tests.trainer.ringutil import TOKEN, Ring, finish_checksums
-from trainer.coordinator import Coordinator
+from trainer.control.coordinator import Coordinator
 
 pytestmark = pytest.mark.slow
 

@@ -126,24 +126,11 @@ def test_survivors_record_the_dead_stage_0_member_s_part_of_the_waves_it_may_hav
     when it dies, the waves the survivors roll forward through may be agreed and unapplied
     there, so unrecorded: each surviving stage-0 member records the dead one's part of its
     newest waves (from ``target - D - 1``); a drained member applied every wave."""
-    from tests.trainer.pipeline.test_member_setup import _member, seq
-    from trainer import membership as mb
-    from trainer.pipeline.member import _Wave
-    from trainer.sampler import CursorState
-
-    m = _member(seq())
-    m.ps = m.ps.__class__(stages=2, micro_batch=4, staleness=2)
-    got: list[dict] = []
-    m.w.cfg.record_samples = "samples.jsonl"
-    m.w.append = lambda _path, rec: got.append(rec)
-    m.history = [_Wave(w, CursorState(1, 8 * w), 8, [1, 2] if w != 7 else [],
-                       parts=((1, [1, 2]), (5, [w, 3]), (6, [4]), (9, [5])))
-                 for w in range(5, 10)]  # member 5 died; 6 drained; 9 lives on
-    plan = mb.Plan(7, (1, 9), ("a", "d"), drained=(6,), lost=(5,))
-    m._record_for_the_dead(plan, target=10)
+    history = [(w, 1, w != 7, ((1, [1, 2]), (5, [w, 3]), (6, [4]), (9, [5])))
+               for w in range(5, 10)]  # member 5 died; 6 drained; 9 lives on
+    got = cp.records_for_the_dead(history, {1, 9, 6}, target=10, staleness=2)
     # waves 7..9 (target - D - 1 on); wave 7's part is not this member's (it held no stage 0)
-    assert [(r["step"], r["member"], r["ids"], r["by"]) for r in got] == [
-        (8, 5, [8, 3], 1), (9, 5, [9, 3], 1)]
+    assert [(p.wave, p.member, list(p.ids)) for p in got] == [(8, 5, [8, 3]), (9, 5, [9, 3])]
 
 
 def test_the_reduced_packs_are_kept_only_until_their_wave_is_applied() -> None:

@@ -124,7 +124,7 @@ def test_the_optimiser_state_follows_its_parameter_and_its_step_stays() -> None:
 def test_the_profile_step_reports_the_job_s_own_error_before_joining() -> None:
     from types import SimpleNamespace
 
-    from trainer.step import JobCodeError
+    from trainer.errors import JobCodeError
 
     m, _ = _model(0)
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from tests.trainer.jobs import pipe
-from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
-from trainer import snapshot as snap
+from tests.trainer.ringutil import Ring, exported, finish_checksums, per_epoch_counts
 from trainer.pipeline.stagestate import ModelIndex
+from trainer.state import snapshot as snap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -259,6 +259,8 @@ def test_a_stage_handed_to_a_spare_is_all_the_spare_then_keeps_resident(tmp_path
         ring.worker("a", *out)
         ring.worker("b", "--fault", "term@10", *out)
         ring.worker("c", "--slowdown", "4", *out)
+        ring.wait_for("wave 2", lambda: ring.coord.stats()["step"] >= 2, 120)
+        ring.coord.request_export()  # the head gathers VW 0 and writes the model, now
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
         stats = ring.coord.stats()
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
@@ -276,5 +278,9 @@ def test_a_stage_handed_to_a_spare_is_all_the_spare_then_keeps_resident(tmp_path
         want = _model()[0].state_dict()
         assert list(got) == list(want)
         assert all(not t.is_meta and t.shape == want[k].shape for k, t in got.items())
+        # the pipeline mode honours the export request through the member skeleton (it
+        # ignored it before): the head wrote the model once, in the middle of the run
+        requested = exported(tmp_path)
+        assert len(requested) == 1 and 2 <= requested[0][1] < stats["step"], requested
     finally:
         ring.close()

@@ -1,0 +1,234 @@
+"""The coordinator's tick as a pure function: plain data in, state and actions out."""
+
+from __future__ import annotations
+
+from trainer.control import decide as dc
+from trainer.protocol import messages as mb
+from trainer.protocol.messages import EventKind, MemberState, JobOutcome
+
+CFG = dc.ControlSettings(heartbeat_timeout_s=5.0, rollcall_s=0.5, initial_world=2)
+
+
+class World:
+    """The store as the coordinator sees it, and a clock, driven tick by tick."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, bytes] = {mb.IDS: b"0"}
+        self.now = 100.0
+        self.ring = dc.ControlState()
+        self.events: list[dc.Emit] = []
+
+    def tick(self, dt: float = 0.05) -> list[dc.Action]:
+        self.now += dt
+        ids = int(self.kv.get(mb.IDS, b"0"))
+        snap = dc.TickReads(self.now, 1e9 + self.now,
+                           {k: self.kv.get(k) for k in dc.reads(self.ring, ids)})
+        self.ring, actions = dc.decide(self.ring, snap, CFG, ids)
+        for a in actions:
+            if isinstance(a, dc.Put):
+                self.kv[a.key] = a.value
+            elif isinstance(a, dc.Add):
+                self.kv[a.key] = str(int(self.kv.get(a.key, b"0")) + a.delta).encode()
+            elif isinstance(a, dc.Emit):
+                self.events.append(a)
+        return actions
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.kv[key] = str(int(self.kv.get(key, b"0")) + n).encode()
+
+    def hello(self, raw: bytes | str) -> int:
+        self.add(mb.IDS)
+        i = int(self.kv[mb.IDS])
+        self.kv[mb.k_hello(i)] = raw.encode() if isinstance(raw, str) else raw
+        return i
+
+    def beat(self, *ids: int) -> None:
+        for i in ids:
+            self.add(mb.k_heartbeat(i))
+
+    def form_all(self) -> None:
+        plan = self.ring.plan
+        assert plan is not None
+        for m in plan.members:
+            self.kv[mb.k_formed(plan.generation, m)] = mb.Formed("c", 3).to_json().encode()
+            self.add(mb.k_formed_count(plan.generation))
+
+    def kinds(self) -> list[str]:
+        return [e.kind.value for e in self.events]
+
+
+def _two_members(w: World) -> tuple[int, int]:
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 20.0, "job1").to_json())
+    w.tick()
+    assert w.kv[mb.k_verdict(a)] == b"ok" and w.ring.plan is not None
+    w.form_all()
+    w.beat(a, b)
+    w.tick()
+    assert w.ring.formed
+    return a, b
+
+
+def test_the_first_generation_forms_from_two_valid_hellos() -> None:
+    w = World()
+    a, b = _two_members(w)
+    plan = w.ring.plan
+    assert plan.members == (a, b) and plan.job == "job1"
+    assert {m.state for m in dc.members(w.ring)} == {MemberState.ACTIVE.value}
+    assert "formed" in w.kinds()
+
+
+def test_a_malformed_hello_is_refused_counted_and_never_wedges_the_coordinator() -> None:
+    w = World()
+    bad = w.hello(b"\xff not json")
+    w.tick()
+    assert w.kv[mb.k_verdict(bad)].startswith(b"refused: malformed")
+    assert w.ring.malformed == 1 and bad not in w.ring.tracked and not w.ring.unseen
+    a, b = _two_members(w)  # the coordinator goes on serving honest joiners
+    assert w.ring.plan.members == (a, b)
+
+
+def test_a_joiner_of_another_job_is_refused_and_says_why() -> None:
+    w = World()
+    _two_members(w)
+    other = w.hello(mb.Hello("x", 5.0, "job2").to_json())
+    w.tick()
+    assert b"different job" in w.kv[mb.k_verdict(other)]
+    assert other not in w.ring.tracked
+
+
+def test_stats_cannot_end_the_job_and_malformed_stats_are_ignored() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.kv[mb.STATS] = b'{"finished": true, "step": 7}'
+    w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.progress.step == 7
+    w.kv[mb.STATS] = b'{"step": "lots"}'
+    w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.progress.step == 7
+    assert w.ring.malformed >= 1 and not dc.stats(w.ring)["finished"]
+
+
+def test_a_pause_of_the_coordinator_itself_drops_nobody() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.tick(dt=30.0)  # the host stalled 30 s: no heartbeat moved, and no tick ran either
+    w.tick()
+    assert w.ring.rollcall is None and not [e for e in w.events if e.kind is EventKind.LOST]
+    w.beat(a, b)
+    w.tick()
+    assert w.ring.plan.members == (a, b) and w.ring.plan.generation == 1
+
+
+def test_a_hung_member_is_still_found_while_the_coordinator_runs() -> None:
+    w = World()
+    a, b = _two_members(w)
+    for _ in range(120):  # 6 s of ticks; only a beats
+        w.beat(a)
+        w.tick()
+    lost = [e for e in w.events if e.kind is EventKind.LOST]
+    assert [e.name for e in lost] == ["b"] and "heartbeat" in lost[0].detail
+    assert w.ring.plan.members == (a,) and w.ring.plan.lost == (b,)
+
+
+def test_when_every_member_falls_silent_the_roll_call_waits_the_heartbeat_timeout() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.add(mb.k_broken(1))  # a collective failed and nobody beats any more (a stall?)
+    for _ in range(40):  # 2 s: past the roll call, inside the heartbeat timeout
+        w.tick()
+    assert w.ring.rollcall is not None and w.ring.plan.generation == 1
+    w.beat(a, b)  # they were only slow: both answer
+    w.tick()
+    assert w.ring.rollcall is None and w.ring.plan.members == (a, b)
+    assert w.ring.plan.generation == 2 and "every member answered" in w.ring.plan.reason
+
+
+def test_a_job_error_ends_the_job_as_failed_not_as_a_revocation() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.kv[mb.k_error(b)] = mb.JobFailure(12, "job x: forward raised ValueError: ...").to_json(
+    ).encode()
+    w.add(mb.ERRORS)
+    w.tick()
+    assert w.ring.outcome is JobOutcome.FAILED and w.kv[mb.FINISHED].startswith(b"failed")
+    assert "job-error" in w.kinds() and "lost" not in w.kinds()
+    assert dc.stats(w.ring)["failure"].startswith("job x")
+
+
+def test_every_member_done_finishes_the_job() -> None:
+    w = World()
+    a, b = _two_members(w)
+    for m in (a, b):
+        w.kv[mb.k_done(m)] = mb.Done("c", 40, {"accuracy": 0.9}).to_json().encode()
+        w.add(mb.DONES)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.DONE and w.kv[mb.FINISHED] == b"done"
+    late = w.hello(mb.Hello("late", 1.0, "job1").to_json())
+    w.tick()
+    assert w.kv[mb.k_verdict(late)].startswith(b"finished")
+
+
+def test_drain_by_name_publishes_a_generation_without_it() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.ring, actions, found = dc.command_drain(w.ring, "b", "spot notice")
+    assert found and not dc.command_drain(w.ring, "nobody", "x")[2]
+    w.tick()
+    assert w.ring.plan.members == (a,) and w.ring.plan.drained == (b,)
+
+
+def test_old_generations_are_deleted_from_the_store() -> None:
+    w = World()
+    a, b = _two_members(w)
+    deletes: list[str] = []
+    for _ in range(dc.KEEP_GENERATIONS + 2):
+        w.add(mb.k_broken(w.ring.plan.generation))
+        w.beat(a, b)
+        for _ in range(12):
+            w.beat(a, b)
+            for act in w.tick():
+                if isinstance(act, (dc.Delete, dc.DeletePrefix)):
+                    deletes.append(getattr(act, "key", getattr(act, "prefix", "")))
+        w.form_all()
+        w.tick()
+    assert mb.k_plan(1) in deletes and "g1/" in deletes
+    assert not any(d in (mb.k_plan(10), mb.k_broken(10)) for d in deletes)
+
+
+def test_when_no_holder_of_the_state_is_left_the_job_is_lost_at_once_not_reformed() -> None:
+    """The only member holding the state hangs while joiners wait: the joiners never received
+    it, so forming them would fail forever (it did: 1,171 generations in one run)."""
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.joined == (j,)
+    for _ in range(140):  # 7 s: only the joiner beats; a and b hang before gen 2 forms
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.LOST and w.kv[mb.FINISHED] == b"lost"
+    assert "never received it" in w.ring.failure
+    assert w.ring.plan.members == () and w.ring.plan.generation <= 4
+    # the members read the plan that says so: it must parse (it had one zone per joiner)
+    assert mb.Plan.from_json(w.kv[mb.k_plan(w.ring.plan.generation)]) == w.ring.plan
+
+
+def test_until_a_generation_forms_every_plan_is_a_fresh_start() -> None:
+    w = World()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 20.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.fresh_start
+    w.add(mb.k_broken(1))  # the first generation breaks before it formed
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.fresh_start  # rank 0 builds it again
+    w.form_all()
+    w.tick()
+    w.add(mb.k_broken(2))
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 3 and not w.ring.plan.fresh_start

@@ -1,0 +1,205 @@
+"""The member skeleton: what every mode gets from it without a copy (the commit bookkeeping,
+the metrics line, the head's duties, the failure report), against a real control store and
+with a stand-in mode; and that the three real modes leave that bookkeeping to it."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.protocol import messages as mb
+from trainer.protocol.store import StoreServer
+from trainer.protocol.store_client import ControlStore
+from trainer.state.training import TrainingState
+from trainer.worker.decision import MemberOutcome
+from trainer.worker.member import Member
+from trainer.worker.modes.base import Commit, Duties
+from trainer.worker.outputs import Outputs
+
+MODES = Path(__file__).resolve().parents[3] / "trainer" / "worker" / "modes"
+
+
+class _Mode:
+    """A stand-in mode: the head is rank 0; the whole model is gathered on demand."""
+
+    def __init__(self, member: Member) -> None:
+        self.m = member
+        self.gathered = 0
+
+    def is_head(self) -> bool:
+        return self.m.rank == 0
+
+    @contextmanager
+    def whole_model(self) -> Iterator[bool]:
+        self.gathered += 1
+        yield self.is_head()
+
+    def checksum(self) -> str:
+        return self.m.w.state.checksum()
+
+    def problem(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _Job(SimpleNamespace):
+    def __len__(self) -> int:
+        return 10  # samples per epoch
+
+
+class _Heartbeat:
+    export = 0
+    stats: str | None = None
+    report = None
+
+
+@pytest.fixture
+def store() -> Iterator[ControlStore]:
+    server = StoreServer("127.0.0.1", 0, b"t")
+    server.start()
+    try:
+        yield ControlStore(*server.address, b"t")
+    finally:
+        server.stop()
+
+
+def _member(store: ControlStore, tmp: Path, rank: int = 0, evaluate: Any = None) -> Member:
+    model = torch.nn.Linear(2, 1)
+    job = _Job(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), epochs=2,
+               evaluate=evaluate, on_finish=None)
+    out = Outputs("job.py", metrics_file=tmp / "m.jsonl", record_samples=tmp / "s.jsonl",
+                  output=tmp / "model.pt")
+    w = SimpleNamespace(job=job, state=TrainingState(model, job.optimizer, None, "fp"),
+                        outputs=out, cfg=SimpleNamespace(job="job.py"), notice=None,
+                        failure=None)
+    m = Member(w, store, 3, _Heartbeat(), _Mode)  # type: ignore[arg-type]
+    m.rank, m.plan = rank, mb.Plan(4, (3, 8) if rank == 0 else (8, 3), ("a", "b"))
+    m.export_seen = m.hb.export  # as forming does: requests before it are not this one's
+    return m
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_commit_moves_the_progress_records_the_samples_and_writes_the_line(
+        store: ControlStore, tmp_path: Path) -> None:
+    m = _member(store, tmp_path)
+    m.commit(Commit(4, 0.5, [1, 2], {"batch": 2}))
+    m.commit(Commit(4, 0.25, [5], {"batch": 1}))
+    p = m.w.state.progress
+    assert (p.step, p.cursor.cursor, p.samples_done) == (2, 8, 8)
+    assert [(r["step"], r["member"], r["ids"]) for r in _lines(tmp_path / "s.jsonl")] == [
+        (0, 3, [1, 2]), (1, 3, [5])]
+    lines = _lines(tmp_path / "m.jsonl")
+    assert [(r["step"], r["loss"], r["batch"], r["member"], r["generation"], r["world"])
+            for r in lines] == [(1, 0.5, 2, "a/3", 4, 2), (2, 0.25, 1, "a/3", 4, 2)]
+    report = mb.ProgressReport.parse(m.hb.stats)  # the head reports its progress
+    assert (report.step, report.samples_done, report.loss) == (2, 8, 0.25)
+    m.commit(Commit(2, 0.1, [9], quiet=True))  # rolled forward: counted, nothing written
+    assert m.w.state.progress.step == 3 and len(_lines(tmp_path / "m.jsonl")) == 2
+    assert len(_lines(tmp_path / "s.jsonl")) == 3
+
+
+def test_a_member_records_the_samples_of_a_gone_one_under_its_id(store: ControlStore,
+                                                                  tmp_path: Path) -> None:
+    m = _member(store, tmp_path)
+    m.record_samples(7, 1, [4, 5], member=5)
+    assert _lines(tmp_path / "s.jsonl") == [
+        {"epoch": 1, "step": 7, "member": 5, "ids": [4, 5], "by": 3}]
+
+
+def test_the_export_request_is_the_head_s_duty_whatever_the_mode(store: ControlStore,
+                                                                  tmp_path: Path) -> None:
+    """The coordinator's request (its export counter, seen by the heartbeat) is claimed
+    once, by the head, and written from inside the mode's whole-model context."""
+    m = _member(store, tmp_path)
+    m.commit(Commit(2, 0.1))
+    assert not (tmp_path / "model.pt").exists() and m.mode.gathered == 0
+    m.hb.export = 1  # the coordinator asked
+    m.commit(Commit(2, 0.1))
+    assert (tmp_path / "model.pt").exists() and m.mode.gathered == 1
+    (tmp_path / "model.pt").unlink()
+    m.commit(Commit(2, 0.1))  # claimed: not written again
+    assert not (tmp_path / "model.pt").exists()
+    (tmp_path / "x").mkdir()
+    other = _member(store, tmp_path / "x", rank=1)
+    other.hb.export = 1
+    other.commit(Commit(2, 0.1))
+    assert not (tmp_path / "x" / "model.pt").exists()  # not the head: not its duty
+
+
+def test_duties_agreed_in_a_reduction_reach_every_member_that_takes_part(
+        store: ControlStore, tmp_path: Path) -> None:
+    """A mode that agrees on the duties in its reduction (the pipeline) hands them over:
+    every member enters the whole-model context (VW 0 gathers), only the head writes."""
+    head, other = _member(store, tmp_path, 0), _member(store, tmp_path, 1)
+    for m in (head, other):
+        m.commit(Commit(2, 0.1, duties=Duties(export=True)))
+        assert m.mode.gathered == 1
+    assert (tmp_path / "model.pt").exists()
+
+
+def test_the_evaluation_runs_on_the_head_at_an_epoch_end(store: ControlStore,
+                                                         tmp_path: Path) -> None:
+    calls = []
+    m = _member(store, tmp_path, evaluate=lambda model: calls.append(1) or {"acc": 0.75})
+    m.commit(Commit(6, 0.1))
+    assert not calls
+    m.commit(Commit(4, 0.1))  # the epoch (10 samples) ends
+    assert calls == [1] and m.w.state.metrics == {"acc": 0.75}
+    assert mb.ProgressReport.parse(m.hb.stats).metrics == {"acc": 0.75}
+
+
+def test_a_failure_is_reported_once_and_stops_the_generation(store: ControlStore,
+                                                             tmp_path: Path) -> None:
+    m = _member(store, tmp_path)
+    assert m.fail("job job.py: the job's forward raised") is MemberOutcome.FAILED
+    got = mb.JobFailure.parse(store.get(mb.k_error(3)))
+    assert got.message == "job job.py: the job's forward raised" and got.step == 0
+    assert store.add(mb.ERRORS, 0) == 1 and store.add(mb.k_broken(4), 0) == 1
+    assert m.w.failure == got.message
+
+
+def test_a_mode_that_cannot_train_the_job_fails_it_naming_the_job(store: ControlStore,
+                                                                  tmp_path: Path) -> None:
+    m = _member(store, tmp_path)
+    m.mode.problem = lambda: "Job.pipeline must be a trainer.pipeline.PipelineSettings"
+    m.plan = None
+    assert m.live() is MemberOutcome.FAILED
+    assert mb.JobFailure.parse(store.get(mb.k_error(3))).message == (
+        "job job.py: Job.pipeline must be a trainer.pipeline.PipelineSettings")
+
+
+@pytest.mark.parametrize("mode", ["ring", "pipeline", "hybrid"])
+def test_the_modes_leave_the_bookkeeping_to_the_skeleton(mode: str) -> None:
+    """No mode moves the progress, writes a metrics line, takes a snapshot, writes the model,
+    reports progress or a failure itself: each hands its updates to ``Member.commit``."""
+    tree = ast.parse((MODES / f"{mode}.py").read_text())
+    banned_attrs = {"progress"}  # assigned
+    banned_calls = {"step_record", "write_model", "snapshot", "finish_model", "evaluate",
+                    "start_snapshots", "fail", "k_error", "k_done"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr in banned_attrs | {"stats"}:
+                    found.append(f"assigns .{t.attr} (line {node.lineno})")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in banned_calls):
+            found.append(f"calls .{node.func.attr} (line {node.lineno})")
+    commits = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr == "commit"]
+    assert not found, found
+    assert commits, f"{mode} applies no update through Member.commit"

@@ -1,0 +1,231 @@
+"""One process group per generation, and collectives that can be abandoned.
+
+Design: each generation ``n`` gets its own process group object, built directly as
+``ProcessGroupGloo(PrefixStore(f"g{n}/", store), rank, world, timeout)`` (NCCL when the model
+is on a GPU) over the coordinator's authenticated store (so only token holders take part in
+its rendezvous), never the global default group: re-initialising the default group after a
+failed collective hangs or fails (torch issues #55967, #119196). A broken group is never
+destroyed while the process runs (its destructor joins worker threads that may still be
+blocked until the collective timeout); it is parked in :data:`_GRAVEYARD` instead.
+
+Waiting is abortable: :func:`wait` waits on the work in slices (``Work.wait(timeout)``, which
+blocks in C++ without the GIL and leaves the work running when a slice runs out; a future
+callback and a Python event cost ~0.5 ms more per step here) and, between slices, asks
+``should_abort()`` (the caller checks the coordinator's ``broken/<n>`` counter). A
+member whose neighbour died therefore stops waiting within one slice even when gloo itself
+would block until its timeout. Group construction runs in a helper thread for the same
+reason (a peer of the new generation may die before connecting).
+
+Rule for callers: after :class:`GenerationBroken`, never use that group again; report the failure
+and form the next generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store
+
+from trainer.errors import GenerationBroken
+from trainer.protocol.store_client import ControlStore
+
+log = logging.getLogger(__name__)
+
+_GRAVEYARD: list[Any] = []
+WAIT_SLICE_S = 0.05
+_SLICE = datetime.timedelta(seconds=WAIT_SLICE_S)
+
+
+def bury(obj: Any) -> None:
+    """Keep a broken group (or its store connection) alive until process exit (see the
+    module docstring)."""
+    if obj is not None:
+        _GRAVEYARD.append(obj)
+
+
+def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what: str) -> Any:
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            box["error"] = e
+        finally:
+            done.set()
+
+    t = threading.Thread(target=target, name=f"spotring-{what}", daemon=True)
+    t.start()
+    while not done.wait(WAIT_SLICE_S):
+        if should_abort():
+            raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
+    if "error" in box:
+        raise GenerationBroken(f"{what}: {box['error']}") from box["error"]
+    return box["value"]
+
+
+@dataclass
+class Group:
+    """A generation's process groups and the store connection their rendezvous used (kept
+    alive with them: NCCL reads the store again lazily, and pybind needs the Python object).
+
+    ``pg`` carries the gradients (NCCL on GPUs, else gloo); ``ctl`` the small control
+    collectives and the state transfer (always gloo, on CPU tensors; ``pg`` itself when that
+    is gloo).
+    """
+
+    pg: Any
+    ctl: Any
+    store: Any
+
+    def abort(self) -> None:
+        """Abort an NCCL communicator (a failed NCCL generation must never be left to hang
+        until its timeout); gloo needs nothing. Closes the store connection."""
+        if self.pg is not self.ctl and hasattr(self.pg, "abort"):
+            try:
+                self.pg.abort()
+            except Exception:  # noqa: BLE001 - already failed: aborting is best effort
+                log.debug("NCCL abort failed", exc_info=True)
+        self.close()
+
+    def close(self) -> None:
+        """Close the rendezvous connection (the Python object stays, for pybind)."""
+        if isinstance(self.store, ControlStore):
+            self.store.close()
+
+
+def form_group(
+    store: Store,
+    generation: int,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    should_abort: Callable[[], bool],
+    *,
+    backend: str = "gloo",
+    hostname: str | None = None,
+    sub: str = "",
+) -> Group:
+    """Build generation ``generation``'s process groups (blocks until all ranks connect).
+
+    The rendezvous runs under the prefix ``g<n>/`` of ``store`` over a connection of its own
+    (``store.clone()``, when the store has one): a forming abandoned here may leave it blocked
+    until its timeout, and it must not hold the caller's connection meanwhile. ``backend``
+    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``)
+    for the control collectives and the state transfer. ``hostname``: the address gloo
+    listens on and advertises to its peers (default: gloo's, the address of this host's
+    name). ``sub``: a sub-group of the generation (e.g. ``"s1/"``: its rendezvous runs under
+    ``g<n>/s1/``, deleted with the generation's keys; ``rank`` and ``world`` are then the
+    sub-group's). Returns the :class:`Group`. Raises :class:`GenerationBroken` when a peer does not
+    connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
+    """
+    conn = store.clone() if isinstance(store, ControlStore) else store
+    prefix = PrefixStore(f"g{generation}/{sub}", conn)
+    timeout = datetime.timedelta(seconds=timeout_s)
+
+    def gloo(where: Store) -> Any:
+        if hostname is None:
+            return dist.ProcessGroupGloo(where, rank, world, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        return dist.ProcessGroupGloo(where, rank, world, opts)
+
+    def build() -> tuple[Any, Any]:
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(prefix, rank, world, opts)
+            return nccl, gloo(PrefixStore("ctl/", prefix))
+        pg = gloo(prefix)
+        return pg, pg
+
+    try:
+        pg, ctl = _run_abortable(build, should_abort, f"form g{generation}")
+    except GenerationBroken:
+        bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
+        if isinstance(conn, ControlStore):
+            conn.close()
+        raise
+    group = Group(pg, ctl, conn)
+    if backend != "nccl":
+        group.close()  # gloo's rendezvous is over; NCCL reads the store again lazily
+    return group
+
+
+def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True
+         ) -> None:
+    """Wait for ``work`` (a collective's handle) to finish, abandoning it on abort.
+
+    ``sliced``: wait with ``Work.wait(timeout)`` slices (gloo: a slice that runs out leaves
+    the work running); False waits on the work's future instead (NCCL's ``wait(timeout)``
+    may abort the communicator when it runs out). Raises :class:`GenerationBroken` when the
+    collective fails (a peer died, the gloo timeout passed) or ``should_abort()`` turns true
+    while waiting.
+    """
+    if sliced:
+        while True:
+            try:
+                work.wait(_SLICE)  # blocks without the GIL; raises when the slice runs out
+                return
+            except Exception:  # noqa: BLE001 - a slice that ran out, or the collective failed
+                if work.is_completed():
+                    break  # failed (or finished right after the slice ran out): ask below
+            if should_abort():
+                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
+    else:
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _f: done.set())
+        while not done.wait(WAIT_SLICE_S):
+            if should_abort():
+                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
+    try:
+        work.wait()  # returns at once: the work is completed
+    except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
+        raise GenerationBroken(f"{what}: {e}") from e
+
+
+def allreduce(pg: Any, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
+    """Sum ``tensor`` in place over the group. Raises :class:`GenerationBroken` on failure."""
+    wait(pg.allreduce([tensor]), should_abort, "allreduce",
+         sliced=isinstance(pg, dist.ProcessGroupGloo))
+
+
+def send(pg: Any, tensors: list[tuple[torch.Tensor, int, int]],
+         should_abort: Callable[[], bool]) -> None:
+    """Send each ``(tensor, dst, tag)`` point-to-point, all posted at once, and wait for all.
+
+    The waits run whole on a helper thread (bounded by the group's timeout): gloo closes the
+    pair when a ``Work.wait(timeout)`` slice of a send or receive runs out, so the sliced wait
+    of the collectives cannot serve here. Raises :class:`GenerationBroken` when a peer dies, the
+    group's timeout passes, or ``should_abort()`` turns true while waiting.
+    """
+    wait_posted([(pg.send([t], dst, tag), dst) for t, dst, tag in tensors], should_abort)
+
+
+def wait_posted(works: list[tuple[Any, int]], should_abort: Callable[[], bool]) -> None:
+    """Wait for point-to-point works posted earlier, ``(work, peer)`` each, as :func:`send`
+    waits (keep their tensors alive until this returns); a work already completed costs no
+    helper thread. Raises :class:`GenerationBroken` as :func:`send`."""
+    for work, peer in works:
+        if work.is_completed():
+            try:
+                work.wait()  # returns at once (or raises the failure)
+            except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
+                raise GenerationBroken(f"send to or recv from rank {peer}: {e}") from e
+        else:
+            _run_abortable(work.wait, should_abort, f"send to or recv from rank {peer}")
+
+
+def recv(pg: Any, tensor: torch.Tensor, src: int, tag: int,
+         should_abort: Callable[[], bool]) -> None:
+    """Receive ``tensor`` in place from rank ``src`` (waits as :func:`send`)."""
+    _run_abortable(pg.recv([tensor], src, tag).wait, should_abort, f"recv from rank {src}")

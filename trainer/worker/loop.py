@@ -1,0 +1,201 @@
+"""The elastic training loop a user's job runs in (one process = one worker).
+
+Design: a worker loads its job, builds its runtime (:class:`trainer.worker.runtime.Runtime`:
+the device, the input feed; in the pipeline mode the model stays on the host until a member
+holds a stage: :mod:`trainer.pipeline.placement`) and profiles a few steps first (hot join:
+the ring never waits for a joiner's slow start), then connects, proves the token and joins;
+each membership is a :class:`trainer.worker.member.Member` running the job's training mode
+(:mod:`trainer.worker.modes`). What outlives a membership is split by job: the
+configuration (:class:`trainer.worker.config.WorkerConfig`), the training state
+(:class:`trainer.state.training.TrainingState`: parameters, buffers, optimiser, loss
+scaler, progress, the batch planner's speed model, metrics), the runtime, and the outputs
+(:class:`trainer.worker.outputs.Outputs`: metrics, sample records, the trained model,
+snapshots). A membership's end becomes an exit code (:func:`trainer.worker.decision.
+after_membership`): a member dropped while unresponsive joins again as a new member.
+
+Rule for callers: one :class:`Worker` per process; :meth:`Worker.run` returns an exit code
+and leaves a failure's message in :attr:`Worker.failure` (the command line prints it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import torch
+
+from trainer.collective.step import Stepper, make_scaler
+from trainer.errors import (ControlLost, ControlTimeout, CoordinatorUnreachable, JobCodeError,
+                            JobError, JoinRefused)
+from trainer.job import Job, load_job, resolve_mode
+from trainer.protocol import messages as mb
+from trainer.state import codec
+from trainer.state.training import TrainingState
+from trainer.worker import client, devices
+from trainer.worker import decision as dn
+from trainer.worker.config import WorkerConfig
+from trainer.worker.decision import MemberOutcome
+from trainer.worker.member import Member
+from trainer.worker.modes import mode_class
+from trainer.worker.outputs import Outputs
+from trainer.worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def normal_priority() -> None:
+    """Put every thread of this process back on SCHED_OTHER (after a ``--boot-idle`` boot).
+
+    Linux scheduling policy is per thread and threads inherit their creator's, so each
+    thread listed in /proc/self/task is switched (a thread gone meanwhile is skipped).
+    """
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:
+            pass
+    log.info("boot done: back to normal CPU priority")
+
+
+class Worker:
+    """One elastic worker (see the module docstring).
+
+    ``cfg`` what it was told; ``job`` the user's job; ``state`` the training state it holds
+    and sends; ``runtime`` what it computes with; ``outputs`` what it writes; ``prior`` its
+    profiled samples/s (told to the coordinator when it joins); ``notice`` why it leaves at
+    the next step boundary (None: it stays); ``failure`` the job's failure, when it failed.
+    """
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.job: Job = None  # type: ignore[assignment]  # loaded by run()
+        self.state: TrainingState = None  # type: ignore[assignment]
+        self.runtime: Runtime = None  # type: ignore[assignment]
+        self.outputs = Outputs(cfg.job, metrics_file=cfg.metrics_file,
+                               record_samples=cfg.record_samples, output=cfg.output)
+        self.prior = 0.0
+        self.notice: str | None = None
+        self.failure: str | None = None
+
+    # -- entry -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Load, profile, join and train until finished, drained or refused. Returns exit code.
+
+        Raises :class:`trainer.errors.JobError` (before any contact with the coordinator),
+        :class:`trainer.errors.DeviceError` and :class:`trainer.errors.CoordinatorUnreachable`.
+        """
+        cfg = self.cfg
+        device = devices.resolve(cfg.device)
+        self.job = job = load_job(cfg.job, cfg.seed)
+        job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
+        log.info("training mode %s (%s)", job.mode, why)
+        mode = mode_class(job.mode)  # an unavailable mode fails here, before joining
+        try:
+            self._prepare(device)
+            self.prior = self._profile()
+            if cfg.boot_idle:
+                normal_priority()
+            signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
+            return self._join(mode)
+        finally:
+            self.outputs.close()
+            if self.runtime is not None:
+                self.runtime.close()
+
+    def _join(self, mode: type) -> int:
+        """Join, and join again as a new member while the ring drops this one."""
+        cfg = self.cfg
+        hello = mb.Hello(cfg.name, self.prior, self.state.fingerprint, self.runtime.device_name,
+                         cfg.zone)
+        while True:
+            try:
+                store = client.connect(cfg.host, cfg.port, cfg.token,
+                                       budget_s=cfg.connect_budget_s,
+                                       op_timeout_s=max(30.0, 3 * cfg.collective_timeout_s))
+                member_id = client.join(store, hello)
+            except JoinRefused as e:
+                code, level = dn.refused_exit(e.verdict)
+                log.log(level, "%s: %s", "the job is already over" if e.verdict.startswith(
+                    "finished:") else "join refused by the coordinator", e.verdict)
+                return code
+            hb = client.Heartbeat(store, member_id, cfg.heartbeat_s,
+                                  speed=self.runtime.speed).start()
+            try:
+                outcome = Member(self, store, member_id, hb, mode).live()
+            except (ControlLost, ControlTimeout) as e:  # a store call failed
+                hb.stop()
+                raise CoordinatorUnreachable(
+                    f"lost the coordinator {cfg.host}:{cfg.port}: "
+                    f"{str(e).splitlines()[0]}; restart it and this worker") from e
+            except BaseException:
+                hb.stop()
+                raise
+            if outcome is MemberOutcome.REFUSED:
+                hb.beat()  # show the coordinator this dropped member woke up
+            hb.stop()
+            store.close()
+            code = dn.after_membership(outcome, rejoin=cfg.rejoin,
+                                       noticed=self.notice is not None)
+            if code is None:
+                log.warning("dropped from the ring while unresponsive; joining as a new "
+                            "member")
+                continue
+            return code
+
+    def give_notice(self, reason: str) -> None:
+        """Leave at the next step boundary (signal handlers and notice pollers call this)."""
+        if self.notice is None:
+            self.notice = reason
+            log.info("notice received (%s): leaving at the next step boundary", reason)
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _prepare(self, device: torch.device) -> None:
+        """The model on the device, the scaler, the input pipeline, the training state. In
+        the pipeline mode the model stays on the host: a member puts only its stage's layers
+        on the device once a generation has formed (:mod:`trainer.pipeline.placement`)."""
+        cfg, job = self.cfg, self.job
+        if job.mode != "pipeline":
+            job.model.to(device)
+        workers = cfg.loader_workers if cfg.loader_workers is not None else job.loader_workers
+        self.runtime = Runtime(job, device, seed=cfg.seed, slowdown=cfg.slowdown,
+                               loader_workers=workers, faults=cfg.faults)
+        self.state = TrainingState(job.model, job.optimizer, make_scaler(job.precision, device),
+                                   codec.fingerprint(job.model, job.optimizer, job.global_batch,
+                                                     len(job), job.mode))
+        log.info("job %s on %s (%s, minimum local batch %d)", cfg.job, device, job.precision,
+                 self.runtime.min_batch)
+
+    def _profile(self) -> float:
+        """A few forward/backward passes before joining; returns the measured samples/s.
+
+        Raises :class:`trainer.errors.JobError` when the job's code raises: it is reported
+        before the worker ever contacts the coordinator.
+        """
+        from trainer.pipeline import profile as pipeline_profile
+
+        job, rt = self.job, self.runtime
+        b = max(rt.min_batch, min(len(job), job.global_batch // 2))
+        ids = torch.arange(min(b, len(job)))
+        times = []
+        for _ in range(max(1, self.cfg.profile_steps)):
+            t0 = time.perf_counter()
+            moving = 0.0  # pipeline mode: seconds moving layers to the device and back
+            try:
+                batch = rt.batch(ids, 0)
+                if job.mode == "pipeline":  # one layer on the device at a time
+                    moving = pipeline_profile.profile_step(job, batch, rt.device)
+                else:
+                    Stepper.profile_step(job, batch, rt.device, self.state.scaler)
+            except JobCodeError as e:
+                raise JobError(f"job {self.cfg.job!r}: {e}") from e
+            rt.slow(time.perf_counter() - t0 - moving, len(ids))
+            times.append(time.perf_counter() - t0 - moving)
+        job.model.zero_grad(set_to_none=True)
+        best = min(times[1:] or times)
+        rt.samples_per_s = len(ids) / best
+        log.info("profiled %.1f samples/s (batch %d)", rt.samples_per_s, len(ids))
+        return rt.samples_per_s

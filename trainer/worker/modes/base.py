@@ -1,0 +1,127 @@
+"""What a training mode is to the member skeleton: the :class:`Mode` verbs and what a mode
+hands back (:class:`Transferred`, :class:`Commit`, :class:`Duties`).
+
+Design (torchft's ``Manager`` with the train loop outside it; torch elastic's one executor).
+The skeleton (:class:`trainer.worker.member.Member`) owns the life of a membership: the plan
+loop, forming the generation's group, the formed and done reports, the drains, the failure
+report, the commit bookkeeping (progress advanced only on a commit), the metrics record, the
+rank-0 duties (evaluation, durable snapshots, the export of the trained model, the progress
+report) and the sample records. A mode owns only what differs between the ways members
+train together:
+
+* :meth:`Mode.transfer_state` how the newest state reaches the members that lack it
+  (the ring: one source sends the whole state; the pipeline: stage layers move between
+  virtual workers),
+* :meth:`Mode.prepare` the machinery of a generation (buckets, stage runners, zone groups),
+* :meth:`Mode.step` what one step computes and how it reduces; every update it applies is
+  handed to :meth:`trainer.worker.member.Member.commit` as a :class:`Commit`,
+* :meth:`Mode.whole_model` where the whole model is for the rank-0 duties (the pipeline
+  gathers its stages on its head), and :meth:`Mode.checksum` of the state all hold.
+
+A behaviour added to the skeleton (a hook after each commit, a new duty, state that
+travels) therefore reaches every mode without a copy.
+
+Rule for callers: a mode is built with its member (``Mode(member)``) once per membership;
+the skeleton calls ``problem`` once, then per generation ``transfer_state``, ``prepare``,
+``checksum``, then ``step`` until the generation ends, ``drop`` when it ends or breaks, and
+``close`` when the membership ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Duties:
+    """Rank-0 duties after a commit that need the whole model: a durable snapshot, the
+    export of the trained model. (Evaluation is due at every epoch end, known to all.)"""
+
+    snapshot: bool = False
+    export: bool = False
+
+    def __bool__(self) -> bool:
+        return self.snapshot or self.export
+
+
+@dataclass(frozen=True)
+class Transferred:
+    """How a generation's state agreement went for this member: steps it had computed that
+    no member kept (reported as lost), the rank it received from, the bytes moved."""
+
+    lost: int = 0
+    source: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One update applied on this member, identically on every member that holds it.
+
+    ``samples``: the step's global samples (the data cursor moves by them); ``loss``: the
+    global batch's mean loss; ``ids``: this member's samples of the step, recorded under its
+    own id (empty: nothing to record here); ``record``: the mode's fields of the metrics
+    line (batch, timings, ...); ``duties``: the rank-0 duties agreed in the step's reduction
+    (None: the head decides them now, alone); ``quiet``: a commit replayed while forming
+    (the pipeline rolling forward): counted and recorded, no metrics line, no duties.
+    """
+
+    samples: int
+    loss: float = 0.0
+    ids: Sequence[int] = ()
+    record: Mapping[str, Any] = field(default_factory=dict)
+    duties: Duties | None = None
+    quiet: bool = False
+
+
+class Mode(Protocol):
+    """A training mode plugged into the member skeleton (see the module docstring)."""
+
+    def problem(self) -> str | None:
+        """Why this job cannot train in this mode (one line naming the field), or None."""
+        ...
+
+    def transfer_state(self) -> Transferred:
+        """After the generation's group formed: agree on the newest state and bring it to
+        the members that lack it. Raises :class:`trainer.errors.GenerationBroken` and
+        :class:`trainer.errors.StateLost`."""
+        ...
+
+    def prepare(self) -> int:
+        """Build this generation's machinery; returns the steps lost besides the transfer's."""
+        ...
+
+    def is_head(self) -> bool:
+        """Does this member act for the ring (rank 0; the pipeline's head)?"""
+        ...
+
+    def step(self) -> int:
+        """Run one step (a wave, a round); commit what it applied through the member.
+        Returns the newest generation any member saw (the current one to go on). Raises
+        :class:`trainer.errors.GenerationBroken` and :class:`trainer.errors.JobCodeError`."""
+        ...
+
+    def whole_model(self) -> AbstractContextManager[bool]:
+        """A context in which the whole model and optimiser state are on the head; yields
+        whether this member is the head. Entered by every member that takes part."""
+        ...
+
+    def checksum(self) -> str:
+        """Digest of the state this member holds (a collective in the pipeline mode)."""
+        ...
+
+    def describe(self) -> str:
+        """What this member holds in the generation, for the formed log line ("": the
+        whole model)."""
+        ...
+
+    def drop(self) -> None:
+        """The generation ended or broke: free its groups and machinery."""
+        ...
+
+    def close(self) -> None:
+        """The membership ended."""
+        ...
