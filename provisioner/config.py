@@ -309,6 +309,11 @@ class DaemonSettings(_Section):
                                   "capacity is skipped this long")
     drain_timeout_s: float = Field(60.0, gt=0, le=86400, description="a draining worker is "
                                    "terminated after this long anyway")
+    join_deadline_s: float = Field(3600.0, gt=0, le=7 * 86400, description="an instance none "
+                                   "of whose workers joined the ring this long after its launch "
+                                   "is terminated and its offering skipped for capacity_ttl_s "
+                                   "(longer when 3x the slowest boot measured is longer; at least 5 real "
+                                   "minutes on the local cloud's fast clock)")
     max_launches_per_round: int = Field(4, ge=1, le=1000, description="churn limit")
     max_removals_per_round: int = Field(2, ge=1, le=1000, description="churn limit")
     on_exit: Literal["keep", "terminate"] = Field("keep", description="what happens to the fleet "

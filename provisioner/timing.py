@@ -46,6 +46,17 @@ DESCRIBE_FALLBACK_S = 30.0
 #: The GCP driver's list fallback runs at most every 30 s: preemption operations arrive within
 #: seconds; the fallback only catches VMs deleted some other way.
 LIST_FALLBACK_S = 30.0
+#: An instance none of whose workers joined the ring this long after its launch is
+#: terminated (a boot that failed, a worker that cannot reach the coordinator): cloud GPU
+#: boots take 1-10 minutes (the AWS and GCP e2e boots, docs/deploy.md), so an hour is a boot
+#: gone wrong, never a slow one. Once boots are measured in the run the deadline is
+#: ``JOIN_DEADLINE_MARGIN`` x the slowest boot seen, if that is longer.
+JOIN_DEADLINE_S = 3600.0
+JOIN_DEADLINE_MARGIN = 3.0
+#: ...and never less than 5 real minutes, whatever the clock's speed: a local run replays at
+#: 60-600x, where an hour of its clock is 6-60 real seconds, less than a worker may take to
+#: import torch on a loaded machine.
+JOIN_DEADLINE_MIN_REAL_S = 300.0
 #: A launch intent older than this with no instance found is abandoned: cloud launch calls
 #: answer within seconds, so 5 minutes means the call never reached the cloud.
 LAUNCH_INTENT_STALE_S = 300.0
@@ -64,6 +75,7 @@ class Intervals:
     notice_window_s: float = LOCAL_NOTICE_WINDOW_S
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     launch_intent_stale_s: float = LAUNCH_INTENT_STALE_S
+    join_deadline_s: float = JOIN_DEADLINE_S
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +87,15 @@ class Intervals:
         """The wall-clock period for a simulated period at ``speed`` (at least 100 ms, so a
         fast replay never spins the CPU the workers train on)."""
         return max(0.1, simulated_s / max(speed, 1e-9))
+
+
+def join_deadline(configured_s: float, boots_s: "list[float]", speed: float = 1.0) -> float:
+    """The join deadline of this run in simulated seconds: the configured one,
+    ``JOIN_DEADLINE_MARGIN`` times the slowest boot measured in the run (launch to its first
+    join), or ``JOIN_DEADLINE_MIN_REAL_S`` real seconds at the clock's ``speed``, whichever is
+    longest, so a cloud whose boots are slow never has its instances cut while they boot."""
+    return max(configured_s, JOIN_DEADLINE_MARGIN * max(boots_s, default=0.0),
+               JOIN_DEADLINE_MIN_REAL_S * speed)
 
 
 K = TypeVar("K", bound=Hashable)

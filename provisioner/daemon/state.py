@@ -136,6 +136,7 @@ class EventKind(StrEnum):
     LEFT = "left"
     EXITED = "exited"
     REBALANCE = "rebalance"
+    JOIN_DEADLINE = "join-deadline"  # none of its workers joined the ring in time
     ADOPTED = "adopted"
     CONTINUED = "continued"  # a daemon started again on a run's state: adopting its fleet
     GONE = "gone"

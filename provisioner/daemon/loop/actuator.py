@@ -26,10 +26,10 @@ from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
 from provisioner.drivers.identity import (drain_instance, formed_names, holds_the_ring_alone,
-                                          left)
+                                          instance_of, left)
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
-from provisioner.timing import Intervals, TtlCache
+from provisioner.timing import Intervals, TtlCache, join_deadline
 
 
 class WriteAheadActuator:
@@ -155,6 +155,39 @@ class WriteAheadActuator:
                 and t - r.draining_since >= drain_timeout_s]
         if late:
             self.terminate_ids(late, "drain timeout")
+
+    def join_backstop(self, deadline_s: float, speed: float = 1.0) -> list[str]:
+        """Terminate each live instance none of whose workers joined the ring within the
+        run's join deadline (:func:`provisioner.timing.join_deadline`: ``deadline_s``, or
+        3x the slowest boot measured, at least 5 real minutes at ``speed``) of its launch: a boot that failed or a worker that
+        cannot reach the coordinator is not paid for until the run ends. Its offering is
+        skipped for ``capacity_ttl_s`` and counted as failed, so the planner launches
+        elsewhere. Returns the ids terminated (none without a coordinator to ask)."""
+        if self.coordinator is None or self.stopping.is_set():
+            return []
+        t = self.clock()
+        live = [r for r in self.state.live_instances() if r.draining_since is None]
+        first: dict[str, float] = {}
+        for e in self.state.events(kinds=["ring-join"]):
+            if e.instance_id:
+                first.setdefault(instance_of(e.instance_id), e.t)
+        joined = set(first) | {instance_of(m.name) for m in self.coordinator.members()}
+        launched = {r.id: r.launched_at for r in self.state.instances()}
+        boots = [first[i] - launched[i] for i in first
+                 if i in launched and first[i] >= launched[i]]
+        deadline = join_deadline(deadline_s, boots, speed)
+        late = [r for r in live if r.id not in joined and t - r.launched_at >= deadline]
+        for r in late:
+            self.state.record_event(t, EventKind.JOIN_DEADLINE, r.id, r.offering,
+                                    f"none of its workers joined the ring within {deadline:.0f} s "
+                                    f"of its launch (daemon.join_deadline_s); its boot log is on "
+                                    f"the instance")
+            self.unavailable.add(r.offering)
+            self.failed[r.offering] = t
+        if late:
+            self.terminate_ids([r.id for r in late],
+                               f"never joined the ring within {deadline:.0f} s")
+        return [r.id for r in late]
 
     def on_notice(self, n: Notice) -> bool:
         """Handle one notice: drain first, the replacement planned in parallel. True when

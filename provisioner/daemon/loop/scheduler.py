@@ -65,7 +65,8 @@ def intervals_from(settings: Settings) -> Intervals:
     d = settings.daemon
     return Intervals(price_poll_s=d.price_poll_s, notice_poll_s=d.notice_poll_s, plan_s=d.plan_s,
                      metrics_s=d.metrics_s, zone_avoid_ttl_s=d.zone_avoid_ttl_s,
-                     capacity_ttl_s=d.capacity_ttl_s, drain_timeout_s=d.drain_timeout_s)
+                     capacity_ttl_s=d.capacity_ttl_s, drain_timeout_s=d.drain_timeout_s,
+                     join_deadline_s=d.join_deadline_s)
 
 
 class Daemon:
@@ -253,6 +254,7 @@ class Daemon:
             return
         with self._lock:
             self.actuator.drain_backstop(self.intervals.drain_timeout_s)
+            self.actuator.join_backstop(self.intervals.join_deadline_s, self.speed)
             decided: list[tuple[str, dict[Offering, int]]] = []
 
             def plan(attempt: int) -> RoundInput | None:

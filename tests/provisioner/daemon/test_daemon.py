@@ -371,3 +371,44 @@ def test_on_the_local_cloud_auto_is_the_ring(world, tmp_path):
     r = st.live_instances()[0]
     _, _, zone, mode = _started(tmp_path, r.id)
     assert mode == "ring" and zone == r.offering.zone  # the driver's own zone, no group
+
+
+def test_an_instance_that_never_joins_is_terminated_at_the_join_deadline(world):
+    """A boot that failed (no worker of the instance ever joined the ring) is not paid for
+    until the run ends: at the join deadline it is terminated, the event names the setting,
+    its offering is skipped and a replacement launched elsewhere; an instance whose worker
+    joined is kept however long it lives. The deadline grows to 3x the slowest boot seen."""
+    coord = FakeCoordinator()
+    s = parse_settings({"fleet": {"max_size": 3, "markets": ["spot"], "max_zone_share": 0.5},
+                        "daemon": {"join_deadline_s": 600}})
+    d, clock, drv, st = world(settings=s, coordinator=coord)
+    d.poll_prices(); d.plan_and_reconcile()
+    first = {r.id: r.offering for r in st.live_instances()}
+    stuck, *ok = sorted(first)
+    coord.speeds = {f"{i}/0": 10.0 for i in ok}  # their workers are in the ring
+    clock.advance(300)
+    d.plan_and_reconcile()
+    assert {r.id for r in st.live_instances()} == set(first)  # before the deadline: kept
+    clock.advance(301)
+    d.plan_and_reconcile()
+    rows = {r.id: r for r in st.instances()}
+    assert rows[stuck].ended_at is not None and "never joined" in rows[stuck].end_reason
+    (ev,) = st.events(kinds=["join-deadline"])
+    assert ev.instance_id == stuck and "daemon.join_deadline_s" in ev.detail
+    assert all(rows[i].ended_at is None for i in ok)
+    replacement = [r for r in st.live_instances() if r.id not in first]
+    assert len(replacement) == 1 and replacement[0].offering != first[stuck]
+    clock.advance(3 * 3600)  # members that joined are never cut, however long they live
+    d.plan_and_reconcile()
+    rows = {r.id: r for r in st.instances()}
+    assert all(rows[i].ended_at is None for i in ok)
+    assert rows[replacement[0].id].ended_at is not None  # it never joined either
+
+
+def test_the_join_deadline_grows_with_the_slowest_boot_measured():
+    from provisioner.timing import join_deadline
+
+    assert join_deadline(600, []) == 600
+    assert join_deadline(600, [100, 150]) == 600
+    assert join_deadline(600, [100, 400]) == 1200
+    assert join_deadline(3600, [], speed=600) == 300 * 600  # 5 real minutes at 600x
