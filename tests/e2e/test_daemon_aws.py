@@ -87,7 +87,9 @@ def test_a_rebalance_recommendation_drains_and_the_instance_goes_once_its_worker
         victim = sorted(live)[0]
         world.rebalance(victim)
         assert wait_for(lambda: len(set(r.id for r in d.state.live_instances()) - set(live))
-                        == 1, 60.0), "no replacement after the rebalance recommendation"
+                        == 1, 60.0), ("no replacement after the rebalance recommendation",
+                                      [(e.kind, e.instance_id, e.detail)
+                                       for e in d.state.events()], coord.drains)
         assert (f"{victim}/0", "revocation notice") in coord.drains
         assert [e.instance_id for e in d.state.events(kinds=["rebalance"])] == [victim]
         row = {r.id: r for r in d.state.live_instances()}[victim]
