@@ -181,6 +181,9 @@ class AwsDriver:
         self._watch: set[str] = set()  # instances seen alive, not terminated by us
         self._terminated_by_us: set[str] = set()
         self._delivered: set[tuple[str, str]] = set()
+        # notices taken off the queue (and deleted there) but not yet returned: a call that
+        # fails later in the same poll must not lose them
+        self._backlog: list[Notice] = []
         self._subnet_cache: dict[str, str | None] = {}
 
     # -- launch --------------------------------------------------------------------------------
@@ -398,13 +401,13 @@ class AwsDriver:
         Each (instance, kind) is returned once. Notices about instances this driver terminated
         itself are dropped. Raises CredentialsError or DriverError when a call fails.
         """
-        found: list[Notice] = []
         if self._sqs is not None and self.settings.queue_url:
-            found.extend(self._drain_queue())
+            self._drain_queue()
         now = self._monotonic()
         if self._last_fallback is None or now - self._last_fallback >= self._fallback_interval_s:
             self._last_fallback = now
-            found.extend(self._describe_fallback())
+            self._backlog.extend(self._describe_fallback())
+        found, self._backlog = self._backlog, []
         out = []
         with self._lock:
             for notice in found:
@@ -417,9 +420,11 @@ class AwsDriver:
                 out.append(notice)
         return out
 
-    def _drain_queue(self, max_batches: int = 10) -> list[Notice]:
+    def _drain_queue(self, max_batches: int = 10) -> None:
+        """Move the queue's notices into :attr:`_backlog` (deleted from the queue only once
+        kept there: a receive or delete that fails later loses none; a message whose delete
+        failed comes back and is dropped as already delivered)."""
         queue_url = self.settings.queue_url
-        notices: list[Notice] = []
         for _ in range(max_batches):
             with _edge(f"ReceiveMessage {queue_url}"):
                 messages = self._sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10,
@@ -429,12 +434,11 @@ class AwsDriver:
             for message in messages:
                 notice = parse_message(message.get("Body", ""))
                 if notice is not None:
-                    notices.append(notice)
+                    self._backlog.append(notice)
             entries = [{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
                        for n, m in enumerate(messages)]
             with _edge(f"DeleteMessageBatch {queue_url}"):
                 self._sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
-        return notices
 
     def _describe_fallback(self) -> list[Notice]:
         with self._lock:

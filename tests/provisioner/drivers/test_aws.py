@@ -223,6 +223,23 @@ def test_notices_from_eventbridge_through_sqs(aws):
     assert [(n.instance_id, n.kind) for n in driver.notices()] == [(a, TERMINATED_NOTICE)]
 
 
+def test_a_notice_taken_off_the_queue_survives_a_failing_call_in_the_same_poll(aws):
+    """The queue's messages are deleted once read; when the describe fallback of the same
+    poll fails (throttled past the retry budget), the poll raises and the notice read before
+    is returned by the next poll, not lost (an instance left "live" and never replaced)."""
+    ec2 = make_client("ec2", REGION, max_attempts=1)
+    driver = AwsDriver(settings(aws["queue"]), ec2=ec2, fallback_interval_s=0)
+    (a,) = [i.id for i in driver.launch(request(count=1)).instances]
+    _put_event(aws["events"], EVENT_KINDS[0], {"instance-id": a, "instance-action": "terminate"})
+    inject(ec2, "DescribeInstances", [(503, ec2_error("RequestLimitExceeded"))])
+    with pytest.raises(DriverError, match="RequestLimitExceeded"):
+        driver.notices()
+    attrs = aws["sqs"].get_queue_attributes(QueueUrl=aws["queue"], AttributeNames=["All"])
+    assert attrs["Attributes"]["ApproximateNumberOfMessages"] == "0"  # it was deleted
+    assert [(n.instance_id, n.kind) for n in driver.notices()] == [(a, INTERRUPTION)]
+    assert driver.notices() == []
+
+
 def test_describe_fallback_finds_instances_gone_without_an_event(aws):
     clock = [0.0]
     driver = AwsDriver(settings(), monotonic=lambda: clock[0], fallback_interval_s=30,
