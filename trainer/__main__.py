@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--metrics-file", type=Path, default=None)
     w.add_argument("--record-samples", type=Path, default=None)
+    w.add_argument("--record-digests", action="store_true",
+                   help="put the state's digests (parameters, buffers, optimiser, scheduler, "
+                        "extra state) in every metrics line (tests: members compared per step)")
     w.add_argument("--collective-timeout", type=float, default=10.0,
                    help="seconds a collective or group forming may block (default 10)")
     w.add_argument("--connect-timeout", type=float, default=60.0,
@@ -219,6 +222,15 @@ def _worker(args: argparse.Namespace) -> int:
     if args.loader_workers is not None and args.loader_workers < 0:
         print(f"error: --loader-workers {args.loader_workers}: must be >= 0", file=sys.stderr)
         return 2
+    until: dict[str, int | None] = {}
+    for var, key in (("SPOTRING_UNTIL_STEPS", "until_steps"),
+                     ("SPOTRING_UNTIL_EPOCHS", "until_epochs")):
+        raw = os.environ.get(var, "").strip()
+        if raw and (not raw.isdigit() or int(raw) < 1):
+            print(f"error: ${var}={raw!r}: must be a positive integer (or unset)",
+                  file=sys.stderr)
+            return 2
+        until[key] = int(raw) if raw else None
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -232,7 +244,7 @@ def _worker(args: argparse.Namespace) -> int:
         rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
         device=args.device, bucket_mb=args.bucket_mb, output=args.output,
         loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace,
-        zone=args.zone, mode=args.mode)
+        zone=args.zone, mode=args.mode, record_digests=args.record_digests, **until)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()

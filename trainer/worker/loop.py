@@ -145,6 +145,14 @@ class Worker:
                 continue
             return code
 
+    def over(self) -> bool:
+        """Is the job over at the committed progress (``epochs``, ``max_steps``, the run's
+        ``--until-epochs``/``--until-steps``, whichever first)? Every member agrees: the
+        progress is the same on all."""
+        p = self.state.progress
+        return self.job.ends_at(p.step, p.epoch, until_steps=self.cfg.until_steps,
+                                until_epochs=self.cfg.until_epochs)
+
     def give_notice(self, reason: str) -> None:
         """Leave at the next step boundary (signal handlers and notice pollers call this)."""
         if self.notice is None:
@@ -165,9 +173,30 @@ class Worker:
                                loader_workers=workers, faults=cfg.faults)
         self.state = TrainingState(job.model, job.optimizer, make_scaler(job.precision, device),
                                    codec.fingerprint(job.model, job.optimizer, job.global_batch,
-                                                     len(job), job.mode))
+                                                     len(job), job.mode),
+                                   scheduler=job.scheduler, extra=job.extra_state)
+        self._check_state()
         log.info("job %s on %s (%s, minimum local batch %d)", cfg.job, device, job.precision,
                  self.runtime.min_batch)
+
+    def _check_state(self) -> None:
+        """The job's scheduler and extra state must travel as tensors and plain data (no
+        pickle): encode them once now. Raises :class:`trainer.errors.JobError` naming the
+        field."""
+        job, state = self.job, self.state
+        parts = {"scheduler": state.scheduler, **{f"extra_state[{k!r}]": v
+                                                  for k, v in state.extra.items()}}
+        for name, obj in parts.items():
+            if obj is None:
+                continue
+            try:
+                codec.encode(obj.state_dict())
+            except Exception as e:  # noqa: BLE001 - the user's object: one clear line
+                raise JobError(f"job {self.cfg.job!r}: {name}.state_dict() must hold only "
+                               f"tensors and plain data (numbers, strings, lists, dicts): "
+                               f"{str(e).splitlines()[0]}") from e
+        if job.order is not None:
+            self.runtime.order(0)  # raises JobError naming Job.order when it is not one
 
     def _profile(self) -> float:
         """A few forward/backward passes before joining; returns the measured samples/s.

@@ -30,7 +30,7 @@ from trainer.errors import ControlLost, ControlTimeout, JobCodeError
 from trainer.job import Job
 from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
-from trainer.state.training import TrainingState
+from trainer.state.training import CAUSES, PARTS, TrainingState
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,22 @@ class Outputs:
         Raises :class:`trainer.errors.JobCodeError`."""
         assert job.evaluate is not None
         t0 = time.perf_counter()
+        before, lrs = state.digests(), [g.get("lr") for g in job.optimizer.param_groups]
         try:
             got = job.evaluate(job.model) or {}
         except Exception as e:  # noqa: BLE001 - the user's code: one clear error
             raise JobCodeError("evaluate", state.progress.step, 0, e) from e
         job.model.train()
         self.eval_s = time.perf_counter() - t0
+        after = state.digests()
+        changed = [k for k in PARTS if before[k] != after[k]]
+        if changed:  # evaluate runs on one member only: the others would train on without it
+            now = [g.get("lr") for g in job.optimizer.param_groups]
+            lr = f" (learning rate {lrs[0]} -> {now[0]})" if lrs != now else ""
+            raise JobCodeError("evaluate", state.progress.step, 0, RuntimeError(
+                f"evaluate changed {', '.join(changed)}{lr}, but it runs on rank 0 only; "
+                f"{CAUSES[changed[0] if changed[0] != 'optimizer' or not lr else 'scheduler']}"))
+        state.metrics_step = state.progress.step
         metrics: dict[str, float] = {}
         for k, v in dict(got).items():
             try:
