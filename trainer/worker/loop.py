@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
+from typing import Any
 
 import torch
 
@@ -59,6 +61,22 @@ def normal_priority() -> None:
     log.info("boot done: back to normal CPU priority")
 
 
+def local_notice_s() -> float:
+    """The seconds a SIGTERM leaves (``$SPOTRING_NOTICE_WINDOW_S``, which the local driver's
+    notice window sets; else GCP's 30 s, the shortest cloud notice)."""
+    try:
+        return max(0.0, float(os.environ.get("SPOTRING_NOTICE_WINDOW_S", "30")))
+    except ValueError:
+        return 30.0
+
+
+def _run_notice_hook(hook: Any, seconds_left: float) -> None:
+    try:
+        hook(seconds_left)
+    except Exception:  # noqa: BLE001 - the user's hook: logged, never fatal
+        log.exception("the job's on_notice(%s) raised; the drain goes on", seconds_left)
+
+
 class Worker:
     """One elastic worker (see the module docstring).
 
@@ -78,6 +96,7 @@ class Worker:
         self.prior = 0.0
         self.notice: str | None = None
         self.failure: str | None = None
+        self._notice_hooked = False  # the job's on_notice ran (once per worker)
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -98,7 +117,8 @@ class Worker:
             self.prior = self._profile()
             if cfg.boot_idle:
                 normal_priority()
-            signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
+            signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM",
+                                                                      local_notice_s()))
             return self._join(mode)
         finally:
             self.outputs.close()
@@ -153,11 +173,19 @@ class Worker:
         return self.job.ends_at(p.step, p.epoch, until_steps=self.cfg.until_steps,
                                 until_epochs=self.cfg.until_epochs)
 
-    def give_notice(self, reason: str) -> None:
-        """Leave at the next step boundary (signal handlers and notice pollers call this)."""
+    def give_notice(self, reason: str, seconds_left: float | None = None) -> None:
+        """Leave at the next step boundary (signal handlers and notice pollers call this).
+        A revocation notice (``seconds_left`` given: the cloud's, or a local SIGTERM's) also
+        runs the job's ``on_notice(seconds_left)`` once, on a thread of its own: the drain
+        never waits for it, and what it raises is logged, never fatal."""
         if self.notice is None:
             self.notice = reason
             log.info("notice received (%s): leaving at the next step boundary", reason)
+        hook = getattr(self.job, "on_notice", None)
+        if seconds_left is not None and hook is not None and not self._notice_hooked:
+            self._notice_hooked = True
+            threading.Thread(target=_run_notice_hook, args=(hook, seconds_left),
+                             name="spotring-on-notice", daemon=True).start()
 
     # -- setup -----------------------------------------------------------------------------
 
