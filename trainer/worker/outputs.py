@@ -35,6 +35,7 @@ from trainer.state.training import CAUSES, PARTS, TrainingState
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0  # progress lines at most this often (and at every epoch end)
+WRITE_WARN_EVERY_S = 60.0  # a line that cannot be written: one warning at most this often
 
 
 class Outputs:
@@ -49,6 +50,8 @@ class Outputs:
         self._files: dict[Path, Any] = {}
         self._last_log = 0.0
         self._log_epoch = -1
+        self.skipped = 0  # lines that could not be written (disk full)
+        self._warned_at = -WRITE_WARN_EVERY_S
 
     def close(self) -> None:
         if self.snapshotter is not None:
@@ -60,12 +63,29 @@ class Outputs:
     # -- lines ----------------------------------------------------------------------------------
 
     def append(self, path: Path | None, record: dict[str, Any]) -> None:
-        """Append one JSON line to ``path`` (kept open, flushed per line)."""
-        if path is not None:
+        """Append one JSON line to ``path`` (kept open, flushed per line). A line that cannot
+        be written (a full disk, a quota, an I/O error) is skipped with a warning at most
+        every ``WRITE_WARN_EVERY_S``: the ring trains on."""
+        if path is None:
+            return
+        try:
             f = self._files.get(path)
             if f is None:
                 f = self._files[path] = path.open("a", buffering=1)
             f.write(json.dumps(record) + "\n")
+        except OSError as e:
+            self.skipped += 1
+            now = time.monotonic()
+            if now - self._warned_at >= WRITE_WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("cannot write %s (%s): %d line(s) skipped so far; training goes "
+                            "on", path, e.strerror or e, self.skipped)
+            bad = self._files.pop(path, None)
+            if bad is not None:
+                try:
+                    bad.close()
+                except OSError:
+                    pass  # its buffer cannot be flushed either: dropped with the line
 
     def step_record(self, head: bool, record: dict[str, Any], *, epochs: int,
                     metrics: dict[str, float]) -> None:
