@@ -128,6 +128,44 @@ class TrainingState:
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise BadState(f"the state received does not fit this job: {e}") from e
 
+    def load_checkpoint(self, parts: dict[str, Any], *, dataset_size: int,
+                        global_batch: int) -> list[str]:
+        """Start from a user's checkpoint (:func:`trainer.state.export.checkpoint_parts`):
+        the model (its names, shapes and dtypes checked), and whichever of the optimiser,
+        scheduler, extra states, step, epoch and cursor it holds (a checkpoint with an epoch
+        and no step counts that many whole epochs of steps). Returns what was loaded.
+        Raises :class:`trainer.errors.BadState` naming the part."""
+        loaded = ["model"]
+        codec.check_like(parts["model"], self.model.state_dict(), "the checkpoint's model")
+        try:
+            self.model.load_state_dict(parts["model"])
+            for name, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+                if obj is not None and isinstance(parts.get(name), dict):
+                    obj.load_state_dict(parts[name])
+                    loaded.append(name)
+            for k, sd in parts.get("extra", {}).items():
+                if k in self.extra:
+                    self.extra[k].load_state_dict(sd)
+                    loaded.append(f"extra_state[{k!r}]")
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise BadState(f"the checkpoint's {loaded[-1] if loaded else 'model'} does not fit "
+                           f"this job: {str(e).splitlines()[0]}") from e
+        epoch, step = parts.get("epoch"), parts.get("step")
+        if epoch is not None or step is not None:
+            per_epoch = -(-dataset_size // global_batch)
+            epoch_i = int(epoch) if epoch is not None else int(step) // per_epoch
+            step_i = int(step) if step is not None else epoch_i * per_epoch
+            cursor = int(parts.get("cursor", 0)) if step is None or epoch is not None else (
+                (int(step) % per_epoch) * global_batch)
+            samples = int(parts.get("samples_done", epoch_i * dataset_size + cursor))
+            if step_i < 0 or epoch_i < 0 or not 0 <= cursor < max(1, dataset_size):
+                raise BadState(f"the checkpoint's step {step_i}, epoch {epoch_i}, cursor "
+                               f"{cursor} are out of range")
+            self.progress = self.progress.from_plain({"step": step_i, "cursor": [epoch_i, cursor],
+                                                      "samples_done": samples})
+            loaded.append(f"step {step_i} (epoch {epoch_i}, cursor {cursor})")
+        return loaded
+
     def meta(self) -> dict[str, Any]:
         """The plain part of the state a pipeline stage's layers travel with: the job,
         progress and metrics."""

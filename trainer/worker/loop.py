@@ -24,13 +24,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.collective.step import Stepper, make_scaler
-from trainer.errors import (ControlLost, ControlTimeout, CoordinatorUnreachable, JobCodeError,
-                            JobError, JoinRefused)
+from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUnreachable,
+                            JobCodeError, JobError, JoinRefused, SnapshotError)
 from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
 from trainer.state import codec
@@ -97,6 +98,7 @@ class Worker:
         self.notice: str | None = None
         self.failure: str | None = None
         self._notice_hooked = False  # the job's on_notice ran (once per worker)
+        self.resumed = False  # --resume loaded a state its first membership brings
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -204,6 +206,8 @@ class Worker:
                                                      len(job), job.mode),
                                    scheduler=job.scheduler, extra=job.extra_state)
         self._check_state()
+        if cfg.resume is not None:
+            self._resume(cfg.resume)
         log.info("job %s on %s (%s, minimum local batch %d)", cfg.job, device, job.precision,
                  self.runtime.min_batch)
 
@@ -225,6 +229,26 @@ class Worker:
                                f"{str(e).splitlines()[0]}") from e
         if job.order is not None:
             self.runtime.order(0)  # raises JobError naming Job.order when it is not one
+
+    def _resume(self, path: Path) -> None:
+        """``--resume CKPT``: the state this worker starts from (a spotring snapshot or the
+        user's checkpoint). A first generation takes rank 0's; a joiner still receives the
+        ring's. Raises :class:`trainer.errors.JobError` naming the flag and the cause."""
+        from trainer.state import export
+
+        try:
+            kind, got = export.read_checkpoint(path)
+            if kind == "snapshot":
+                self.state.load(got)
+                what = [f"the whole training state at step {self.state.progress.step}"]
+            else:
+                what = self.state.load_checkpoint(
+                    export.checkpoint_parts(got, sorted(self.state.extra)),
+                    dataset_size=len(self.job), global_batch=self.job.global_batch)
+        except (SnapshotError, BadState) as e:
+            raise JobError(f"--resume {path}: {e}") from e
+        self.resumed = True
+        log.info("resumed from %s: %s", path, ", ".join(what))
 
     def _profile(self) -> float:
         """A few forward/backward passes before joining; returns the measured samples/s.

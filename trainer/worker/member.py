@@ -67,7 +67,11 @@ class Member:
         self.plan: mb.Plan | None = None
         self.group: groups.Group | None = None
         self.rank = -1
-        self.fresh = True
+        # a worker started from a checkpoint (--resume) holds a state: the first generation
+        # takes it, not rank 0's freshly built one (once: a later membership starts fresh)
+        self.fresh = not getattr(w, "resumed", False)
+        if not self.fresh:
+            w.resumed = False
         self.was_member = False
         self.seen = 0
         self.drain_sent = False

@@ -119,3 +119,42 @@ def test_the_schedule_and_the_user_s_state_went_where_the_user_code_says(
         lrs = Counter(r["lr"] for r in run["metrics"] if r["member"].startswith("a/"))
         assert len(lrs) == 7  # stepped at the 6 epoch ends only (the first lr, then 6)
         assert stats["metrics"]["ema_accuracy"] > 0.9, stats["metrics"]
+
+
+@pytest.mark.timeout(120)
+def test_a_ring_starts_from_the_user_s_own_checkpoint(tmp_path: Path) -> None:
+    """``--resume CKPT`` (26.7): the torchvision reference's checkpoint (``model``,
+    ``optimizer``, ``lr_scheduler``, ``epoch``) starts the first generation; a second worker
+    without the flag trains the same state; the finished epochs are not trained again."""
+    import torch
+
+    from examples.images import make_job
+
+    job = make_job(0)
+    with torch.no_grad():
+        for p in job.model.parameters():
+            p.add_(0.01)
+    job.optimizer.step()  # (no gradients: nothing moves; the scheduler's order kept)
+    job.scheduler.step()
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
+                "lr_scheduler": job.scheduler.state_dict(), "epoch": 1,
+                "model_ema": job.extra_state["ema"].state_dict()}, ckpt)
+    ring = Ring(tmp_path, job="examples/images.py", env={"IMAGES_EPOCHS": "2"},
+                initial_world=2, heartbeat_timeout_s=3.0, rollcall_s=0.5)
+    try:
+        ring.worker("a", "--record-digests", "--resume", str(ckpt))
+        ring.worker("b", "--record-digests")
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 100)
+        for p in ring.procs.values():
+            p.wait(30)
+        assert {n: p.returncode for n, p in ring.procs.items()} == {"a": 0, "b": 0}, ring.logs()
+        counts = per_epoch_counts(ring.samples())
+        assert sorted(counts) == [1] and set(counts[1].values()) == {1}  # epoch 0 was done
+        steps = sorted({r["step"] for r in ring.metrics()})
+        assert steps[0] == 24 and ring.coord.stats()["epoch"] == 2  # 23 steps an epoch
+        first = [r for r in ring.metrics() if r["step"] == 24]
+        assert len({r["digest"] for r in first}) == 1 and len(first) == 2
+        assert first[0]["lr"] == pytest.approx(job.scheduler.get_last_lr()[0])
+    finally:
+        ring.close()
