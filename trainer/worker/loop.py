@@ -36,7 +36,7 @@ from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
 from trainer.state import codec
 from trainer.state.training import TrainingState
-from trainer.worker import client, devices
+from trainer.worker import client, devices, guard
 from trainer.worker import decision as dn
 from trainer.worker.config import WorkerConfig
 from trainer.worker.decision import MemberOutcome
@@ -110,6 +110,7 @@ class Worker:
         """
         cfg = self.cfg
         device = devices.resolve(cfg.device)
+        guard.install()  # the job's torch.distributed calls: a clear error naming ctx
         self.job = job = load_job(cfg.job, cfg.seed)
         job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
         log.info("training mode %s (%s)", job.mode, why)
