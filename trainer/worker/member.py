@@ -373,8 +373,7 @@ class Member:
         head = self.mode.is_head()
         duties = c.duties if c.duties is not None else (
             self.claim_duties(p.step) if head else Duties())
-        evaluate = job.evaluate is not None and (epoch_end or bool(
-            job.eval_every_steps and p.step % job.eval_every_steps == 0))
+        evaluate = self.eval_due(epoch_end)
         if evaluate or duties:
             with self.mode.whole_model() as holder:
                 if holder:
@@ -401,6 +400,14 @@ class Member:
                 self.hb.stats = mb.ProgressReport(
                     plan.generation, p.step, p.epoch, p.samples_done, world, c.loss,
                     state.metrics, state.metrics_step).to_json()
+
+    def eval_due(self, epoch_end: bool) -> bool:
+        """Does the job's ``evaluate`` run after the step just committed (an epoch end, or
+        every ``eval_every_steps``)? The same answer on every member."""
+        job = self.w.job
+        every = job.eval_every_steps
+        return job.evaluate is not None and (epoch_end or bool(
+            every and self.w.state.progress.step % every == 0))
 
     def context(self, epoch_end: bool, loss: float) -> StepContext:
         """What the job's hooks are told after a commit (:class:`trainer.job.StepContext`)."""

@@ -216,7 +216,7 @@ class RingMode:
             **({"grad_norm": res.grad_norm} if res.grad_norm is not None else {})}))
         if w.state.progress.epoch != p.epoch:
             self.compare_digests(f"after epoch {p.epoch}")
-        if w.state.progress.epoch != p.epoch and job.evaluate is not None:
+        if m.eval_due(w.state.progress.epoch != p.epoch):
             # rank 0 evaluated (in the commit) while the others start the next step: it
             # starts that step as much later as its last evaluation took, a figure from the
             # reduction (the same on every member); a first evaluation has none yet
