@@ -94,3 +94,20 @@ def test_indexed_shards_are_read_in_contiguous_chunks_and_each_record_once() -> 
         cursor = cursor.advance(100, 20)
     assert sorted(seen) == sorted(sum(shards, []))  # every record once
     assert len(reads) <= 12  # contiguous: about one read per chunk, not one per record
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_gpt_example_computes_its_own_loss_from_a_dict_batch(
+        monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """The GPT example as a worker profiles it: a dict batch, ``model(**batch)`` returning
+    its loss, in slices of ``micro_batch``, under bf16 autocast when asked."""
+    from trainer.collective.step import Stepper
+
+    monkeypatch.setenv("GPT_PRECISION", precision)
+    job = load_job("examples/gpt.py", 0)
+    assert job.precision == precision and job.epochs == job.max_steps == 60
+    batch = job.batch(torch.arange(12))
+    assert set(batch) == {"idx", "targets"} and batch["idx"].shape == (12, 32)
+    loss = Stepper.profile_step(job, batch, torch.device("cpu"), None)
+    assert 4.0 < loss < 7.0  # about log(256): an untrained byte model
+    assert all(p.grad is not None for p in job.model.parameters())
