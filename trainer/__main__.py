@@ -1,4 +1,5 @@
-"""``python -m trainer coordinator|worker``: what the daemon host and each instance run.
+"""``python -m trainer coordinator|worker|export``: what the daemon host and each instance run,
+and the trained model out of a durable snapshot.
 
 Design: argument parsing and exit codes only; the work is in :mod:`trainer.control.coordinator` and
 :mod:`trainer.worker.loop`. Bad input (missing token file, bad address, a job that fails to build)
@@ -80,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat before a member is dropped (default 5)")
     c.add_argument("--initial-world", type=int, default=1,
                    help="workers to wait for before the first generation (default 1)")
+    c.add_argument("--snapshot-url", default=None, metavar="DIR|s3://B/P|gs://B/P",
+                   help="keep durable snapshots there (default: none; every member lost at "
+                   "once then loses the job)")
+    c.add_argument("--snapshot-every-s", type=float, default=300.0, metavar="S",
+                   help="a snapshot at least this often (default 300)")
+    c.add_argument("--snapshot-every-steps", type=int, default=0, metavar="N",
+                   help="and every N steps (default 0: by time only)")
+    c.add_argument("--snapshot-keep", type=int, default=3, metavar="N",
+                   help="the newest N snapshots are kept (default 3)")
     c.add_argument("--linger", type=float, default=LINGER_S, metavar="S",
                    help="once the job is over (done, lost or failed), keep serving this many "
                    f"seconds so every worker reads the end, then exit (default {LINGER_S:g}; "
@@ -96,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--metrics-file", type=Path, default=None)
     w.add_argument("--record-samples", type=Path, default=None)
+    w.add_argument("--record-digests", action="store_true",
+                   help="put the state's digests (parameters, buffers, optimiser, scheduler, "
+                        "extra state) in every metrics line (tests: members compared per step)")
     w.add_argument("--collective-timeout", type=float, default=10.0,
                    help="seconds a collective or group forming may block (default 10)")
     w.add_argument("--connect-timeout", type=float, default=60.0,
@@ -137,17 +150,65 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: its address facing the coordinator)")
     w.add_argument("--no-rejoin", action="store_true",
                    help="exit instead of joining again after being dropped")
+    w.add_argument("--resume", type=Path, default=None, metavar="CKPT",
+                   help="start from this checkpoint: a spotring snapshot (file or directory) "
+                   "or your own torch.save'd dict (model, optimizer, scheduler, step/epoch; "
+                   "read with weights_only=True); a joiner still takes the ring's state")
     w.add_argument("--fault", type=_fault, action="append", default=[],
                    help=argparse.SUPPRESS)  # test aid: kill|stop|term|freeze @STEP
+    e = sub.add_parser("export", help="write the trained model out of a durable snapshot: "
+                       "a state_dict torch.load reads")
+    e.add_argument("snapshot", type=Path, help="a snapshot file (step-...) or a snapshot "
+                   "directory (its newest complete snapshot)")
+    e.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
+                   help="where to write the model (refused when it exists)")
+    e.add_argument("--extra", default=None, metavar="NAME",
+                   help="write the job's extra state NAME instead (e.g. an EMA's weights)")
     return p
+
+
+def _export(args: argparse.Namespace) -> int:
+    """``python -m trainer export SNAPSHOT -o model.pt``: nothing is overwritten."""
+    import torch
+
+    from trainer.errors import SnapshotError
+    from trainer.state import export
+
+    if args.output.exists():
+        print(f"error: -o {args.output}: already exists; name a new file (nothing you own "
+              "is overwritten)", file=sys.stderr)
+        return 2
+    try:
+        tree = export.read_snapshot(args.snapshot)
+        sd = export.model_of(tree, args.extra)
+    except SnapshotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_name(f".{args.output.name}.{os.getpid()}.tmp")
+    torch.save(sd, tmp)
+    os.replace(tmp, args.output)
+    print(f"wrote {args.extra or 'the model'} of step {tree.get('step')} (epoch "
+          f"{(tree.get('cursor') or ['?'])[0]}) to {args.output}")
+    return 0
 
 
 def _coordinator(args: argparse.Namespace) -> int:
     from trainer.control.coordinator import Coordinator
+    from trainer.state.snapshot import SnapshotSettings
 
+    snapshot = None
+    if args.snapshot_url:
+        try:
+            snapshot = SnapshotSettings(args.snapshot_url, every_s=args.snapshot_every_s,
+                                        every_steps=args.snapshot_every_steps,
+                                        keep=args.snapshot_keep)
+        except ValueError as e:
+            print(f"error: {e} (the --snapshot-* flags)", file=sys.stderr)
+            return 2
     coord = Coordinator(args.host, args.port, _token(args.token_file),
                         heartbeat_timeout_s=args.heartbeat_timeout,
-                        initial_world=args.initial_world)
+                        initial_world=args.initial_world, snapshot=snapshot)
     try:
         coord.start()
     except OSError as e:
@@ -219,6 +280,15 @@ def _worker(args: argparse.Namespace) -> int:
     if args.loader_workers is not None and args.loader_workers < 0:
         print(f"error: --loader-workers {args.loader_workers}: must be >= 0", file=sys.stderr)
         return 2
+    until: dict[str, int | None] = {}
+    for var, key in (("SPOTRING_UNTIL_STEPS", "until_steps"),
+                     ("SPOTRING_UNTIL_EPOCHS", "until_epochs")):
+        raw = os.environ.get(var, "").strip()
+        if raw and (not raw.isdigit() or int(raw) < 1):
+            print(f"error: ${var}={raw!r}: must be a positive integer (or unset)",
+                  file=sys.stderr)
+            return 2
+        until[key] = int(raw) if raw else None
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -232,7 +302,8 @@ def _worker(args: argparse.Namespace) -> int:
         rejoin=not args.no_rejoin, boot_idle=args.boot_idle, ring_host=args.ring_host,
         device=args.device, bucket_mb=args.bucket_mb, output=args.output,
         loader_workers=args.loader_workers, coordinator_grace_s=args.coordinator_grace,
-        zone=args.zone, mode=args.mode)
+        zone=args.zone, mode=args.mode, record_digests=args.record_digests,
+        resume=args.resume, **until)
     worker = Worker(cfg)
     if args.notice_url:
         NoticePoller(args.notice_url, worker.give_notice).start()
@@ -258,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cmd == "coordinator":
         return _coordinator(args)
+    if args.cmd == "export":
+        return _export(args)
     return _worker(args)
 
 

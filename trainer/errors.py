@@ -13,6 +13,9 @@ The tree::
     TrainerError
     +-- JobError             the job file or its settings: fix the job (before training)
     +-- JobCodeError         the job's own code raised while training: fix the job
+    +-- Diverged             the members' training states differ: the run is wrong, it ends
+    +-- OutOfMemory          a member's forward/backward ran out of memory: the step is
+                             discarded everywhere and computed again in smaller slices
     +-- DeviceError          a --device this host cannot give
     +-- FeedError            the input pipeline cannot deliver
     +-- ControlLost          the coordinator's connection broke
@@ -59,6 +62,20 @@ class JobCodeError(TrainerError):
             hint = " (BatchNorm needs at least 2 samples: set Job.min_local_batch)"
         super().__init__(f"the job's {stage} raised {type(exc).__name__}: {first}{hint} at "
                          f"step {step} with a local batch of {batch}; fix the job")
+
+
+class Diverged(TrainerError):
+    """The members' digests differ (parameters, buffers, optimiser, scheduler, extra state):
+    the message names what differs and the likely cause. The run ends; it is never trained on
+    silently."""
+
+
+class OutOfMemory(TrainerError):  # noqa: N818 - the name the user reads
+    """A forward or backward pass ran out of device memory with ``samples`` in one slice."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__(f"out of memory with {samples} samples in one forward pass")
+        self.samples = samples
 
 
 # -- the worker's host ---------------------------------------------------------------------------

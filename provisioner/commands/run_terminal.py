@@ -111,6 +111,8 @@ def end_lines(result: RunResult) -> tuple[list[str], str | None]:
                    f"\"Savings\")")
     out.append(f"report: {result.report}" if result.report is not None else
                "report: not written (the disk was full); `provision status` shows the run")
+    if result.model is not None:
+        out.append(f"trained model: {result.model} (a state_dict: torch.load reads it)")
     return out, (f"provision run: error: {v.failure}" if v.failure else None)
 
 

@@ -222,6 +222,11 @@ def test_until_epochs_applies_to_the_users_job_and_its_metrics_reach_the_report(
         out = run.log()
         assert "builds; 5 parameters, 3 epochs of 64 samples" in out, out
         assert "stopped: the job finished" in out and "mse " in out, out
+        model = run.workdir / "model.pt"  # 26.7: the trained model by default, and where
+        assert f"trained model: {model}" in out, out
+        import torch
+
+        assert set(torch.load(model, weights_only=True)) == {"weight", "bias"}
         fig = run.report()
         assert fig["outcome"] == "done" and fig["epochs"] == 3 and fig["name"] == "own-try"
         assert fig["job"] == str(job)

@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "hybrid": {"errors", "collective", "data", "state"},
     "worker": {"errors", "job", "data", "protocol", "state", "collective", "pipeline",
                "hybrid"},
-    "__main__": {"errors", "job", "protocol", "control", "worker"},
+    "__main__": {"errors", "job", "protocol", "control", "state", "worker"},
     "__init__": set(),
 }
 

@@ -23,7 +23,7 @@ are fresh memory, so a collective of a broken generation that completes late can
 into the next generation's gradients.
 
 Rule for callers: ``attach()`` once per generation, then per step ``begin()``, the backward
-pass, ``finish(tail)``; ``detach()`` before the reducer is dropped. Do not touch ``.grad``
+pass (micro-batches: every one but the last under ``hold(True)``), ``finish(tail)``; ``detach()`` before the reducer is dropped. Do not touch ``.grad``
 tensors in between except through the optimiser.
 """
 
@@ -117,6 +117,8 @@ class Reducer:
             dev = self.params[0].device if self.params else torch.device("cpu")
             self._separate_tail = torch.zeros(tail_numel, dtype=torch.float32, device=dev)
         self._used = torch.zeros(len(self.params), dtype=torch.float32)
+        self._marked = torch.zeros(len(self.params), dtype=torch.float32)  # counted in pending
+        self._held = False  # hold(): gradients accumulate, no launch (a micro-batch)
         self._hooks: list[Any] = []
         self._next = 0  # the next bucket to launch
         self._pg: Any = None
@@ -152,6 +154,8 @@ class Reducer:
         self._next = 0
         self._failed = None
         self._used.zero_()
+        self._marked.zero_()
+        self._held = False
         for b in self.buckets:
             b.buffer.zero_()
             b.pending = len(b.params)
@@ -160,6 +164,12 @@ class Reducer:
                 if p.grad is not v:
                     p.grad = v
         self._active = True
+
+    def hold(self, on: bool) -> None:
+        """Hold the launches (DDP's ``no_sync``) while ``on``: gradients accumulate in the
+        buckets, parameters are marked used, no bucket launches. The step's last micro-batch
+        runs with ``hold(False)``: its hooks launch the buckets with the accumulated sums."""
+        self._held = on
 
     def _ready(self, p: torch.nn.Parameter) -> None:
         if not self._active:
@@ -173,7 +183,11 @@ class Reducer:
             if g is not None:
                 v.copy_(g)
             p.grad = v
-        if self._used[i] == 0:
+        if self._held:
+            self._used[i] = 1.0
+            return
+        if self._marked[i] == 0:
+            self._marked[i] = 1.0
             self._used[i] = 1.0
             b.pending -= 1
         try:
@@ -202,6 +216,7 @@ class Reducer:
             raise ValueError(f"tail of {tail.numel()} values, the reducer was built for "
                              f"{self.tail_numel}")
         self._active = False
+        self._held = False
         if self._failed is not None:
             raise GenerationBroken(f"allreduce launch: {self._failed}") from self._failed
         try:

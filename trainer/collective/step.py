@@ -7,7 +7,7 @@ Design. A :class:`Stepper` serves one generation. Per step::
 
 The *tail* rides in the last bucket's collective (no collective of its own): one row per
 member (``b_i``, compute seconds, the newest generation it saw, ``loss * b_i``, its last
-evaluation's seconds), one flag per parameter (did this member's backward produce its
+evaluation's seconds, whether it ran out of memory), one flag per parameter (did this member's backward produce its
 gradient), and the buffers. Every member reads the same reduced tail, so all of them make
 the same decisions from it:
 
@@ -24,6 +24,17 @@ the same decisions from it:
 * **Mixed precision**: ``bf16`` or ``fp16`` autocast around forward and loss; ``fp16`` scales
   the loss with a ``GradScaler``. The scaler unscales the *reduced* gradients, identical on
   every member, so its skip-step decision and its next scale are the same everywhere.
+* **Buffers are agreed before** ``optimizer.step()``: whatever the optimiser step (or the
+  job's ``after_step``, after the commit) writes into a buffer survives (an EMA kept as
+  buffers).
+* **Clipping** (``grad_clip``): the global norm of the reduced, unscaled gradients (the
+  scaler unscales first), the same on every member.
+* **Micro-batches** (``micro_batch``): a share larger than the cap is computed in slices;
+  the reducer's hooks are held for all but the last slice (DDP's ``no_sync``), so the buckets
+  launch once, with the accumulated gradients.
+* **Out of memory** in one member: it still takes part in the reduction (its row says so),
+  every member discards the step (nothing applied, buffers restored) and that member halves
+  its micro-batch cap; the step is computed again.
 * **Commit rule**: the optimiser steps only after every bucket's reduction returned;
   :class:`trainer.errors.GenerationBroken` leaves parameters, buffers and optimiser untouched (the
   buffers the forward pass updated in place are restored).
@@ -38,6 +49,7 @@ generation ends); call :meth:`Stepper.step` with the same ``total`` on every mem
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,44 +58,87 @@ from typing import Any
 import torch
 
 from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
-from trainer.errors import GenerationBroken, JobCodeError
+from trainer.errors import GenerationBroken, JobCodeError, OutOfMemory
 
-ROW = 5  # per-member row in the tail
-B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL = range(ROW)
+ROW = 6  # per-member row in the tail
+B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL, OOM_COL = range(ROW)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SPLIT = float(2**24)  # integer buffers travel as hi * 2^24 + lo, each exact in float32
+log = logging.getLogger(__name__)
 
 
-def _batch_len(batch: Any) -> int:
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() else 0
+def batch_len(batch: Any) -> int:
+    """The samples in ``batch``: the first dimension of its first tensor (a tensor, a tuple or
+    list, or a dict of them, nested); 0 when it holds no tensor with a dimension."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 0
+    items = batch.values() if isinstance(batch, dict) else (
+        batch if isinstance(batch, (tuple, list)) else ())
+    for v in items:
+        n = batch_len(v)
+        if n:
+            return n
+    return 0
 
 
-def forward_backward(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor],
+def slice_batch(batch: Any, start: int, stop: int) -> Any:
+    """Samples ``start:stop`` of ``batch``: every tensor with a first dimension is sliced,
+    through tuples, lists and dicts; anything else is kept whole."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() else batch
+    if isinstance(batch, dict):
+        return {k: slice_batch(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(slice_batch(v, start, stop) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(slice_batch(v, start, stop) for v in batch)
+    return batch
+
+
+def forward_backward(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
                      batch: Any, *, precision: str, device: torch.device,
-                     scaler: torch.amp.GradScaler | None, step: int, batch_size: int) -> float:
-    """Forward and loss under the job's autocast, backward (of the scaled loss with fp16).
+                     scaler: torch.amp.GradScaler | None, step: int, batch_size: int,
+                     forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+                     weight: float = 1.0, oom: bool = False) -> float:
+    """Forward and loss under the job's autocast, backward of ``weight`` x the loss (of the
+    scaled loss with fp16).
 
-    ``batch`` is ``(inputs, targets)``. Returns the loss (a float; on a GPU, after the compute
-    stream finished, so the caller's clock measures the compute). Raises :class:`JobCodeError`
-    when the job's code raises.
+    The loss is ``forward_loss(model, batch)`` when given (any batch shape), else ``batch`` is
+    ``(inputs, targets)`` and the loss ``loss_fn(model(inputs), targets)``. Returns the loss
+    (a float; on a GPU, after the compute stream finished, so the caller's clock measures the
+    compute). Raises :class:`JobCodeError` when the job's code raises, and with ``oom``
+    :class:`OutOfMemory` when the device ran out of memory (else that too is a JobCodeError).
     """
     if not model.training:  # evaluate() may leave it in eval mode
         model.train()
     dtype = PRECISIONS[precision]
     cast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
             else contextlib.nullcontext())
-    stage = "forward"
+    stage = "forward_loss" if forward_loss is not None else "forward"
     try:
-        x, y = batch
         with cast:
-            out = model(x)
-            stage = "loss"
-            loss = loss_fn(out, y)
+            if forward_loss is not None:
+                loss = forward_loss(model, batch)
+            else:
+                assert loss_fn is not None
+                x, y = batch
+                out = model(x)
+                stage = "loss"
+                loss = loss_fn(out, y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"the loss must be a tensor of one value, got "
+                            f"{type(loss).__name__}"
+                            + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                               else ""))
         stage = "backward"
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        scaled = loss * weight if weight != 1.0 else loss
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
     except (KeyboardInterrupt, SystemExit):
         raise
+    except torch.OutOfMemoryError as e:
+        if oom:
+            raise OutOfMemory(batch_size) from e
+        raise JobCodeError(stage, step, batch_size, e) from e
     except Exception as e:  # noqa: BLE001 - the user's code: one clear error, not a loss
         raise JobCodeError(stage, step, batch_size, e) from e
     if device.type == "cuda":  # compute time: the compute stream, not NCCL's
@@ -109,6 +164,8 @@ class StepResult:
     compute_s: float
     wait_s: float
     skipped: bool  # fp16: the scaler found inf/NaN gradients and skipped the update
+    discarded: bool = False  # a member ran out of memory: nothing applied, compute it again
+    grad_norm: float | None = None  # with grad_clip: the norm before clipping
 
 
 class Stepper:
@@ -118,10 +175,16 @@ class Stepper:
                  loss_fn: Callable[[Any, Any], torch.Tensor], *, world: int, rank: int,
                  device: torch.device, precision: str = "fp32",
                  scaler: torch.amp.GradScaler | None = None,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+                 bucket_mb: float = DEFAULT_BUCKET_MB,
+                 forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+                 grad_clip: float | None = None, micro_batch: int | None = None,
+                 min_batch: int = 1) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: expected one of {sorted(PRECISIONS)}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.forward_loss, self.grad_clip = forward_loss, grad_clip
+        self.micro_cap = micro_batch  # this member's samples per forward pass (None: all)
+        self.min_batch = max(1, min_batch)
         self.world, self.rank, self.device = world, rank, device
         self.precision, self.scaler = precision, scaler
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -171,36 +234,85 @@ class Stepper:
         # the forward pass updates running statistics in place: a discarded step must not
         # keep them (the members would hold different buffers at the same step)
         saved = [buf.detach().clone() for buf in self._buffers()]
+        oom = 0
         try:
             t0 = time.perf_counter()
             loss_v = 0.0
             if b > 0:
-                loss_v = self._compute(batch, b, step)
+                try:
+                    loss_v = self._compute(batch, b, step)
+                except OutOfMemory as e:
+                    oom = 1
+                    self._lower_cap(e.samples, step, b)
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
             tail = self._tail(b, total, compute_s, latest, loss_v, eval_s)
+            tail[self.rank * ROW + OOM_COL] = oom
             t1 = time.perf_counter()
             reduced = self.reducer.finish(tail)
             wait_s = time.perf_counter() - t1
             if broken():
                 raise GenerationBroken("the reduction completed after the generation was "
                                       "broken")
+            rows = reduced[: self._o_used].view(self.world, ROW).clone()
+            if rows[:, OOM_COL].max() > 0:  # a member ran out of memory: every member discards
+                raise OutOfMemory(0)
+        except OutOfMemory:
+            self._restore(saved)
+            return StepResult(rows, 0.0, compute_s, wait_s, False, discarded=True)
         except BaseException:
-            with torch.no_grad():
-                for buf, old in zip(self._buffers(), saved, strict=True):
-                    buf.copy_(old)
+            self._restore(saved)
             raise
-        skipped = self._commit(reduced)
-        rows = reduced[: self._o_used].view(self.world, ROW).clone()
-        return StepResult(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped)
+        skipped, norm = self._commit(reduced)
+        return StepResult(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped,
+                          grad_norm=norm)
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for buf, old in zip(self._buffers(), saved, strict=True):
+                buf.copy_(old)
+
+    def _lower_cap(self, samples: int, step: int, b: int) -> None:
+        """This member ran out of memory computing ``samples`` at once: halve its cap (never
+        below the job's minimum local batch). Raises :class:`JobCodeError` when it already
+        computed the fewest samples it may."""
+        if self.model.training and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if samples <= self.min_batch:
+            raise JobCodeError("forward", step, b, torch.OutOfMemoryError(
+                f"out of device memory with {samples} samples in one forward pass, the fewest "
+                "allowed: use a smaller model or a larger device"))
+        self.micro_cap = max(self.min_batch, samples // 2)
+        log.warning("out of memory with %d samples per forward pass at step %d: the step is "
+                    "discarded on every member and computed again with at most %d", samples,
+                    step, self.micro_cap)
 
     def _buffers(self) -> list[torch.Tensor]:
         return [*self._avg, *self._copy, *self._ints]
 
     def _compute(self, batch: Any, b: int, step: int) -> float:
-        return forward_backward(self.model, self.loss_fn, batch, precision=self.precision,
-                                device=self.device, scaler=self.scaler, step=step, batch_size=b)
+        """Forward and backward of this member's share, in slices of at most the micro-batch
+        cap (the reducer's hooks held for all but the last: the buckets launch once). Returns
+        the mean loss. Raises :class:`OutOfMemory` and :class:`JobCodeError`."""
+        cap = self.micro_cap or b
+        if cap >= b:
+            return forward_backward(self.model, self.loss_fn, batch, precision=self.precision,
+                                    device=self.device, scaler=self.scaler, step=step,
+                                    batch_size=b, forward_loss=self.forward_loss, oom=True)
+        bounds = micro_bounds(b, cap, self.min_batch)
+        total = 0.0
+        try:
+            for i, (lo, hi) in enumerate(bounds):
+                self.reducer.hold(i < len(bounds) - 1)
+                part = slice_batch(batch, lo, hi)
+                total += (hi - lo) * forward_backward(
+                    self.model, self.loss_fn, part, precision=self.precision,
+                    device=self.device, scaler=self.scaler, step=step, batch_size=hi - lo,
+                    forward_loss=self.forward_loss, weight=(hi - lo) / b, oom=True)
+        finally:
+            self.reducer.hold(False)
+        return total / b
 
     @staticmethod
     def profile_step(job: Any, batch: Any, device: torch.device,
@@ -208,15 +320,18 @@ class Stepper:
         """One forward/backward of ``job`` exactly as the steps run it, nothing applied (the
         hot join's profiling). Returns the loss; raises :class:`JobCodeError`."""
         job.model.zero_grad(set_to_none=True)
+        n = batch_len(batch)
+        if job.micro_batch and n > job.micro_batch:
+            batch, n = slice_batch(batch, 0, job.micro_batch), job.micro_batch
         return forward_backward(job.model, job.loss_fn, batch, precision=job.precision,
-                                device=device, scaler=scaler, step=0,
-                                batch_size=_batch_len(batch))
+                                device=device, scaler=scaler, step=0, batch_size=n,
+                                forward_loss=job.forward_loss)
 
     def _tail(self, b: int, total: int, compute_s: float, latest: int, loss_v: float,
               eval_s: float) -> torch.Tensor:
         tail = torch.zeros(self.tail_numel, dtype=torch.float32)
         r = self.rank * ROW
-        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s])
+        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0])
         if b > 0:
             tail[self._o_used:self._o_avg] = self.reducer.used()
             w = b / total
@@ -240,20 +355,36 @@ class Stepper:
                 o += 2 * n
         return tail
 
-    def _commit(self, reduced: torch.Tensor) -> bool:
-        """Apply the step from the reduced tail; returns True when the scaler skipped it."""
+    def _commit(self, reduced: torch.Tensor) -> tuple[bool, float | None]:
+        """Apply the step from the reduced tail: the buffers first (agreed before the
+        optimiser step, so what it writes survives), then clipping and the optimiser step.
+        Returns (the scaler skipped it, the gradients' norm before clipping)."""
         used = reduced[self._o_used:self._o_avg]
         for p, count in zip(self.params, used.tolist(), strict=True):
             if count == 0:
                 p.grad = None  # nobody computed it: not stepped (set_to_none semantics)
-        skipped = False
+        self._set_buffers(reduced)
+        skipped, norm = False, None
         if self.scaler is not None:
             scale = self.scaler.get_scale()
+            if self.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                norm = self._clip()
             self.scaler.step(self.optimizer)
             self.scaler.update()
             skipped = self.scaler.get_scale() < scale
         else:
+            if self.grad_clip is not None:
+                norm = self._clip()
             self.optimizer.step()
+        return skipped, norm
+
+    def _clip(self) -> float:
+        grads = [p for p in self.params if p.grad is not None]
+        assert self.grad_clip is not None
+        return float(torch.nn.utils.clip_grad_norm_(grads, self.grad_clip))
+
+    def _set_buffers(self, reduced: torch.Tensor) -> None:
         with torch.no_grad():
             o = self._o_avg
             for buf in self._avg:
@@ -269,4 +400,20 @@ class Stepper:
                 hi, lo = reduced[o:o + n].double(), reduced[o + n:o + 2 * n].double()
                 buf.copy_(torch.round(hi * _SPLIT + lo).to(buf.dtype).view_as(buf))
                 o += 2 * n
-        return skipped
+
+
+def micro_bounds(b: int, cap: int, min_batch: int = 1) -> list[tuple[int, int]]:
+    """``b`` samples cut into the fewest slices of at most ``cap`` (pure), as even as
+    possible, none below ``min_batch`` (a slice may then exceed ``cap`` by less than
+    ``min_batch``)."""
+    cap = max(cap, min_batch, 1)
+    k = max(1, -(-b // cap))
+    while k > 1 and b // k < min_batch:
+        k -= 1
+    base, extra = divmod(b, k)
+    out, lo = [], 0
+    for i in range(k):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out

@@ -44,6 +44,7 @@ from trainer.control.state import (  # noqa: F401 - the state and actions, re-ex
     SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, ControlState, RollCall,
     ControlSettings, TickReads, Tracked, as_dict, members, stats)
 from trainer.errors import Malformed
+from trainer.state.training import differing, divergence_message
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import EventKind, MemberState, JobOutcome, Plan
 
@@ -227,9 +228,15 @@ def _reports(t: _Tick) -> None:
         t.put_tracked(replace(tr, state=MemberState.DRAINING))
         t.emit(EventKind.DRAIN, tr.name, detail=reason)
     for m, tr, done in _new_reports(t, mb.DONES, mb.k_done, t.r.done, mb.Done.parse):
-        t.set(done=t.r.done | {m})
+        t.set(done=t.r.done | {m}, done_sums={**t.r.done_sums, m: (done.step, done.checksum)})
         t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
                data={"finished": True, "step": done.step, "checksum": done.checksum})
+        for step, other in t.r.done_sums.values():  # the end: every finished member alike
+            if step == done.step and other != done.checksum:
+                _diverged(t, divergence_message(differing(other, done.checksum) or ["state"],
+                                                f"at the end (step {done.step})"),
+                          done.step, t.r.formed_gen)
+                break
     for _, tr, err in _new_reports(t, mb.ERRORS, mb.k_error, (), mb.JobFailure.parse):
         if t.r.outcome is not JobOutcome.RUNNING:
             break
@@ -549,6 +556,22 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
            detail=f"formed at step {data['step']}" + ("" if data["identical"] else
                                                       "; MEMBERS DIFFER"),
            generation=plan.generation, data=data)
+    if not data["identical"]:
+        first = reports[plan.members[0]].checksum
+        parts = sorted({p for r in reports.values() for p in differing(first, r.checksum)})
+        _diverged(t, divergence_message(parts, f"at generation {plan.generation}"),
+                  data["step"], plan.generation)
+
+
+def _diverged(t: _Tick, message: str, step: int, generation: int) -> None:
+    """The members' digests differ: the run ends as failed (never trained on silently), the
+    generation is marked broken so every member stops and reads the end."""
+    if t.r.outcome is not JobOutcome.RUNNING:
+        return
+    t.set(outcome=JobOutcome.FAILED, failure=message)
+    t.actions.append(Put(mb.FINISHED, f"failed: {message}".encode()))
+    t.actions.append(Add(mb.k_broken(generation), 1))
+    t.emit(EventKind.JOB_ERROR, "", detail=message, data={"step": step})
 
 
 # -- commands and views -----------------------------------------------------------------------

@@ -75,6 +75,7 @@ class ControlState:
     ready: tuple[int, ...] = ()  # admitted joiners, oldest first
     draining: Mapping[int, str] = field(default_factory=dict)
     done: frozenset[int] = frozenset()
+    done_sums: Mapping[int, tuple[int, str]] = field(default_factory=dict)  # id -> (step, digest)
     dropped: Mapping[int, Dropped] = field(default_factory=dict)
     unseen: Mapping[int, float] = field(default_factory=dict)  # id -> active time taken
     scan_from: int = 1

@@ -104,10 +104,13 @@ class ZoneStepper:
     def __init__(self, model: torch.nn.Module, layout: UpdateLayout,
                  loss_fn: Callable[[Any, Any], torch.Tensor], *, world: int, rank: int,
                  device: torch.device, precision: str,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+                 bucket_mb: float = DEFAULT_BUCKET_MB,
+                 forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+                 ) -> None:
         if precision == "fp16":
             raise ValueError("precision fp16 is not supported in the hybrid mode (use bf16)")
         self.model, self.layout, self.loss_fn = model, layout, loss_fn
+        self.forward_loss = forward_loss  # the job's forward_loss(model, batch), if any
         self.world, self.rank, self.device, self.precision = world, rank, device, precision
         self._o_used = world * ROW
         self._o_buf = self._o_used + len(layout.params)
@@ -136,13 +139,14 @@ class ZoneStepper:
             if b > 0:
                 loss_v = forward_backward(self.model, self.loss_fn, batch,
                                           precision=self.precision, device=self.device,
-                                          scaler=None, step=step, batch_size=b)
+                                          scaler=None, step=step, batch_size=b,
+                                          forward_loss=self.forward_loss)
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
             tail = torch.zeros(self.tail_numel, dtype=torch.float32)
             r = self.rank * ROW
-            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s])
+            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0])
             if b > 0:
                 tail[self._o_used:self._o_buf] = self.reducer.used()
                 o = self._o_buf

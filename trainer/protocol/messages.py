@@ -292,6 +292,7 @@ class ProgressReport(_Message):
     world: int = 0
     loss: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    metrics_step: int = -1  # the step of the last evaluation (-1: none yet)
 
 
     @classmethod
@@ -303,7 +304,8 @@ class ProgressReport(_Message):
                    _int(d, "samples_done", "stats", default=0),
                    _int(d, "world", "stats", default=0),
                    None if loss is None else _num(d, "loss", "stats", allow_nan=True),
-                   _metrics(d.get("metrics"), "stats"))
+                   _metrics(d.get("metrics"), "stats"),
+                   _int(d, "metrics_step", "stats", default=-1, low=-1))
 
 
 @dataclass(frozen=True)

@@ -45,3 +45,7 @@ class WorkerConfig:
     coordinator_grace_s: float = 600.0  # train on / wait this long for a lost coordinator
     zone: str = ""  # where this worker runs (cloud zone): the hybrid mode groups by it
     mode: str = ""  # the provisioner's training mode for the run (a Job.mode "auto" takes it)
+    record_digests: bool = False  # --record-digests: every metrics line carries the digests
+    until_steps: int | None = None  # $SPOTRING_UNTIL_STEPS: end (finished) at this step
+    until_epochs: int | None = None  # $SPOTRING_UNTIL_EPOCHS: end (finished) at this epoch
+    resume: Path | None = None  # --resume: the user's checkpoint the first generation starts from

@@ -22,18 +22,21 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainer.collective.step import Stepper, make_scaler
-from trainer.errors import (ControlLost, ControlTimeout, CoordinatorUnreachable, JobCodeError,
-                            JobError, JoinRefused)
+from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUnreachable,
+                            JobCodeError, JobError, JoinRefused, SnapshotError)
 from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
 from trainer.state import codec
 from trainer.state.training import TrainingState
-from trainer.worker import client, devices
+from trainer.worker import client, devices, guard
 from trainer.worker import decision as dn
 from trainer.worker.config import WorkerConfig
 from trainer.worker.decision import MemberOutcome
@@ -59,6 +62,22 @@ def normal_priority() -> None:
     log.info("boot done: back to normal CPU priority")
 
 
+def local_notice_s() -> float:
+    """The seconds a SIGTERM leaves (``$SPOTRING_NOTICE_WINDOW_S``, which the local driver's
+    notice window sets; else GCP's 30 s, the shortest cloud notice)."""
+    try:
+        return max(0.0, float(os.environ.get("SPOTRING_NOTICE_WINDOW_S", "30")))
+    except ValueError:
+        return 30.0
+
+
+def _run_notice_hook(hook: Any, seconds_left: float) -> None:
+    try:
+        hook(seconds_left)
+    except Exception:  # noqa: BLE001 - the user's hook: logged, never fatal
+        log.exception("the job's on_notice(%s) raised; the drain goes on", seconds_left)
+
+
 class Worker:
     """One elastic worker (see the module docstring).
 
@@ -78,6 +97,8 @@ class Worker:
         self.prior = 0.0
         self.notice: str | None = None
         self.failure: str | None = None
+        self._notice_hooked = False  # the job's on_notice ran (once per worker)
+        self.resumed = False  # --resume loaded a state its first membership brings
 
     # -- entry -----------------------------------------------------------------------------
 
@@ -89,6 +110,7 @@ class Worker:
         """
         cfg = self.cfg
         device = devices.resolve(cfg.device)
+        guard.install()  # the job's torch.distributed calls: a clear error naming ctx
         self.job = job = load_job(cfg.job, cfg.seed)
         job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
         log.info("training mode %s (%s)", job.mode, why)
@@ -98,7 +120,8 @@ class Worker:
             self.prior = self._profile()
             if cfg.boot_idle:
                 normal_priority()
-            signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM"))
+            signal.signal(signal.SIGTERM, lambda *_: self.give_notice("SIGTERM",
+                                                                      local_notice_s()))
             return self._join(mode)
         finally:
             self.outputs.close()
@@ -145,11 +168,27 @@ class Worker:
                 continue
             return code
 
-    def give_notice(self, reason: str) -> None:
-        """Leave at the next step boundary (signal handlers and notice pollers call this)."""
+    def over(self) -> bool:
+        """Is the job over at the committed progress (``epochs``, ``max_steps``, the run's
+        ``--until-epochs``/``--until-steps``, whichever first)? Every member agrees: the
+        progress is the same on all."""
+        p = self.state.progress
+        return self.job.ends_at(p.step, p.epoch, until_steps=self.cfg.until_steps,
+                                until_epochs=self.cfg.until_epochs)
+
+    def give_notice(self, reason: str, seconds_left: float | None = None) -> None:
+        """Leave at the next step boundary (signal handlers and notice pollers call this).
+        A revocation notice (``seconds_left`` given: the cloud's, or a local SIGTERM's) also
+        runs the job's ``on_notice(seconds_left)`` once, on a thread of its own: the drain
+        never waits for it, and what it raises is logged, never fatal."""
         if self.notice is None:
             self.notice = reason
             log.info("notice received (%s): leaving at the next step boundary", reason)
+        hook = getattr(self.job, "on_notice", None)
+        if seconds_left is not None and hook is not None and not self._notice_hooked:
+            self._notice_hooked = True
+            threading.Thread(target=_run_notice_hook, args=(hook, seconds_left),
+                             name="spotring-on-notice", daemon=True).start()
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -165,9 +204,52 @@ class Worker:
                                loader_workers=workers, faults=cfg.faults)
         self.state = TrainingState(job.model, job.optimizer, make_scaler(job.precision, device),
                                    codec.fingerprint(job.model, job.optimizer, job.global_batch,
-                                                     len(job), job.mode))
+                                                     len(job), job.mode),
+                                   scheduler=job.scheduler, extra=job.extra_state)
+        self._check_state()
+        if cfg.resume is not None:
+            self._resume(cfg.resume)
         log.info("job %s on %s (%s, minimum local batch %d)", cfg.job, device, job.precision,
                  self.runtime.min_batch)
+
+    def _check_state(self) -> None:
+        """The job's scheduler and extra state must travel as tensors and plain data (no
+        pickle): encode them once now. Raises :class:`trainer.errors.JobError` naming the
+        field."""
+        job, state = self.job, self.state
+        parts = {"scheduler": state.scheduler, **{f"extra_state[{k!r}]": v
+                                                  for k, v in state.extra.items()}}
+        for name, obj in parts.items():
+            if obj is None:
+                continue
+            try:
+                codec.encode(obj.state_dict())
+            except Exception as e:  # noqa: BLE001 - the user's object: one clear line
+                raise JobError(f"job {self.cfg.job!r}: {name}.state_dict() must hold only "
+                               f"tensors and plain data (numbers, strings, lists, dicts): "
+                               f"{str(e).splitlines()[0]}") from e
+        if job.order is not None:
+            self.runtime.order(0)  # raises JobError naming Job.order when it is not one
+
+    def _resume(self, path: Path) -> None:
+        """``--resume CKPT``: the state this worker starts from (a spotring snapshot or the
+        user's checkpoint). A first generation takes rank 0's; a joiner still receives the
+        ring's. Raises :class:`trainer.errors.JobError` naming the flag and the cause."""
+        from trainer.state import export
+
+        try:
+            kind, got = export.read_checkpoint(path)
+            if kind == "snapshot":
+                self.state.load(got)
+                what = [f"the whole training state at step {self.state.progress.step}"]
+            else:
+                what = self.state.load_checkpoint(
+                    export.checkpoint_parts(got, sorted(self.state.extra)),
+                    dataset_size=len(self.job), global_batch=self.job.global_batch)
+        except (SnapshotError, BadState) as e:
+            raise JobError(f"--resume {path}: {e}") from e
+        self.resumed = True
+        log.info("resumed from %s: %s", path, ", ".join(what))
 
     def _profile(self) -> float:
         """A few forward/backward passes before joining; returns the measured samples/s.

@@ -35,8 +35,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainer.collective import groups, sync
-from trainer.errors import (ControlLost, ControlTimeout, GenerationBroken, JobCodeError, Malformed,
-                            SnapshotError, StateLost)
+from trainer.errors import (ControlLost, ControlTimeout, Diverged, GenerationBroken, JobCodeError,
+                            Malformed, SnapshotError, StateLost)
+from trainer.job import StepContext
 from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
 from trainer.worker import decision as dn
@@ -66,7 +67,11 @@ class Member:
         self.plan: mb.Plan | None = None
         self.group: groups.Group | None = None
         self.rank = -1
-        self.fresh = True
+        # a worker started from a checkpoint (--resume) holds a state: the first generation
+        # takes it, not rank 0's freshly built one (once: a later membership starts fresh)
+        self.fresh = not getattr(w, "resumed", False)
+        if not self.fresh:
+            w.resumed = False
         self.was_member = False
         self.seen = 0
         self.drain_sent = False
@@ -165,7 +170,6 @@ class Member:
 
     def live(self) -> MemberOutcome:
         """Run this membership until it ends; returns how."""
-        job = self.w.job
         problem = self.mode.problem()
         if problem is not None:
             return self.fail(f"job {self.w.cfg.job}: {problem}")
@@ -185,7 +189,9 @@ class Member:
                     continue
                 except JobCodeError as e:
                     return self.fail(f"job {self.w.cfg.job}: {e}", e.exc)
-                if self.w.state.progress.epoch >= job.epochs:
+                except Diverged as e:
+                    return self.fail(f"job {self.w.cfg.job}: {e}")
+                if self.w.over():
                     try:
                         self._finish()
                     except JobCodeError as e:  # the job's evaluate, at the end
@@ -359,13 +365,15 @@ class Member:
         if c.ids:
             self.record_samples(before.step, before.epoch, c.ids)
         state.progress = before.advance(len(job), c.samples)
+        p = state.progress
+        epoch_end = p.epoch != before.epoch
+        self._user_step(epoch_end, c.loss)
         if c.quiet:
             return
-        p = state.progress
         head = self.mode.is_head()
         duties = c.duties if c.duties is not None else (
             self.claim_duties(p.step) if head else Duties())
-        evaluate = p.epoch != before.epoch and job.evaluate is not None
+        evaluate = self.eval_due(epoch_end)
         if evaluate or duties:
             with self.mode.whole_model() as holder:
                 if holder:
@@ -379,10 +387,52 @@ class Member:
         w.outputs.step_record(head, {
             "t": time.time(), "step": p.step, "generation": plan.generation, "world": world,
             "samples": c.samples, "loss": c.loss, "member": plan.keys()[self.rank],
-            "epoch": p.epoch, **c.record}, epochs=job.epochs, metrics=state.metrics)
-        if head and self.hb is not None:
-            self.hb.stats = mb.ProgressReport(plan.generation, p.step, p.epoch, p.samples_done,
-                                              world, c.loss, state.metrics).to_json()
+            "epoch": p.epoch, "lr": job.lr(), **c.record,
+            **({"digest": state.checksum()} if w.cfg.record_digests else {})},
+            epochs=job.epochs, metrics=state.metrics)
+        if head:
+            if job.on_step is not None:
+                try:
+                    job.on_step(self.context(epoch_end, c.loss))
+                except Exception as e:  # noqa: BLE001 - the user's code: one clear error
+                    raise JobCodeError("on_step", p.step, 0, e) from e
+            if self.hb is not None:
+                self.hb.stats = mb.ProgressReport(
+                    plan.generation, p.step, p.epoch, p.samples_done, world, c.loss,
+                    state.metrics, state.metrics_step).to_json()
+
+    def eval_due(self, epoch_end: bool) -> bool:
+        """Does the job's ``evaluate`` run after the step just committed (an epoch end, or
+        every ``eval_every_steps``)? The same answer on every member."""
+        job = self.w.job
+        every = job.eval_every_steps
+        return job.evaluate is not None and (epoch_end or bool(
+            every and self.w.state.progress.step % every == 0))
+
+    def context(self, epoch_end: bool, loss: float) -> StepContext:
+        """What the job's hooks are told after a commit (:class:`trainer.job.StepContext`)."""
+        w, plan = self.w, self.plan
+        assert plan is not None
+        p = w.state.progress
+        return StepContext(p.step, p.epoch, epoch_end, w.job.lr(), loss, self.rank,
+                           len(plan.members), p.samples_done, w.state.run_id, w.job.model,
+                           w.job.optimizer, dict(w.state.metrics))
+
+    def _user_step(self, epoch_end: bool, loss: float) -> None:
+        """After an update, on every member: the job's scheduler (once per committed step,
+        or per epoch end), then its ``after_step`` (what it writes survives: the buffers
+        were agreed before the optimiser step). Raises :class:`trainer.errors.JobCodeError`."""
+        job, step = self.w.job, self.w.state.progress.step
+        if job.scheduler is not None and (job.scheduler_every == "step" or epoch_end):
+            try:
+                job.scheduler.step()
+            except Exception as e:  # noqa: BLE001 - the user's code: one clear error
+                raise JobCodeError("scheduler.step()", step, 0, e) from e
+        if job.after_step is not None:
+            try:
+                job.after_step(self.context(epoch_end, loss))
+            except Exception as e:  # noqa: BLE001
+                raise JobCodeError("after_step", step, 0, e) from e
 
     # -- the end ---------------------------------------------------------------------------------
 

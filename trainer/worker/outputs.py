@@ -30,11 +30,12 @@ from trainer.errors import ControlLost, ControlTimeout, JobCodeError
 from trainer.job import Job
 from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
-from trainer.state.training import TrainingState
+from trainer.state.training import CAUSES, PARTS, TrainingState
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0  # progress lines at most this often (and at every epoch end)
+WRITE_WARN_EVERY_S = 60.0  # a line that cannot be written: one warning at most this often
 
 
 class Outputs:
@@ -49,6 +50,8 @@ class Outputs:
         self._files: dict[Path, Any] = {}
         self._last_log = 0.0
         self._log_epoch = -1
+        self.skipped = 0  # lines that could not be written (disk full)
+        self._warned_at = -WRITE_WARN_EVERY_S
 
     def close(self) -> None:
         if self.snapshotter is not None:
@@ -60,12 +63,29 @@ class Outputs:
     # -- lines ----------------------------------------------------------------------------------
 
     def append(self, path: Path | None, record: dict[str, Any]) -> None:
-        """Append one JSON line to ``path`` (kept open, flushed per line)."""
-        if path is not None:
+        """Append one JSON line to ``path`` (kept open, flushed per line). A line that cannot
+        be written (a full disk, a quota, an I/O error) is skipped with a warning at most
+        every ``WRITE_WARN_EVERY_S``: the ring trains on."""
+        if path is None:
+            return
+        try:
             f = self._files.get(path)
             if f is None:
                 f = self._files[path] = path.open("a", buffering=1)
             f.write(json.dumps(record) + "\n")
+        except OSError as e:
+            self.skipped += 1
+            now = time.monotonic()
+            if now - self._warned_at >= WRITE_WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("cannot write %s (%s): %d line(s) skipped so far; training goes "
+                            "on", path, e.strerror or e, self.skipped)
+            bad = self._files.pop(path, None)
+            if bad is not None:
+                try:
+                    bad.close()
+                except OSError:
+                    pass  # its buffer cannot be flushed either: dropped with the line
 
     def step_record(self, head: bool, record: dict[str, Any], *, epochs: int,
                     metrics: dict[str, float]) -> None:
@@ -100,12 +120,22 @@ class Outputs:
         Raises :class:`trainer.errors.JobCodeError`."""
         assert job.evaluate is not None
         t0 = time.perf_counter()
+        before, lrs = state.digests(), [g.get("lr") for g in job.optimizer.param_groups]
         try:
             got = job.evaluate(job.model) or {}
         except Exception as e:  # noqa: BLE001 - the user's code: one clear error
             raise JobCodeError("evaluate", state.progress.step, 0, e) from e
         job.model.train()
         self.eval_s = time.perf_counter() - t0
+        after = state.digests()
+        changed = [k for k in PARTS if before[k] != after[k]]
+        if changed:  # evaluate runs on one member only: the others would train on without it
+            now = [g.get("lr") for g in job.optimizer.param_groups]
+            lr = f" (learning rate {lrs[0]} -> {now[0]})" if lrs != now else ""
+            raise JobCodeError("evaluate", state.progress.step, 0, RuntimeError(
+                f"evaluate changed {', '.join(changed)}{lr}, but it runs on rank 0 only; "
+                f"{CAUSES[changed[0] if changed[0] != 'optimizer' or not lr else 'scheduler']}"))
+        state.metrics_step = state.progress.step
         metrics: dict[str, float] = {}
         for k, v in dict(got).items():
             try:

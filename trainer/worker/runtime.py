@@ -29,7 +29,7 @@ import torch
 
 from trainer.data.feed import Feed
 from trainer.data.sampler import epoch_order
-from trainer.errors import FeedError, JobCodeError
+from trainer.errors import FeedError, JobCodeError, JobError
 from trainer.job import Job
 from trainer.protocol import messages as mb
 from trainer.worker import devices
@@ -38,6 +38,24 @@ log = logging.getLogger(__name__)
 
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 SLOW_WINDOW = 15  # steps in the running median that --slowdown sleeps against
+
+
+def user_order(job: Job, seed: int, epoch: int, n: int) -> torch.Tensor:
+    """The job's ``order(seed, epoch, n)`` as a checked int64 tensor of ``n`` indices in
+    ``range(n)`` (repeats allowed: each *position* is trained exactly once). Raises
+    :class:`trainer.errors.JobError` naming ``Job.order`` and the fix."""
+    assert job.order is not None
+    try:
+        raw = job.order(seed, epoch, n)
+        got = raw if isinstance(raw, torch.Tensor) else torch.as_tensor(list(raw))
+    except Exception as e:  # noqa: BLE001 - the user's code: one clear line
+        raise JobError(f"Job.order({seed}, {epoch}, {n}) raised {type(e).__name__}: {e}; "
+                       "fix the job's order") from e
+    if (got.dim() != 1 or got.numel() != n or got.is_floating_point()
+            or (n and (int(got.min()) < 0 or int(got.max()) >= n))):
+        raise JobError(f"Job.order({seed}, {epoch}, {n}) must return {n} integer indices in "
+                       f"range({n}) (got shape {tuple(got.shape)}, dtype {got.dtype})")
+    return got.to(torch.int64)
 
 
 class Runtime:
@@ -55,6 +73,7 @@ class Runtime:
         self.feed = self._feed()
         self.samples_per_s = 0.0  # this worker's last measured speed (the heartbeat's)
         self.batch_size = 0  # and its last local batch
+        self.micro_cap = job.micro_batch  # samples per forward pass; lowered on out of memory
         self._fired: set[tuple[str, int]] = set()
         self._orders: dict[int, torch.Tensor] = {}
         self._per_sample: list[float] = []  # recent compute s/sample, for --slowdown
@@ -87,11 +106,15 @@ class Runtime:
         raise AssertionError("unreachable")
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The sample order of ``epoch`` (seeded: the same on every member); the two epochs
-        asked for last are kept (a step looks one epoch ahead to prefetch)."""
+        """The sample order of ``epoch`` (seeded: the same on every member; the job's
+        ``order`` when it gives one); the two epochs asked for last are kept (a step looks
+        one epoch ahead to prefetch). Raises :class:`trainer.errors.JobError` when the
+        job's ``order`` returns something else than ``n`` indices in ``range(n)``."""
         got = self._orders.pop(epoch, None)
         if got is None:
-            got = epoch_order(self.seed, epoch, len(self.job))
+            n = len(self.job)
+            got = (epoch_order(self.seed, epoch, n) if self.job.order is None
+                   else user_order(self.job, self.seed, epoch, n))
         self._orders[epoch] = got  # the newest last
         while len(self._orders) > 2:
             del self._orders[next(iter(self._orders))]

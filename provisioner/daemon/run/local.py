@@ -115,6 +115,7 @@ class LocalEnvironment:
         self.speed = options.speed or s.local.speed
         root = Path(options.workdir or s.local.state_dir).resolve()
         self.wd = Workdir(root)
+        self.model_path = self.wd.model  # the trained model rank 0 writes at the end
         self.target = local_target(root, options.config)
         self.report_dir = Path(options.report).resolve() if options.report else self.wd.report
         self._market: tuple[Any, datetime, list[str]] | None = None
@@ -323,11 +324,14 @@ class LocalEnvironment:
         samples = self.wd.samples if o.record_samples else None
         loc = o.settings.local
         workers, token_file, job = self.wd.workers, self.wd.token, o.job
+        # the trained model by default, where the end of the run says (the job's own
+        # --output in local.worker_args wins)
+        output = [] if "--output" in loc.worker_args else ["--output", str(self.model_path)]
 
         def command(spec: Any) -> list[str]:
             return worker_argv(loc.python or sys.executable, f"{host}:{port}", token_file, job,
                                spec.name, spec.slowdown, workers, samples,
-                               loc.worker_args)
+                               [*loc.worker_args, *output])
         return command
 
     def parts(self, state: State, coordinator: RingCoordinator | None,

@@ -42,6 +42,8 @@ SIGINT/SIGTERM handlers for the run's life and puts the former ones back).
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import signal
@@ -212,6 +214,7 @@ class RunResult:
     report: Path | None  # report.md (None: not written, the disk was full)
     fleet_kept: bool
     run_id: str
+    model: Path | None = None  # the trained model written at the end (local runs), if any
 
     @property
     def exit_code(self) -> int:
@@ -256,7 +259,11 @@ class RunSession:
         files, its workers' too) is its owner's alone whatever the umask
         (:func:`provisioner.daemon.run.lock.private_files`)."""
         with private_files():
-            return self._run_all()
+            result = self._run_all()
+        model = getattr(self.env, "model_path", None)
+        if isinstance(model, Path) and model.is_file():
+            result = dataclasses.replace(result, model=model)
+        return result
 
     def _run_all(self) -> RunResult:
         env = self.env

@@ -91,6 +91,11 @@ class Workdir:
     def runs(self) -> Path:
         return self.root / "runs"
 
+    @property
+    def model(self) -> Path:
+        """The trained model rank 0 writes at the end (``--output`` of every local worker)."""
+        return self.root / "model.pt"
+
 
 @dataclass(frozen=True)
 class RunIdentity:
@@ -205,7 +210,8 @@ def archive(wd: Workdir, run_id: str | None, report: Path | None) -> Path:
         k += 1
         dest = wd.runs / f"{name}.{k}"
     private_dirs(dest)
-    moving = [(p, p.name) for p in (wd.workers, wd.samples, *wd.root.glob("state.sqlite*"))]
+    moving = [(p, p.name) for p in (wd.workers, wd.samples, wd.model,
+                                    *wd.root.glob("state.sqlite*"))]
     if run_id:
         moving.append((wd.snapshots / run_id, "snapshots"))
     if report is not None and report.resolve().parent == wd.root.resolve():

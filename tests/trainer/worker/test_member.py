@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+from torch.utils.data import TensorDataset
+
+from trainer.errors import JobCodeError
+from trainer.job import Job, StepContext
 from trainer.protocol import messages as mb
 from trainer.protocol.store import StoreServer
 from trainer.protocol.store_client import ControlStore
@@ -52,11 +56,6 @@ class _Mode:
         pass
 
 
-class _Job(SimpleNamespace):
-    def __len__(self) -> int:
-        return 10  # samples per epoch
-
-
 class _Heartbeat:
     export = 0
     stats: str | None = None
@@ -73,14 +72,22 @@ def store() -> Iterator[ControlStore]:
         server.stop()
 
 
-def _member(store: ControlStore, tmp: Path, rank: int = 0, evaluate: Any = None) -> Member:
+def _member(store: ControlStore, tmp: Path, rank: int = 0, evaluate: Any = None,
+            **fields: Any) -> Member:
     model = torch.nn.Linear(2, 1)
-    job = _Job(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), epochs=2,
-               evaluate=evaluate, on_finish=None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if fields.get("scheduler") == "steplr":
+        fields["scheduler"] = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    job = Job(model=model, optimizer=opt, loss_fn=torch.nn.functional.mse_loss,
+              train_set=TensorDataset(torch.zeros(10, 2), torch.zeros(10, 1)),  # 10 per epoch
+              global_batch=4, epochs=2, evaluate=evaluate, **fields)
     out = Outputs("job.py", metrics_file=tmp / "m.jsonl", record_samples=tmp / "s.jsonl",
                   output=tmp / "model.pt")
-    w = SimpleNamespace(job=job, state=TrainingState(model, job.optimizer, None, "fp"),
-                        outputs=out, cfg=SimpleNamespace(job="job.py"), notice=None,
+    w = SimpleNamespace(job=job, state=TrainingState(model, job.optimizer, None, "fp",
+                                                     scheduler=job.scheduler,
+                                                     extra=job.extra_state),
+                        outputs=out, cfg=SimpleNamespace(job="job.py", record_digests=False),
+                        notice=None,
                         failure=None)
     m = Member(w, store, 3, _Heartbeat(), _Mode)  # type: ignore[arg-type]
     m.rank, m.plan = rank, mb.Plan(4, (3, 8) if rank == 0 else (8, 3), ("a", "b"))
@@ -159,6 +166,53 @@ def test_the_evaluation_runs_on_the_head_at_an_epoch_end(store: ControlStore,
     m.commit(Commit(4, 0.1))  # the epoch (10 samples) ends
     assert calls == [1] and m.w.state.metrics == {"acc": 0.75}
     assert mb.ProgressReport.parse(m.hb.stats).metrics == {"acc": 0.75}
+
+
+def test_the_scheduler_and_after_step_run_on_every_member_on_step_on_the_head_only(
+        store: ControlStore, tmp_path: Path) -> None:
+    """Issue 26: the scheduler steps once per committed step (on every member, so the lr
+    stays the same everywhere); after_step runs on every member, on_step on the head only,
+    with a context naming the step, the lr for the next step, the rank and the run id."""
+    seen: dict[int, list[StepContext]] = {0: [], 1: []}
+    logged: list[StepContext] = []
+    members = []
+    for rank in (0, 1):
+        (tmp_path / str(rank)).mkdir()
+        members.append(_member(store, tmp_path / str(rank), rank, scheduler="steplr",
+                               after_step=seen[rank].append, on_step=logged.append))
+    for m in members:
+        m.commit(Commit(4, 0.5))
+        m.commit(Commit(4, 0.5, quiet=True))
+        assert m.w.job.optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert [(c.step, c.rank, c.world, c.lr) for c in seen[0] + seen[1]] == [
+        (1, 0, 2, 0.05), (2, 0, 2, 0.025), (1, 1, 2, 0.05), (2, 1, 2, 0.025)]
+    assert [c.step for c in logged] == [1] and logged[0].run_id == members[0].w.state.run_id
+    assert _lines(tmp_path / "0" / "m.jsonl")[0]["lr"] == 0.05
+
+
+def test_evaluate_every_n_steps_and_its_step_in_the_progress_report(store: ControlStore,
+                                                                   tmp_path: Path) -> None:
+    m = _member(store, tmp_path, evaluate=lambda model: {"mse": 1.0}, eval_every_steps=2)
+    m.commit(Commit(2, 0.1))
+    assert m.w.state.metrics_step == -1
+    m.commit(Commit(2, 0.1))
+    assert m.w.state.metrics_step == 2
+    assert mb.ProgressReport.parse(m.hb.stats).metrics_step == 2
+
+
+def test_a_scheduler_stepped_in_evaluate_is_caught_and_named(store: ControlStore,
+                                                             tmp_path: Path) -> None:
+    """The anchor's bug: ``scheduler.step()`` in evaluate runs on rank 0 only; the members
+    would train with different learning rates. It ends the run with the cause named."""
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        m.w.job.scheduler.step()
+        return {}
+
+    m = _member(store, tmp_path, evaluate=evaluate, scheduler="steplr")
+    m.commit(Commit(6, 0.1))
+    with pytest.raises(JobCodeError, match="evaluate changed optimizer, scheduler .*learning "
+                                           "rate 0.025 -> 0.0125.*Job.scheduler"):
+        m.commit(Commit(4, 0.1))
 
 
 def test_a_failure_is_reported_once_and_stops_the_generation(store: ControlStore,

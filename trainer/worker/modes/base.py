@@ -77,6 +77,23 @@ class Commit:
     quiet: bool = False
 
 
+def lacking(job: Any, fields: Sequence[str], mode: str) -> str | None:
+    """One line naming the first of ``fields`` the job sets (not None) that ``mode`` cannot
+    honour, with the fix; None when it sets none of them."""
+    for name in fields:
+        if getattr(job, name, None) is not None:
+            return (f"Job.{name} is not supported in the {mode} mode yet; leave it out or use "
+                    "the ring (Job.mode='ring')")
+    return None
+
+
+#: The job's fields a pipeline of stages cannot honour (each stage holds only its layers).
+PIPELINE_LACKS = ("scheduler", "extra_state", "grad_clip", "after_step", "forward_loss",
+                  "micro_batch", "max_steps", "eval_every_steps")
+#: The job's fields the hybrid mode with staleness > 0 cannot honour.
+HYBRID_LACKS = ("grad_clip", "micro_batch", "max_steps")
+
+
 class Mode(Protocol):
     """A training mode plugged into the member skeleton (see the module docstring)."""
 

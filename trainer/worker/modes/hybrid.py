@@ -69,7 +69,7 @@ from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_c
                                       updates_left)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
 from trainer.protocol import messages as mb
-from trainer.worker.modes.base import Commit, Transferred
+from trainer.worker.modes.base import HYBRID_LACKS, Commit, Transferred, lacking
 from trainer.worker.modes.ring import RingMode
 
 if TYPE_CHECKING:
@@ -137,6 +137,8 @@ class HybridMode:
         self.own: dict[int, _Own] = {}
 
     def problem(self) -> str | None:
+        if self._problem is None and not self.ring_mode:
+            return lacking(self.m.w.job, HYBRID_LACKS, "hybrid (staleness > 0)")
         return None if self._problem is None else f"hybrid mode: {self._problem}"
 
     def is_head(self) -> bool:
@@ -193,7 +195,8 @@ class HybridMode:
         zgroup = self._subgroup(f"z{zone}", ranks.index(rank), len(ranks))
         stepper = ZoneStepper(job.model, layout, job.loss_fn, world=len(ranks),
                               rank=ranks.index(rank), device=rt.device,
-                              precision=job.precision, bucket_mb=cfg.bucket_mb)
+                              precision=job.precision, bucket_mb=cfg.bucket_mb,
+                              forward_loss=job.forward_loss)
         g = self.gen = _Gen(zone, ranks.index(rank), [keys[r] for r in ranks], zgroup,
                             stepper, layout, end, newest=plan.generation)
         self.ring.plan_sizes(plan, keys=g.zkeys)

@@ -67,7 +67,7 @@ from trainer.pipeline.settings import PipelineSettings
 from trainer.pipeline.stagestate import ModelIndex, StagePack, whole_checksum
 from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
-from trainer.worker.modes.base import Commit, Duties, Transferred
+from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, Transferred, lacking
 
 if TYPE_CHECKING:
     from trainer.worker.member import Member
@@ -156,7 +156,7 @@ class PipelineMode:
     # -- setup ------------------------------------------------------------------------------
 
     def problem(self) -> str | None:
-        return self._problem
+        return self._problem or lacking(self.m.w.job, PIPELINE_LACKS, "pipeline")
 
     def _settings(self) -> partition.Settings:
         job, ps = self.m.w.job, self.ps

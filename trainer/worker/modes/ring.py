@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.collective import sync
+from trainer.collective import groups, sync
 from trainer.collective.step import EVAL_COL, LATEST_COL, Stepper
 from trainer.data import batching
 from trainer.data.sampler import CursorState, scale_sizes, split
-from trainer.errors import BadState, GenerationBroken
+from trainer.errors import BadState, Diverged, GenerationBroken
+from trainer.state.training import PARTS, divergence_message
 from trainer.worker.modes.base import Commit, Transferred
 
 if TYPE_CHECKING:
@@ -118,7 +119,9 @@ class RingMode:
             self.stepper.close()
         self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
                                rank=m.rank, device=w.runtime.device, precision=job.precision,
-                               scaler=w.state.scaler, bucket_mb=w.cfg.bucket_mb)
+                               scaler=w.state.scaler, bucket_mb=w.cfg.bucket_mb,
+                               forward_loss=job.forward_loss, grad_clip=job.grad_clip,
+                               micro_batch=w.runtime.micro_cap, min_batch=w.runtime.min_batch)
         return 0
 
     def plan_sizes(self, plan: Plan, timings: list[batching.StepTiming] | None = None,
@@ -196,6 +199,10 @@ class RingMode:
         res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
                            eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
                            after_compute=rt.slow, broken=lambda: m.broken(gen))
+        if res.discarded:  # a member ran out of memory: nothing applied; the same step again
+            self.pending = None
+            rt.micro_cap = stepper.micro_cap
+            return int(res.rows[:, LATEST_COL].max())
         # -- committed: every member applied the same update
         self.pending = None
         rows = res.rows
@@ -205,13 +212,35 @@ class RingMode:
         m.commit(Commit(total, res.loss, ids.tolist(), {
             "batch": b, "compute_s": round(res.compute_s, 6), "wait_s": round(res.wait_s, 6),
             "step_s": round(res.compute_s + res.wait_s, 6), "skipped": res.skipped,
-            "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0}))
-        if w.state.progress.epoch != p.epoch and job.evaluate is not None:
+            "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0,
+            **({"grad_norm": res.grad_norm} if res.grad_norm is not None else {})}))
+        if w.state.progress.epoch != p.epoch:
+            self.compare_digests(f"after epoch {p.epoch}")
+        if m.eval_due(w.state.progress.epoch != p.epoch):
             # rank 0 evaluated (in the commit) while the others start the next step: it
             # starts that step as much later as its last evaluation took, a figure from the
             # reduction (the same on every member); a first evaluation has none yet
             self.busy_s = float(rows[0, EVAL_COL])
         return int(rows[:, LATEST_COL].max())
+
+    def compare_digests(self, where: str) -> None:
+        """Every member's digests of every part (:data:`trainer.state.training.PARTS`),
+        compared over the generation's group. Raises :class:`trainer.errors.Diverged` (on
+        every member alike) naming the parts that differ and the likely cause, and
+        :class:`trainer.errors.GenerationBroken`."""
+        m = self.m
+        plan, group = m.plan, m.group
+        assert plan is not None and group is not None
+        digests = m.w.state.digests()
+        table = torch.zeros(len(plan.members), len(PARTS), dtype=torch.float64)
+        table[m.rank] = torch.tensor([float(int(d[:12], 16)) if d != "-" else 0.0
+                                      for d in (digests[k] for k in PARTS)],
+                                     dtype=torch.float64)  # 48 bits: exact in float64
+        gen = plan.generation
+        groups.allreduce(group.ctl, table, lambda: m.broken(gen))
+        differ = [k for i, k in enumerate(PARTS) if len(set(table[:, i].tolist())) > 1]
+        if differ:
+            raise Diverged(divergence_message(differ, where))
 
     def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
         """The ids this member will probably take in the next step (for prefetching)."""
