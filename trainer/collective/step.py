@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from trainer.collective import groups
 from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
 from trainer.errors import GenerationBroken, JobCodeError
 
@@ -158,16 +159,18 @@ class Stepper:
     def step(self, pg: Any, batch: Any, b: int, total: int, *, step: int, latest: int,
              eval_s: float, should_abort: Callable[[], bool],
              after_compute: Callable[[float, int], None] | None = None,
-             broken: Callable[[], bool] = lambda: False) -> StepResult:
+             broken: Callable[[], bool] = lambda: False,
+             watch: groups.Watch = groups.GLOO_WATCH) -> StepResult:
         """Compute this member's share ``batch`` (``b`` samples; ``b = 0``: nothing to
         compute), reduce and commit. ``after_compute(seconds, b)`` runs between the backward
         pass and the reduction (the ``--slowdown`` emulation). ``broken()`` is asked once more
         after the reduction: a late completion on an abandoned generation is not committed.
+        ``watch``: the generation's (``Group.watch()``; an NCCL group's waits need it).
 
         Raises :class:`JobCodeError` (the job's code raised) and
         :class:`trainer.errors.GenerationBroken` (nothing applied).
         """
-        self.reducer.begin(pg, b / total, should_abort)
+        self.reducer.begin(pg, b / total, should_abort, watch)
         # the forward pass updates running statistics in place: a discarded step must not
         # keep them (the members would hold different buffers at the same step)
         saved = [buf.detach().clone() for buf in self._buffers()]

@@ -115,7 +115,8 @@ class RingMode:
         assert plan is not None
         self.plan_sizes(plan)
         if self.stepper is not None:
-            self.stepper.close()
+            self.stepper.close()  # frees the old buckets first: one copy of the gradients
+            self.stepper = None
         self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
                                rank=m.rank, device=w.runtime.device, precision=job.precision,
                                scaler=w.state.scaler, bucket_mb=w.cfg.bucket_mb)
@@ -195,7 +196,8 @@ class RingMode:
         gen = plan.generation
         res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
                            eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
-                           after_compute=rt.slow, broken=lambda: m.broken(gen))
+                           after_compute=rt.slow, broken=lambda: m.broken(gen),
+                           watch=group.watch())
         # -- committed: every member applied the same update
         self.pending = None
         rows = res.rows

@@ -1,0 +1,57 @@
+"""A three-member ring on NCCL's semantics (the double of tests/fakes/nccl.py) loses one
+member before its first bucket and another at an arbitrary moment, and trains on.
+
+Every worker runs the real member code; the double gives each generation NCCL's failure
+paths: collectives whose futures complete at enqueue, that never complete with a dead peer,
+and a watchdog that ends a process whose collective stays pending past the group's timeout
+unless the group was aborted. The heartbeat timeout and the collective timeout are 30 s, so
+a survivor that trains again well before that found the failure by the canary on the
+generation's gloo group and aborted its communicator, not by waiting a timeout out. The
+seconds to the next step are a figure of benchmarks/trainer_revoke.py (``--nccl-double``),
+not an assertion here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.ringutil import Ring
+
+pytestmark = pytest.mark.timeout(240)
+
+TIMEOUT_S = 30.0
+
+
+def test_kills_before_the_first_bucket_and_mid_step_cost_one_step_each(tmp_path: Path) -> None:
+    ring = Ring(tmp_path, job="examples/digits.py",
+                env={"DIGITS_EPOCHS": "2", "SPOTRING_TEST_NCCL_DOUBLE": "1"},
+                initial_world=3, heartbeat_timeout_s=TIMEOUT_S, rollcall_s=0.3)
+    timeout = ("--collective-timeout", str(TIMEOUT_S))
+    try:
+        ring.worker("a", *timeout)
+        ring.worker("b", *timeout, "--fault", "kill@4")  # before its first bucket of step 4
+        ring.worker("c", *timeout)
+        ring.wait_for("b lost", lambda: any(e["name"] == "b" for e in ring.events("lost")), 120)
+        ring.wait_for("two steps after b", lambda: ring.coord.stats()["step"] >= 8, 120)
+        os.kill(ring.procs["c"].pid, signal.SIGKILL)  # wherever it is in its step
+        ring.wait_for("the survivor to finish", lambda: ring.coord.stats().get("finished"), 180)
+        assert ring.procs["a"].wait(20) == 0
+        log = (tmp_path / "a.log").read_text(errors="replace")
+        assert re.search(r"formed generation \d+ as rank \d/3 \(nccl\)", log), log[-3000:]
+        assert "watchdog" not in log and "monitor" not in log
+        formed = ring.formed()
+        assert all(f["identical"] for f in formed), formed
+        assert all(f["steps_lost"] <= 1 for f in formed), formed
+        assert ring.coord.stats()["steps_lost"] <= 2
+        assert {e["name"] for e in ring.events("lost")} == {"b", "c"}
+        # the survivor trained again long before any timeout could have ended the wait
+        ts = sorted((m["t"], m["generation"]) for m in ring.metrics() if m["member"])
+        gaps = [t2 - t1 for (t1, g1), (t2, g2) in zip(ts, ts[1:]) if g2 != g1]
+        assert gaps and max(gaps) < TIMEOUT_S / 3, gaps
+    finally:
+        ring.close()
