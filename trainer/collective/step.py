@@ -7,7 +7,9 @@ Design. A :class:`Stepper` serves one generation. Per step::
 
 The *tail* rides in the last bucket's collective (no collective of its own): one row per
 member (``b_i``, compute seconds, the newest generation it saw, ``loss * b_i``, its last
-evaluation's seconds), one flag per parameter (did this member's backward produce its
+evaluation's seconds, whether it has duties after this commit: rank 0's evaluation, snapshot
+or export, which the others on NCCL wait out on the store, never inside a collective), one
+flag per parameter (did this member's backward produce its
 gradient), and the buffers. Every member reads the same reduced tail, so all of them make
 the same decisions from it:
 
@@ -49,8 +51,8 @@ from trainer.collective import groups
 from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
 from trainer.errors import GenerationBroken, JobCodeError
 
-ROW = 5  # per-member row in the tail
-B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL = range(ROW)
+ROW = 6  # per-member row in the tail
+B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL, BUSY_COL = range(ROW)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SPLIT = float(2**24)  # integer buffers travel as hi * 2^24 + lo, each exact in float32
 
@@ -160,12 +162,13 @@ class Stepper:
              eval_s: float, should_abort: Callable[[], bool],
              after_compute: Callable[[float, int], None] | None = None,
              broken: Callable[[], bool] = lambda: False,
-             watch: groups.Watch = groups.GLOO_WATCH) -> StepResult:
+             watch: groups.Watch = groups.GLOO_WATCH, busy: bool = False) -> StepResult:
         """Compute this member's share ``batch`` (``b`` samples; ``b = 0``: nothing to
         compute), reduce and commit. ``after_compute(seconds, b)`` runs between the backward
         pass and the reduction (the ``--slowdown`` emulation). ``broken()`` is asked once more
         after the reduction: a late completion on an abandoned generation is not committed.
         ``watch``: the generation's (``Group.watch()``; an NCCL group's waits need it).
+        ``busy``: this member has duties after the commit (its row's ``BUSY_COL``).
 
         Raises :class:`JobCodeError` (the job's code raised) and
         :class:`trainer.errors.GenerationBroken` (nothing applied).
@@ -182,7 +185,7 @@ class Stepper:
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
-            tail = self._tail(b, total, compute_s, latest, loss_v, eval_s)
+            tail = self._tail(b, total, compute_s, latest, loss_v, eval_s, busy)
             t1 = time.perf_counter()
             reduced = self.reducer.finish(tail)
             wait_s = time.perf_counter() - t1
@@ -216,10 +219,10 @@ class Stepper:
                                 batch_size=_batch_len(batch))
 
     def _tail(self, b: int, total: int, compute_s: float, latest: int, loss_v: float,
-              eval_s: float) -> torch.Tensor:
+              eval_s: float, busy: bool = False) -> torch.Tensor:
         tail = torch.zeros(self.tail_numel, dtype=torch.float32)
         r = self.rank * ROW
-        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s])
+        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, float(busy)])
         if b > 0:
             tail[self._o_used:self._o_avg] = self.reducer.used()
             w = b / total

@@ -142,7 +142,7 @@ class ZoneStepper:
             compute_s = time.perf_counter() - t0
             tail = torch.zeros(self.tail_numel, dtype=torch.float32)
             r = self.rank * ROW
-            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s])
+            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0])
             if b > 0:
                 tail[self._o_used:self._o_buf] = self.reducer.used()
                 o = self._o_buf

@@ -55,3 +55,22 @@ def test_kills_before_the_first_bucket_and_mid_step_cost_one_step_each(tmp_path:
         assert gaps and max(gaps) < TIMEOUT_S / 3, gaps
     finally:
         ring.close()
+
+
+def test_no_member_waits_inside_a_collective_while_rank_0_evaluates(tmp_path: Path) -> None:
+    """Rank 0's evaluation (2.5 s) outlasts the collective timeout (1 s): the others wait for
+    it on the store, so no generation breaks and no step is lost."""
+    ring = Ring(tmp_path, job="tests/trainer/jobs/slow_eval.py",
+                env={"DIGITS_EPOCHS": "2", "SPOTRING_TEST_NCCL_DOUBLE": "1"},
+                initial_world=2, heartbeat_timeout_s=TIMEOUT_S, rollcall_s=0.3)
+    try:
+        for name in ("a", "b"):
+            ring.worker(name, "--collective-timeout", "1")
+        ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
+        assert [ring.procs[n].wait(20) for n in "ab"] == [0, 0]
+        logs = "".join((tmp_path / f"{n}.log").read_text(errors="replace") for n in "ab")
+        assert "(nccl)" in logs and "broken" not in logs, logs[-3000:]
+        assert [f["generation"] for f in ring.formed()] == [1]
+        assert ring.coord.stats()["steps_lost"] == 0
+    finally:
+        ring.close()

@@ -15,7 +15,11 @@ and reported lost.
 After an epoch end rank 0 evaluates (the skeleton runs it) while the others start the next
 step: every member re-splits that step so rank 0 starts it that much later (its last
 evaluation's time, from the reduction: the same figure on every member) and all finish
-together.
+together. On NCCL no member may hold a pending collective while rank 0 is busy (a collective
+pending past the group's timeout ends the process): rank 0 claims its duties (evaluation,
+snapshot, export) before the step's reduction and says so in its row; after that commit the
+others wait for its ``ready`` key on the store (abortable, bounded by the NCCL backstop)
+instead of starting the next step.
 
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`; the hybrid mode uses one for
 its state transfer and, at staleness 0, for everything.
@@ -23,17 +27,19 @@ its state transfer and, at staleness 0, for everything.
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.collective import sync
-from trainer.collective.step import EVAL_COL, LATEST_COL, Stepper
+from trainer.collective import nccl, sync
+from trainer.collective.step import BUSY_COL, EVAL_COL, LATEST_COL, Stepper
 from trainer.data import batching
 from trainer.data.sampler import CursorState, scale_sizes, split
-from trainer.errors import BadState, GenerationBroken
+from trainer.errors import BadState, ControlLost, ControlTimeout, GenerationBroken
+from trainer.protocol import messages as mb
 from trainer.worker.modes.base import Commit, Transferred
 
 if TYPE_CHECKING:
@@ -194,10 +200,19 @@ class RingMode:
         batch = rt.batch(ids, p.step) if b > 0 else None
         rt.feed.hint(self._next_ids(keys, total))
         gen = plan.generation
-        res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
-                           eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
-                           after_compute=rt.slow, broken=lambda: m.broken(gen),
-                           watch=group.watch())
+        duties, busy, export_seen = None, False, m.export_seen
+        if m.rank == 0:  # its duties after this commit, claimed now: they travel in its row
+            after = p.advance(len(job), total)
+            duties = m.claim_duties(after.step)
+            busy = bool(duties) or (after.epoch != p.epoch and job.evaluate is not None)
+        try:
+            res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
+                               eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
+                               after_compute=rt.slow, broken=lambda: m.broken(gen),
+                               watch=group.watch(), busy=busy)
+        except GenerationBroken:
+            m.export_seen = export_seen  # an export request claimed for this step stays due
+            raise
         # -- committed: every member applied the same update
         self.pending = None
         rows = res.rows
@@ -207,13 +222,42 @@ class RingMode:
         m.commit(Commit(total, res.loss, ids.tolist(), {
             "batch": b, "compute_s": round(res.compute_s, 6), "wait_s": round(res.wait_s, 6),
             "step_s": round(res.compute_s + res.wait_s, 6), "skipped": res.skipped,
-            "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0}))
-        if w.state.progress.epoch != p.epoch and job.evaluate is not None:
+            "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0}, duties=duties))
+        if group.is_nccl and world > 1 and rows[0, BUSY_COL] > 0:
+            self._head_ready(gen, w.state.progress.step, group.timeout_s)
+        elif w.state.progress.epoch != p.epoch and job.evaluate is not None:
             # rank 0 evaluated (in the commit) while the others start the next step: it
             # starts that step as much later as its last evaluation took, a figure from the
             # reduction (the same on every member); a first evaluation has none yet
             self.busy_s = float(rows[0, EVAL_COL])
         return int(rows[:, LATEST_COL].max())
+
+    def _head_ready(self, gen: int, step: int, timeout_s: float) -> None:
+        """NCCL: rank 0 finished its duties after ``step``; the others wait for that on the
+        store (no collective pending meanwhile). Raises :class:`GenerationBroken` when the
+        generation is declared broken or the NCCL backstop passes."""
+        m = self.m
+        key = mb.k_head_ready(gen, step)
+        if m.rank == 0:
+            try:
+                m.store.set(key, "")
+            except (ControlLost, ControlTimeout):
+                pass  # the others cannot read the store either; their waits are bounded
+            return
+        end = time.monotonic() + nccl.backstop_s(timeout_s)
+        while True:
+            try:
+                if m.store.check([key]):
+                    return
+            except (ControlLost, ControlTimeout):
+                pass
+            if m.broken(gen):
+                raise GenerationBroken("waiting for rank 0's duties: the generation was "
+                                       "declared broken")
+            if time.monotonic() > end:
+                raise GenerationBroken(f"rank 0's duties after step {step} took longer than "
+                                       f"{nccl.backstop_s(timeout_s):.0f}s")
+            time.sleep(0.01)
 
     def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
         """The ids this member will probably take in the next step (for prefetching)."""
