@@ -183,8 +183,9 @@ def probe_memory(backend: str, tiny: bool) -> dict[str, Any]:
     from trainer.collective.step import Stepper
     from trainer.job import load_job
 
-    os.environ.setdefault("BENCH_TINY", "1" if tiny else "0")
-    if not tiny:
+    if tiny:
+        os.environ["BENCH_TINY"] = "1"
+    else:
         os.environ.pop("BENCH_TINY", None)
     os.environ.setdefault("BENCH_SAMPLES", "64")
     job = load_job(str(HERE / "jobs" / "resnet.py"), 0)
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-timeout", type=float, default=4.0)
     ap.add_argument("--probe-s", type=float, default=20.0)
     ap.add_argument("--tiny", action="store_true", help="a small model for the memory probe")
+    ap.add_argument("--workdir", type=Path, default=None, help="unused (gpu.py passes one)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     out = {"backend": args.backend,
