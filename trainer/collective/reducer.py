@@ -240,7 +240,7 @@ class Reducer:
     def finish(self, tail: torch.Tensor) -> torch.Tensor:
         """After the backward pass (or instead of it, with ``b_i = 0``): launch what is left,
         in order, the last bucket carrying ``tail``; wait for all. Returns the reduced tail
-        (on the CPU, float32). Raises :class:`trainer.errors.GenerationBroken`; nothing is applied.
+        (on the buckets' device, float32: the caller copies to the host what it reads). Raises :class:`trainer.errors.GenerationBroken`; nothing is applied.
         """
         if tail.numel() != self.tail_numel:
             raise ValueError(f"tail of {tail.numel()} values, the reducer was built for "
@@ -277,9 +277,9 @@ class Reducer:
         if tail_work is not None:
             groups.wait(tail_work, self._abort, "allreduce tail", sliced=self._sliced,
                         watch=self._watch, canary_work=canary)
-            return self._separate_tail.detach().to("cpu", torch.float32)
+            return self._separate_tail.detach()
         last = self.buckets[-1]
-        return last.buffer[last.grad_numel:].detach().to("cpu", torch.float32)
+        return last.buffer[last.grad_numel:].detach().to(torch.float32)
 
     def used(self) -> torch.Tensor:
         """1.0 for each parameter (registration order) whose gradient this member's backward

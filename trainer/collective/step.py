@@ -197,8 +197,8 @@ class Stepper:
                 for buf, old in zip(self._buffers(), saved, strict=True):
                     buf.copy_(old)
             raise
-        skipped = self._commit(reduced)
-        rows = reduced[: self._o_used].view(self.world, ROW).clone()
+        skipped, host = self._commit(reduced)
+        rows = host[: self._o_used].view(self.world, ROW).clone()
         return StepResult(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped)
 
     def _buffers(self) -> list[torch.Tensor]:
@@ -220,35 +220,46 @@ class Stepper:
 
     def _tail(self, b: int, total: int, compute_s: float, latest: int, loss_v: float,
               eval_s: float, busy: bool = False) -> torch.Tensor:
-        tail = torch.zeros(self.tail_numel, dtype=torch.float32)
+        """The step's tail, built on the device: the rows and flags go over in one small
+        host-to-device copy, the buffers never leave the device (no copy per buffer)."""
+        head = torch.zeros(self._o_avg, dtype=torch.float32)
         r = self.rank * ROW
-        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, float(busy)])
+        head[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, float(busy)])
         if b > 0:
-            tail[self._o_used:self._o_avg] = self.reducer.used()
-            w = b / total
-            o = self._o_avg
-            for buf in self._avg:
-                n = buf.numel()
-                tail[o:o + n] = buf.detach().reshape(-1).to("cpu", torch.float32) * w
-                o += n
-        if self.rank == 0:
-            o = self._o_copy
-            for buf in self._copy:
-                n = buf.numel()
-                tail[o:o + n] = buf.detach().reshape(-1).to("cpu", torch.float32)
-                o += n
-            o = self._o_int
-            for buf in self._ints:
-                n = buf.numel()
-                v = buf.detach().reshape(-1).to("cpu", torch.int64)
-                tail[o:o + n] = torch.div(v, int(_SPLIT), rounding_mode="floor").float()
-                tail[o + n:o + 2 * n] = torch.remainder(v, int(_SPLIT)).float()
-                o += 2 * n
-        return tail
+            head[self._o_used:self._o_avg] = self.reducer.used()
+        dev = self._tail_device()
+        parts = [head.to(dev)]
+        zeros = 0  # a run of zeros not yet appended
+        with torch.no_grad():
+            if b > 0 and self._avg:
+                parts += [buf.detach().reshape(-1).float() * (b / total) for buf in self._avg]
+            else:
+                zeros += self._o_copy - self._o_avg
+            if self.rank == 0:
+                if zeros:
+                    parts.append(torch.zeros(zeros, device=dev))
+                    zeros = 0
+                parts += [buf.detach().reshape(-1).float() for buf in self._copy]
+                for buf in self._ints:
+                    v = buf.detach().reshape(-1).to(torch.int64)
+                    parts += [torch.div(v, int(_SPLIT), rounding_mode="floor").float(),
+                              torch.remainder(v, int(_SPLIT)).float()]
+            else:
+                zeros += self.tail_numel - self._o_copy
+            if zeros:
+                parts.append(torch.zeros(zeros, device=dev))
+            return torch.cat([t.to(dev) for t in parts]) if len(parts) > 1 else parts[0]
 
-    def _commit(self, reduced: torch.Tensor) -> bool:
-        """Apply the step from the reduced tail; returns True when the scaler skipped it."""
-        used = reduced[self._o_used:self._o_avg]
+    def _tail_device(self) -> torch.device:
+        bufs = self._buffers()
+        return bufs[0].device if bufs else self.device
+
+    def _commit(self, reduced: torch.Tensor) -> tuple[bool, torch.Tensor]:
+        """Apply the step from the reduced tail (on its device); returns whether the scaler
+        skipped it, and the rows and flags (one device-to-host copy; the buffers are copied
+        device to device)."""
+        host = reduced[:self._o_avg].to("cpu", torch.float32)
+        used = host[self._o_used:self._o_avg]
         for p, count in zip(self.params, used.tolist(), strict=True):
             if count == 0:
                 p.grad = None  # nobody computed it: not stepped (set_to_none semantics)
@@ -261,6 +272,7 @@ class Stepper:
         else:
             self.optimizer.step()
         with torch.no_grad():
+            reduced = reduced.to(self._tail_device())
             o = self._o_avg
             for buf in self._avg:
                 n = buf.numel()
@@ -275,4 +287,4 @@ class Stepper:
                 hi, lo = reduced[o:o + n].double(), reduced[o + n:o + 2 * n].double()
                 buf.copy_(torch.round(hi * _SPLIT + lo).to(buf.dtype).view_as(buf))
                 o += 2 * n
-        return skipped
+        return skipped, host

@@ -152,7 +152,7 @@ class ZoneStepper:
                     tail[o:o + n] = (delta * (b / total)).to("cpu", torch.float32)
                     o += n
             t1 = time.perf_counter()
-            reduced = self.reducer.finish(tail)
+            reduced = self.reducer.finish(tail).to("cpu")
             wait_s = time.perf_counter() - t1
         finally:  # a replica's buffers move only when an update is applied
             with torch.no_grad():
