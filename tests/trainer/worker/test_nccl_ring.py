@@ -74,3 +74,29 @@ def test_no_member_waits_inside_a_collective_while_rank_0_evaluates(tmp_path: Pa
         assert ring.coord.stats()["steps_lost"] == 0
     finally:
         ring.close()
+
+
+def test_a_revoked_instance_loses_all_its_workers_in_one_generation(tmp_path: Path) -> None:
+    """One worker per GPU: instance i-1 runs two (``i-1/0``, ``i-1/1``, as the boot scripts name them);
+    both die together without notice, and the next generation drops both at once."""
+    ring = Ring(tmp_path, job="examples/digits.py",
+                env={"DIGITS_EPOCHS": "2", "SPOTRING_TEST_NCCL_DOUBLE": "1"},
+                initial_world=3, heartbeat_timeout_s=TIMEOUT_S, rollcall_s=0.3)
+    timeout = ("--collective-timeout", str(TIMEOUT_S))
+    try:
+        for host in ("i-1", "i-2"):
+            (tmp_path / host).mkdir()  # the harness's files are named after the workers
+        for name in ("i-1/0", "i-1/1", "i-2/0"):
+            ring.worker(name, *timeout)
+        ring.wait_for("a few steps", lambda: ring.coord.stats()["step"] >= 4, 120)
+        for name in ("i-1/0", "i-1/1"):
+            os.kill(ring.procs[name].pid, signal.SIGKILL)
+        ring.wait_for("the survivor to finish", lambda: ring.coord.stats().get("finished"), 180)
+        assert ring.procs["i-2/0"].wait(20) == 0
+        lost = ring.events("lost")
+        assert {e["name"] for e in lost} == {"i-1/0", "i-1/1"}
+        plans = [e for e in ring.events("generation") if e["generation"] > 1]
+        assert len(plans) == 1, plans  # one generation without both, not one per worker
+        assert ring.coord.stats()["steps_lost"] <= 1
+    finally:
+        ring.close()
