@@ -217,8 +217,9 @@ def form_group(
     except GenerationBroken:
         bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
         if backend == "nccl" and "pg" in locals():
-            Group(pg, ctl, conn).abort()
-            bury(pg)
+            failed = Group(pg, ctl, conn)
+            failed.abort()
+            bury(failed)  # its gloo group may hold the canary: never destroyed while running
         if isinstance(conn, ControlStore):
             conn.close()
         raise
