@@ -122,9 +122,12 @@ class FakeNCCL:
         if self.aborted:
             raise RuntimeError("NCCL communicator was aborted")
         if self._gloo is None:  # ncclCommInitRank: blocks until every rank arrived
+            # gloo's own timeout only bounds the rendezvous and the transport here: the
+            # watchdog (timeout_s) is what ends a pending collective, as in NCCL
             self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("fake-nccl/", self.store),
                                                self._rank, self._world,
-                                               datetime.timedelta(seconds=self.timeout_s))
+                                               datetime.timedelta(seconds=max(60.0,
+                                                                              self.timeout_s)))
         return self._gloo
 
     def allreduce(self, tensors: list[torch.Tensor], *args: Any) -> FakeWork:

@@ -173,8 +173,9 @@ def form_group(
     The rendezvous runs under the prefix ``g<n>/`` of ``store`` over a connection of its own
     (``store.clone()``, when the store has one): a forming abandoned here may leave it blocked
     until its timeout, and it must not hold the caller's connection meanwhile. ``backend``
-    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``)
-    for the control collectives and the state transfer. ``hostname``: the address gloo
+    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``,
+    timeout the NCCL backstop: its waits are abortable) for the control collectives, the
+    state transfer and the canaries. ``hostname``: the address gloo
     listens on and advertises to its peers (default: gloo's, the address of this host's
     name). ``sub``: a sub-group of the generation (e.g. ``"s1/"``: its rendezvous runs under
     ``g<n>/s1/``, deleted with the generation's keys; ``rank`` and ``world`` are then the
@@ -186,18 +187,21 @@ def form_group(
     prefix = PrefixStore(f"g{generation}/{sub}", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
 
-    def gloo(where: Store) -> Any:
+    def gloo(where: Store, limit: datetime.timedelta = timeout) -> Any:
         if hostname is None:
-            return dist.ProcessGroupGloo(where, rank, world, timeout)
+            return dist.ProcessGroupGloo(where, rank, world, limit)
         opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
+        opts._timeout = limit
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         return dist.ProcessGroupGloo(where, rank, world, opts)
 
     def build() -> tuple[Any, Any]:
         if backend == "nccl":
             nc.apply_environment(timeout_s)
-            ctl = gloo(PrefixStore("ctl/", prefix))
+            # its waits are abortable; its own timeout is the backstop, so a canary may wait
+            # out rank 0's evaluation (a dead peer still fails it within tens of ms)
+            ctl = gloo(PrefixStore("ctl/", prefix),
+                       datetime.timedelta(seconds=nc.backstop_s(timeout_s)))
             root = nc.NamespacedStore(f"g{generation}/{sub}nccl/", conn)
             pg = make_nccl(root, rank, world, nc.backstop_s(timeout_s))
             return pg, ctl

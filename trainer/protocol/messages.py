@@ -121,13 +121,6 @@ def group_prefix(generation: int) -> str:
     return f"g{generation}/"
 
 
-def k_head_ready(generation: int, step: int) -> str:
-    """Set by the head once its duties after ``step`` (evaluation, snapshot, export) are done:
-    on NCCL the other members wait for it here, not inside a collective (under the
-    generation's prefix: deleted with it)."""
-    return f"{group_prefix(generation)}ready/{step}"
-
-
 # -- states and outcomes ----------------------------------------------------------------------
 
 

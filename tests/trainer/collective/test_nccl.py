@@ -40,7 +40,10 @@ _PAIR = textwrap.dedent("""
     port, rank, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     store = dist.TCPStore("127.0.0.1", port, None, False,
                           timeout=datetime.timedelta(seconds=30))
-    pg = FakeNCCL(dist.PrefixStore("g1/", store), rank, 2, 1.0)
+    store.add("up", 1)
+    while store.add("up", 0) < 2:          # both processes started (imports take seconds)
+        time.sleep(0.01)
+    pg = FakeNCCL(dist.PrefixStore("g1/", store), rank, 2, 3.0)
     t = torch.ones(2)
     pg.allreduce([t]).wait()             # the communicator forms; one collective completes
     assert t.tolist() == [2.0, 2.0]
@@ -57,7 +60,7 @@ _PAIR = textwrap.dedent("""
             nc.poll(work, lambda: False, "allreduce", timeout_s=0.5)
         except GenerationBroken:
             pg.abort()
-        time.sleep(1.5)                  # past the watchdog's timeout
+        time.sleep(4.0)                  # past the watchdog's timeout
         print("alive", store.check([DUMP_KEY]), flush=True)
         sys.exit(0)
     work.wait()                          # as the old code: blocks, the watchdog ends it

@@ -18,8 +18,8 @@ evaluation's time, from the reduction: the same figure on every member) and all 
 together. On NCCL no member may hold a pending collective while rank 0 is busy (a collective
 pending past the group's timeout ends the process): rank 0 claims its duties (evaluation,
 snapshot, export) before the step's reduction and says so in its row; after that commit the
-others wait for its ``ready`` key on the store (abortable, bounded by the NCCL backstop)
-instead of starting the next step.
+others wait for its canary on the generation's gloo group (whose timeout is the NCCL
+backstop; the wait is abortable) instead of starting the next step.
 
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`; the hybrid mode uses one for
 its state transfer and, at staleness 0, for everything.
@@ -27,19 +27,17 @@ its state transfer and, at staleness 0, for everything.
 
 from __future__ import annotations
 
-import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.collective import nccl, sync
+from trainer.collective import groups, sync
 from trainer.collective.step import BUSY_COL, EVAL_COL, LATEST_COL, Stepper
 from trainer.data import batching
 from trainer.data.sampler import CursorState, scale_sizes, split
-from trainer.errors import BadState, ControlLost, ControlTimeout, GenerationBroken
-from trainer.protocol import messages as mb
+from trainer.errors import BadState, GenerationBroken
 from trainer.worker.modes.base import Commit, Transferred
 
 if TYPE_CHECKING:
@@ -224,7 +222,7 @@ class RingMode:
             "step_s": round(res.compute_s + res.wait_s, 6), "skipped": res.skipped,
             "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0}, duties=duties))
         if group.is_nccl and world > 1 and rows[0, BUSY_COL] > 0:
-            self._head_ready(gen, w.state.progress.step, group.timeout_s)
+            self._head_ready(group, gen)
         elif w.state.progress.epoch != p.epoch and job.evaluate is not None:
             # rank 0 evaluated (in the commit) while the others start the next step: it
             # starts that step as much later as its last evaluation took, a figure from the
@@ -232,32 +230,13 @@ class RingMode:
             self.busy_s = float(rows[0, EVAL_COL])
         return int(rows[:, LATEST_COL].max())
 
-    def _head_ready(self, gen: int, step: int, timeout_s: float) -> None:
-        """NCCL: rank 0 finished its duties after ``step``; the others wait for that on the
-        store (no collective pending meanwhile). Raises :class:`GenerationBroken` when the
-        generation is declared broken or the NCCL backstop passes."""
+    def _head_ready(self, group: Any, gen: int) -> None:
+        """NCCL: every member posts a canary on the generation's gloo group after this
+        commit, rank 0 only once its duties are done; the others wait for it there (no NCCL
+        collective pending meanwhile; a rank 0 that dies is seen within tens of ms, one that
+        hangs by the heartbeats). Raises :class:`GenerationBroken`."""
         m = self.m
-        key = mb.k_head_ready(gen, step)
-        if m.rank == 0:
-            try:
-                m.store.set(key, "")
-            except (ControlLost, ControlTimeout):
-                pass  # the others cannot read the store either; their waits are bounded
-            return
-        end = time.monotonic() + nccl.backstop_s(timeout_s)
-        while True:
-            try:
-                if m.store.check([key]):
-                    return
-            except (ControlLost, ControlTimeout):
-                pass
-            if m.broken(gen):
-                raise GenerationBroken("waiting for rank 0's duties: the generation was "
-                                       "declared broken")
-            if time.monotonic() > end:
-                raise GenerationBroken(f"rank 0's duties after step {step} took longer than "
-                                       f"{nccl.backstop_s(timeout_s):.0f}s")
-            time.sleep(0.01)
+        groups.wait(group.watch().canary(), lambda: m.broken(gen), "waiting for rank 0's duties")
 
     def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
         """The ids this member will probably take in the next step (for prefetching)."""
