@@ -8,7 +8,8 @@ Design. A :class:`Stepper` serves one generation. Per step::
 The *tail* rides in the last bucket's collective (no collective of its own): one row per
 member (``b_i``, compute seconds, the newest generation it saw, ``loss * b_i``, its last
 evaluation's seconds, whether it has duties after this commit: rank 0's evaluation, snapshot
-or export, which the others on NCCL wait out on the store, never inside a collective), one
+or export, which the others on NCCL wait out on the gloo group, never inside an NCCL
+collective), one
 flag per parameter (did this member's backward produce its
 gradient), and the buffers. Every member reads the same reduced tail, so all of them make
 the same decisions from it:
