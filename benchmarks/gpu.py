@@ -153,7 +153,9 @@ def quick(device: str, dry: bool, join_pin: str, workdir: Path) -> dict[str, Any
     probe = [str(HERE / "nccl_probes.py")]
     probe += (["--backend", "double", "--tiny", "--group-timeout", "1", "--probe-s", "1.5"]
               if dry else ["--group-timeout", "4", "--probe-s", "10"])
-    got = run({"figure": "probes", "argv": probe}, workdir, QUICK_TIMEOUT_S["probes"])
+    # a CPU shared with other work may take minutes to start the probes' children
+    got = run({"figure": "probes", "argv": probe}, workdir,
+              300.0 if dry else QUICK_TIMEOUT_S["probes"])
     probes = got.get("result", got)
     line["probes"] = probes
     line["met"]["probes"] = probes_met(probes) if "result" in got else None

@@ -224,12 +224,13 @@ def probe_memory(backend: str, tiny: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "child-f1":
-        child_f1(argv[1], argv[2], float(argv[3]))
-        return 0
-    if argv and argv[0] == "child-f3":
-        child_f3(argv[1], int(argv[2]), argv[3], float(argv[4]))
-        return 0
+    if argv and argv[0] in ("child-f1", "child-f3"):
+        if argv[0] == "child-f1":
+            child_f1(argv[1], argv[2], float(argv[3]))
+        else:
+            child_f3(argv[1], int(argv[2]), argv[3], float(argv[4]))
+        sys.stdout.flush()
+        os._exit(0)  # an aborted group's threads may hold a pending collective: no teardown
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("nccl", "double"), default="nccl")
     ap.add_argument("--group-timeout", type=float, default=4.0)

@@ -129,10 +129,11 @@ def test_dry_runs_the_quick_device_check_on_the_cpu_and_prints_one_line(tmp_path
     wait is killed; a poisoned store root kills a process under a PrefixStore, not under the
     namespaced store; one gradient copy at a switch); the figures' commands parse."""
     out = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--dry", "--workdir",
-                          str(tmp_path)], capture_output=True, text=True, check=True,
-                         cwd=REPO, timeout=240).stdout
+                          str(tmp_path)], capture_output=True, text=True, check=False,
+                         cwd=REPO, timeout=400).stdout
     (line,) = [json.loads(x) for x in out.splitlines() if x.strip()]
-    assert line["quick"] and line["dry"] and line["met"] == {"probes": True}
+    assert line["quick"] and line["dry"], line
+    assert line["met"] == {"probes": True}, line["probes"]
     p = line["probes"]
     assert p["backend"] == "double"
     assert p["f1"]["future_done_at_enqueue"] and not p["f1"]["completed_at_enqueue"]
