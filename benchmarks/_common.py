@@ -180,6 +180,10 @@ def steady_rate(steps: dict[int, dict[str, Any]], skip: int = 0) -> float:
 # -- a spotring ring: in-process coordinator, worker processes ---------------------------
 
 
+_DOUBLE_MAIN = ("import sys; from tests.fakes.nccl import install; install(); "
+                "from trainer.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
 class Ring:
     """A coordinator in this process and ``python -m trainer worker`` children.
 
@@ -193,9 +197,10 @@ class Ring:
 
     def __init__(self, workdir: Path, job: Path = DEFAULT_JOB, env: dict[str, str] | None = None,
                  initial_world: int = 1, heartbeat_timeout_s: float = 5.0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", nccl_double: bool = False) -> None:
         from trainer.control.coordinator import Coordinator
 
+        self.nccl_double = nccl_double  # workers run NCCL's semantics on CPU (tests/fakes/nccl)
         self.device = device  # every worker's --device (never the worker's own default, auto)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +228,8 @@ class Ring:
         host, port = self.coordinator.address
         args = ["taskset", "-c", cpus] if cpus else []
         args += ["nice", "-n", str(nice)] if nice else []
-        args += [PYTHON, "-m", "trainer", "--log-level", "WARNING", "worker",
+        args += [PYTHON, *(["-c", _DOUBLE_MAIN] if self.nccl_double else ["-m", "trainer"]),
+                 "--log-level", "WARNING", "worker",
                 "--coordinator", f"{host}:{port}", "--token-file", str(self.token_file),
                 "--job", str(self.job), "--name", name, "--slowdown", str(slowdown),
                 "--metrics-file", str(self.metrics_path(name)), "--device", self.device, *extra]

@@ -30,6 +30,16 @@ process of the side not running stopped, so both see the same GPU and host). The
 of this project runs a command for at most 10 minutes, so run the figures in two calls:
 ``--only a,c`` (about 6 minutes) and ``--only b,d`` (about 6 minutes).
 
+``--quick`` (issue 29, item 6) is the device check that fits a short lease: at most 6
+minutes on one H100, and ONE JSON line: ``a_plain_resnet50_fp32`` and ``c_gpt2_bf16`` with
+short turns (ratio goal >= 0.98), ``d_revoke`` (a notice, a kill and a hang of workers on the
+GPU: steps lost, ``kill_recover_ms``, ``hang_detect_s``; the workers share the one GPU, so
+that ring is gloo with CUDA tensors), and ``benchmarks/nccl_probes.py`` on the real backend
+(F1: a collective held pending, old and new waits; F3: a poisoned store root; the gradient
+copies at a switch). ``--dry`` runs the same path on the CPU in seconds (CI): the probes
+with the NCCL double of tests/fakes/nccl.py and a tiny model, the figures' commands built
+but not run.
+
 ``--device cpu --tiny`` runs the same command path on a CPU with small models, few steps
 and short turns (a smoke test, 3-5 minutes on 2 cores; the figures mean nothing there);
 ``--dry-run`` prints each figure's command without running it (tests/trainer/
@@ -105,6 +115,66 @@ def figures(device: str, tiny: bool, join_pin: str) -> list[dict[str, Any]]:
     return out
 
 
+QUICK = ("a_plain_resnet50_fp32", "c_gpt2_bf16", "d_revoke")
+QUICK_TURNS = ["--slice", "3", "--pairs", "2", "--warmup", "1"]
+QUICK_TIMEOUT_S = {"a_plain_resnet50_fp32": 100.0, "c_gpt2_bf16": 100.0, "d_revoke": 110.0,
+                   "probes": 90.0}  # 400 s at most; about 5 minutes expected on an H100
+
+
+def quick_figures(device: str, join_pin: str) -> list[dict[str, Any]]:
+    """The figures of ``--quick``: those of :data:`QUICK`, with shorter turns."""
+    out = []
+    for fig in figures(device, False, join_pin):
+        if fig["figure"] not in QUICK:
+            continue
+        argv = list(fig["argv"])
+        if "--slice" in argv:
+            i = argv.index("--slice")
+            del argv[i:i + 6]  # --slice S --pairs P --warmup W
+            argv[1:1] = QUICK_TURNS
+        out.append({**fig, "argv": argv})
+    return out
+
+
+def quick(device: str, dry: bool, join_pin: str, workdir: Path) -> dict[str, Any]:
+    """``--quick`` (``dry``: ``--dry``): every figure and the probes, in one dict."""
+    t0 = time.monotonic()
+    line: dict[str, Any] = {"quick": True, "dry": dry, "device": device, "figures": {},
+                            "met": {}}
+    for fig in quick_figures(device, join_pin):
+        name = fig["figure"]
+        if dry:
+            line["figures"][name] = {"not_run": True, "argv": fig["argv"]}
+            continue
+        print(f"[gpu.py] {name}: running", file=sys.stderr, flush=True)
+        got = run(fig, workdir, QUICK_TIMEOUT_S[name])
+        line["figures"][name] = got.get("result", got)
+        line["met"][name] = met(name, fig["goal"], got["result"]) if "result" in got else None
+    probe = [str(HERE / "nccl_probes.py")]
+    probe += (["--backend", "double", "--tiny", "--group-timeout", "1", "--probe-s", "1.5"]
+              if dry else ["--group-timeout", "4", "--probe-s", "10"])
+    # a CPU shared with other work may take minutes to start the probes' children
+    got = run({"figure": "probes", "argv": probe}, workdir,
+              300.0 if dry else QUICK_TIMEOUT_S["probes"])
+    probes = got.get("result", got)
+    line["probes"] = probes
+    line["met"]["probes"] = probes_met(probes) if "result" in got else None
+    line["wall_s"] = round(time.monotonic() - t0, 1)
+    return line
+
+
+def probes_met(p: dict[str, Any]) -> bool | None:
+    """The probes' goals: the new wait gives up and the process outlives the group's timeout
+    after the abort; the namespaced store protects a fresh process; one gradient copy at a
+    switch (None when a probe is missing)."""
+    try:
+        return (p["f1"]["poll"] == "broken" and p["f1"]["new_path_alive"] is True
+                and p["f3"]["namespaced_alive"] is True
+                and p["memory"]["switch_grad_copies"] <= 1.05)
+    except (KeyError, TypeError):
+        return None
+
+
 def met(figure: str, goal: str | None, result: dict[str, Any]) -> bool | None:
     """Whether ``result`` meets the figure's goal (None: no goal, or a figure missing)."""
     if goal is None:
@@ -161,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per figure (600)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--quick", action="store_true",
+                    help="the short device check (<= 6 min on one H100): one JSON line")
+    ap.add_argument("--dry", action="store_true",
+                    help="--quick on the CPU in seconds (the NCCL double; figures not run)")
     return ap
 
 
@@ -178,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and not args.tiny and not args.dry_run:
         ap.error("--device cpu runs the smoke test only: add --tiny")
     workdir = args.workdir or Path(f"/tmp/spotring-gpu-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.quick or args.dry:
+        workdir.mkdir(parents=True, exist_ok=True)
+        line = quick("cpu" if args.dry else args.device, args.dry, pin, workdir)
+        print(json.dumps(line, sort_keys=True), flush=True)
+        return 0 if all(v is not False for v in line["met"].values()) else 1
     failed = 0
     for fig in figs:
         line: dict[str, Any] = {"figure": fig["figure"], "what": fig["what"], "goal": fig["goal"],

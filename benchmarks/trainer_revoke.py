@@ -15,7 +15,9 @@ Figures (one JSON line on stdout): ``steps_lost_notice`` (goal 0) and ``steps_lo
 generation (goal <= 1000 on loopback); ``hang_detect_s``: SIGSTOP -> the first step completed
 in the generation without the hung worker (bounded by ``--heartbeat-timeout`` and
 ``--collective-timeout``, which are reported too); ``step_ms``: the steady median step time
-before the first revocation (the baseline the pauses compare with).
+before the first revocation (the baseline the pauses compare with). ``--nccl-double`` runs
+every worker with the NCCL double of tests/fakes/nccl.py (NCCL's failure semantics on CPU:
+every generation is an NCCL one; issue 29).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu",
                     help="every worker's --device (cpu, cuda, cuda:N; default cpu); workers "
                     "sharing one GPU reduce over gloo with CUDA tensors")
+    ap.add_argument("--nccl-double", action="store_true",
+                    help="workers with the NCCL double (NCCL's failure semantics on CPU)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -77,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--collective-timeout", str(args.collective_timeout), "--no-rejoin"]
     env = digits_env(args.global_batch, 100 * args.settle_steps)
     out: dict = {"benchmark": "trainer_revoke", "workers": args.workers, "device": args.device,
+                 "nccl_double": args.nccl_double,
                  "heartbeat_timeout_s": args.heartbeat_timeout,
                  "collective_timeout_s": args.collective_timeout}
     with Ring(workdir, args.job, env, initial_world=args.workers,
-              heartbeat_timeout_s=args.heartbeat_timeout, device=args.device) as ring:
+              heartbeat_timeout_s=args.heartbeat_timeout, device=args.device,
+              nccl_double=args.nccl_double) as ring:
         for n in names:
             ring.add_worker(n, extra=extra)
         ring.wait_step(2 * args.settle_steps, args.timeout)

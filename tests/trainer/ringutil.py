@@ -4,7 +4,8 @@ Workers are real, separate processes on localhost (gloo on CPU) running the work
 entry point (``trainer.__main__.main``). They are forked from a multiprocessing forkserver
 that imported torch, sklearn and the trainer once, because on the shared 2-core machine a
 fresh ``python -m trainer`` spends most of its start importing (test_cli.py runs the real
-command line). The coordinator runs in the test process so the test reads its events and
+command line). ``env={"SPOTRING_TEST_NCCL_DOUBLE": "1"}`` runs the workers with the NCCL
+double (``tests/fakes/nccl.py``): every generation is then an NCCL one. The coordinator runs in the test process so the test reads its events and
 stats directly.
 """
 
@@ -53,6 +54,10 @@ def _child(argv: list[str], log: str, env: dict[str, str], netns: str | None = N
     os.dup2(fd, 2)
     os.environ.update(env)
     os.chdir(REPO)
+    if os.environ.get("SPOTRING_TEST_NCCL_DOUBLE") == "1":  # NCCL's semantics on CPU
+        from tests.fakes.nccl import install
+
+        install()
     from trainer.__main__ import main
 
     sys.exit(main(argv))

@@ -121,3 +121,30 @@ def test_full_size_jobs_have_the_published_parameter_counts(monkeypatch):
         counts[job] = sum(p.numel() for p in j.model.parameters())
     assert counts["resnet"] == 25_557_032
     assert counts["gpt"] == 124_439_808 - (1024 - 8) * 768
+
+
+def test_dry_runs_the_quick_device_check_on_the_cpu_and_prints_one_line(tmp_path):
+    """``gpu.py --dry`` (CI): the probes run for real with the NCCL double and meet their
+    goals (the new wait gives up and the process outlives the watchdog; the old blocking
+    wait is killed; a poisoned store root kills a process under a PrefixStore, not under the
+    namespaced store; one gradient copy at a switch); the figures' commands parse."""
+    out = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--dry", "--workdir",
+                          str(tmp_path)], capture_output=True, text=True, check=False,
+                         cwd=REPO, timeout=400).stdout
+    (line,) = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert line["quick"] and line["dry"], line
+    assert line["met"] == {"probes": True}, line["probes"]
+    p = line["probes"]
+    assert p["backend"] == "double"
+    assert p["f1"]["future_done_at_enqueue"] and not p["f1"]["completed_at_enqueue"]
+    assert p["f1"]["old_path_exit"] < 0 and not p["f1"]["old_path_alive"]
+    assert p["f3"]["prefix_exit"] < 0 and p["f3"]["namespaced_alive"]
+    assert p["memory"]["switch_grad_copies"] == 1.0
+    gpu = _load("gpu")
+    assert set(line["figures"]) == set(gpu.QUICK)
+    parsers = {s: _load(s).build_parser() for s in ("trainer_overhead", "trainer_revoke")}
+    for fig in line["figures"].values():
+        script, *flags = fig["argv"]
+        args = parsers[Path(script).stem].parse_args(flags)
+        if Path(script).stem == "trainer_overhead":
+            assert (args.slice, args.pairs, args.warmup) == (3.0, 2, 1)

@@ -16,8 +16,17 @@ member whose neighbour died therefore stops waiting within one slice even when g
 would block until its timeout. Group construction runs in a helper thread for the same
 reason (a peer of the new generation may die before connecting).
 
+An NCCL generation (:mod:`trainer.collective.nccl`) differs in three ways: its communicator
+is created eagerly while the generation forms (a one-float all-reduce, polled against the
+deadline: a peer lost before the first gradient bucket then breaks the forming, not
+``backward()``); it meets over a :class:`~trainer.collective.nccl.NamespacedStore` rooted
+at ``g<n>/nccl/``, so no key it writes (dump keys included) outlives the generation; and its
+waits poll (:func:`trainer.collective.nccl.poll`) with a canary on the gloo control group.
+The NCCL group's own timeout is the backstop of :func:`trainer.collective.nccl.backstop_s`.
+
 Rule for callers: after :class:`GenerationBroken`, never use that group again; report the failure
-and form the next generation.
+and form the next generation (``Group.abort`` first: an NCCL communicator must be aborted before
+anything touches the stream its collectives were enqueued on).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store
 
+from trainer.collective import nccl as nc
 from trainer.errors import GenerationBroken
 from trainer.protocol.store_client import ControlStore
 
@@ -72,6 +82,23 @@ def _run_abortable(fn: Callable[[], Any], should_abort: Callable[[], bool], what
     return box["value"]
 
 
+def make_nccl(store: Store, rank: int, world: int, timeout_s: float) -> Any:
+    """An NCCL process group over ``store`` whose own timeout (the watchdog's) is
+    ``timeout_s``. The one place an NCCL group is constructed: the tests' NCCL double
+    (``tests/fakes/nccl.py``) replaces this function."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.ProcessGroupNCCL(store, rank, world, opts)
+
+
+def nccl_device() -> torch.device:
+    """Where an NCCL group's tensors live: this process's current GPU (the CPU where none is:
+    the NCCL double of the tests)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @dataclass
 class Group:
     """A generation's process groups and the store connection their rendezvous used (kept
@@ -79,12 +106,22 @@ class Group:
 
     ``pg`` carries the gradients (NCCL on GPUs, else gloo); ``ctl`` the small control
     collectives and the state transfer (always gloo, on CPU tensors; ``pg`` itself when that
-    is gloo).
+    is gloo). ``timeout_s``: the deadline of a wait on ``pg`` (``--collective-timeout``).
     """
 
     pg: Any
     ctl: Any
     store: Any
+    timeout_s: float = 0.0
+
+    @property
+    def is_nccl(self) -> bool:
+        """``pg`` is not gloo: its waits poll (:func:`trainer.collective.nccl.poll`)."""
+        return self.pg is not self.ctl
+
+    def watch(self) -> Watch:
+        """How a wait on ``pg`` learns that the generation broke (see :class:`Watch`)."""
+        return Watch(self.timeout_s, self.ctl if self.is_nccl else None)
 
     def abort(self) -> None:
         """Abort an NCCL communicator (a failed NCCL generation must never be left to hang
@@ -100,6 +137,23 @@ class Group:
         """Close the rendezvous connection (the Python object stays, for pybind)."""
         if isinstance(self.store, ControlStore):
             self.store.close()
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What a wait on an NCCL collective checks besides ``should_abort()``: its deadline, and
+    the generation's gloo group ``ctl`` on which a canary is posted beside the collective
+    (None for gloo generations: gloo reports a dead peer itself)."""
+
+    timeout_s: float
+    ctl: Any = None
+
+    def canary(self) -> Any:
+        """Post the canary (every member at the same point); its work, or None."""
+        return nc.canary(self.ctl)
+
+
+GLOO_WATCH = Watch(0.0)
 
 
 def form_group(
@@ -119,74 +173,90 @@ def form_group(
     The rendezvous runs under the prefix ``g<n>/`` of ``store`` over a connection of its own
     (``store.clone()``, when the store has one): a forming abandoned here may leave it blocked
     until its timeout, and it must not hold the caller's connection meanwhile. ``backend``
-    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``)
-    for the control collectives and the state transfer. ``hostname``: the address gloo
+    ``nccl`` builds an NCCL group for the gradients plus a gloo group (prefix ``g<n>/ctl/``,
+    timeout the NCCL backstop: its waits are abortable) for the control collectives, the
+    state transfer and the canaries. ``hostname``: the address gloo
     listens on and advertises to its peers (default: gloo's, the address of this host's
     name). ``sub``: a sub-group of the generation (e.g. ``"s1/"``: its rendezvous runs under
     ``g<n>/s1/``, deleted with the generation's keys; ``rank`` and ``world`` are then the
     sub-group's). Returns the :class:`Group`. Raises :class:`GenerationBroken` when a peer does not
-    connect within ``timeout_s`` or ``should_abort()`` turns true while waiting.
+    connect within ``timeout_s`` or ``should_abort()`` turns true while waiting. An NCCL group
+    is connected before this returns (eagerly: its first all-reduce runs here, polled).
     """
     conn = store.clone() if isinstance(store, ControlStore) else store
     prefix = PrefixStore(f"g{generation}/{sub}", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
 
-    def gloo(where: Store) -> Any:
+    def gloo(where: Store, limit: datetime.timedelta = timeout) -> Any:
         if hostname is None:
-            return dist.ProcessGroupGloo(where, rank, world, timeout)
+            return dist.ProcessGroupGloo(where, rank, world, limit)
         opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
+        opts._timeout = limit
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         return dist.ProcessGroupGloo(where, rank, world, opts)
 
     def build() -> tuple[Any, Any]:
         if backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            nccl = dist.ProcessGroupNCCL(prefix, rank, world, opts)
-            return nccl, gloo(PrefixStore("ctl/", prefix))
+            nc.apply_environment(timeout_s)
+            # its waits are abortable; its own timeout is the backstop, so a canary may wait
+            # out rank 0's evaluation (a dead peer still fails it within tens of ms)
+            ctl = gloo(PrefixStore("ctl/", prefix),
+                       datetime.timedelta(seconds=nc.backstop_s(timeout_s)))
+            root = nc.NamespacedStore(f"g{generation}/{sub}nccl/", conn)
+            pg = make_nccl(root, rank, world, nc.backstop_s(timeout_s))
+            return pg, ctl
         pg = gloo(prefix)
         return pg, pg
 
+    what = f"form g{generation}"
     try:
-        pg, ctl = _run_abortable(build, should_abort, f"form g{generation}")
+        pg, ctl = _run_abortable(build, should_abort, what)
+        if backend == "nccl":
+            # eager: the communicator is created (a blocking init) here, in a helper thread,
+            # and its first collective is polled against the deadline like every other
+            one = torch.ones(1, device=nccl_device())
+            work = _run_abortable(lambda: pg.allreduce([one]), should_abort, what)
+            nc.poll(work, should_abort, f"{what}: the first NCCL all-reduce",
+                    timeout_s=timeout_s, canary_work=nc.canary(ctl))
     except GenerationBroken:
         bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
+        if backend == "nccl" and "pg" in locals():
+            failed = Group(pg, ctl, conn)
+            failed.abort()
+            bury(failed)  # its gloo group may hold the canary: never destroyed while running
         if isinstance(conn, ControlStore):
             conn.close()
         raise
-    group = Group(pg, ctl, conn)
+    group = Group(pg, ctl, conn, timeout_s)
     if backend != "nccl":
         group.close()  # gloo's rendezvous is over; NCCL reads the store again lazily
     return group
 
 
-def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True
-         ) -> None:
+def wait(work: Any, should_abort: Callable[[], bool], what: str, *, sliced: bool = True,
+         watch: Watch = GLOO_WATCH, canary_work: Any = None) -> None:
     """Wait for ``work`` (a collective's handle) to finish, abandoning it on abort.
 
     ``sliced``: wait with ``Work.wait(timeout)`` slices (gloo: a slice that runs out leaves
-    the work running); False waits on the work's future instead (NCCL's ``wait(timeout)``
-    may abort the communicator when it runs out). Raises :class:`GenerationBroken` when the
-    collective fails (a peer died, the gloo timeout passed) or ``should_abort()`` turns true
-    while waiting.
+    the work running); False: an NCCL work, polled (:func:`trainer.collective.nccl.poll`:
+    never a blocking wait, whose future completes at enqueue) against ``watch.timeout_s``
+    and ``canary_work`` (posted by the caller with ``watch.canary()``). Raises
+    :class:`GenerationBroken` when the collective fails (a peer died, the timeout passed) or
+    ``should_abort()`` turns true while waiting.
     """
-    if sliced:
-        while True:
-            try:
-                work.wait(_SLICE)  # blocks without the GIL; raises when the slice runs out
-                return
-            except Exception:  # noqa: BLE001 - a slice that ran out, or the collective failed
-                if work.is_completed():
-                    break  # failed (or finished right after the slice ran out): ask below
-            if should_abort():
-                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
-    else:
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _f: done.set())
-        while not done.wait(WAIT_SLICE_S):
-            if should_abort():
-                raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
+    if not sliced:
+        nc.poll(work, should_abort, what, timeout_s=watch.timeout_s or None,
+                canary_work=canary_work)
+        return
+    while True:
+        try:
+            work.wait(_SLICE)  # blocks without the GIL; raises when the slice runs out
+            return
+        except Exception:  # noqa: BLE001 - a slice that ran out, or the collective failed
+            if work.is_completed():
+                break  # failed (or finished right after the slice ran out): ask below
+        if should_abort():
+            raise GenerationBroken(f"{what}: aborted (the generation was declared broken)")
     try:
         work.wait()  # returns at once: the work is completed
     except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError

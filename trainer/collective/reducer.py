@@ -4,8 +4,10 @@ Design (after DDP's ``Reducer``): the trainable parameters are packed, in revers
 registration (roughly the order backward produces their gradients), into flat buckets of at
 most ``bucket_bytes`` (DDP's 25 MB; the first bucket ``first_bucket_bytes``, 1 MB, so
 communication starts early), one dtype and device per bucket. Each parameter's ``.grad`` is
-a view into its bucket, so autograd accumulates straight into it (no copy, and the peak
-memory is the gradients' own). A post-accumulate-grad hook marks a parameter ready; when a
+a view into its bucket with the parameter's own strides (a channels-last weight gets a
+channels-last gradient: PyTorch's gradient layout contract, as DDP's
+``gradient_as_bucket_view``), so autograd accumulates straight into it (no copy, and the
+peak memory is the gradients' own). A post-accumulate-grad hook marks a parameter ready; when a
 bucket is complete, it is scaled by this member's weight ``b_i / B`` and its all-reduce is
 launched asynchronously, strictly in bucket order (every member launches the same
 collectives in the same order, whatever order its backward ran in). The last bucket is never
@@ -20,10 +22,16 @@ launched there too, in order.
 :class:`trainer.errors.GenerationBroken` and nothing is applied (the commit rule is the
 caller's). A reducer serves one generation: its buckets
 are fresh memory, so a collective of a broken generation that completes late cannot write
-into the next generation's gradients.
+into the next generation's gradients; :meth:`Reducer.detach` frees them (and the ``.grad``
+views) so that the next generation's buckets never coexist with the old ones (one copy of
+the gradients at a switch, not two). On NCCL the waits poll
+(:func:`trainer.collective.nccl.poll`) with the generation's :class:`~trainer.collective.
+groups.Watch`: a deadline, and a canary on the gloo control group posted beside the last
+bucket.
 
 Rule for callers: ``attach()`` once per generation, then per step ``begin()``, the backward
-pass (micro-batches: every one but the last under ``hold(True)``), ``finish(tail)``; ``detach()`` before the reducer is dropped. Do not touch ``.grad``
+pass (micro-batches: every one but the last under ``hold(True)``), ``finish(tail)``;
+``detach()`` before the next reducer is built (it frees this one). Do not touch ``.grad``
 tensors in between except through the optimiser.
 """
 
@@ -81,6 +89,26 @@ def plan_buckets(sizes: Sequence[tuple[int, torch.dtype, str]], bucket_bytes: in
     return out
 
 
+def bucket_view(buf: torch.Tensor, offset: int, p: torch.Tensor) -> torch.Tensor:
+    """The view of ``buf`` from ``offset`` that holds ``p``'s gradient, with ``p``'s strides
+    when ``p`` is dense and non-overlapping (contiguous, channels-last, any permutation; as
+    DDP), else contiguous."""
+    if p.is_contiguous() or not _dense(p):
+        return buf[offset:offset + p.numel()].view_as(p)
+    return buf.as_strided(p.size(), p.stride(), offset)
+
+
+def _dense(p: torch.Tensor) -> bool:
+    """``p`` covers exactly ``numel`` elements of its storage span, none twice."""
+    dims = sorted((st, sz) for st, sz in zip(p.stride(), p.size(), strict=True) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
 class Reducer:
     """One generation's bucketed gradient reduction (see the module docstring)."""
 
@@ -92,7 +120,7 @@ class Reducer:
                              "must be positive")
         self.params = list(params)
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        groups = plan_buckets([(p.numel() * p.element_size(), p.dtype, str(p.device))
+        layout = plan_buckets([(p.numel() * p.element_size(), p.dtype, str(p.device))
                                for p in self.params],
                               int(bucket_mb * 2**20),
                               int(min(first_bucket_mb, bucket_mb) * 2**20))
@@ -100,16 +128,16 @@ class Reducer:
         self._of: dict[int, tuple[int, int]] = {}  # parameter index -> (bucket, position)
         self.tail_numel = tail_numel
         self._separate_tail: torch.Tensor | None = None
-        for b, group in enumerate(groups):
+        for b, group in enumerate(layout):
             ps = [self.params[i] for i in group]
             numel = sum(p.numel() for p in ps)
-            last = b == len(groups) - 1
+            last = b == len(layout) - 1
             extra = tail_numel if last and ps[0].dtype == torch.float32 else 0
             buf = torch.zeros(numel + extra, dtype=ps[0].dtype, device=ps[0].device)
             bucket = _Bucket(b, ps, buf, numel)
             o = 0
             for k, p in enumerate(ps):
-                bucket.views.append(buf[o:o + p.numel()].view_as(p))
+                bucket.views.append(bucket_view(buf, o, p))
                 o += p.numel()
                 self._of[self._index[id(p)]] = (b, k)
             self.buckets.append(bucket)
@@ -125,6 +153,8 @@ class Reducer:
         self._weight = 1.0
         self._abort: Callable[[], bool] = lambda: False
         self._sliced = True
+        self._watch = groups.GLOO_WATCH
+        self._freed = False
         self._active = False
         self._failed: BaseException | None = None  # a launch that failed inside a hook
 
@@ -138,19 +168,34 @@ class Reducer:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._ready))
 
     def detach(self) -> None:
-        """Remove the hooks (the ``.grad`` views stay until the next reducer attaches)."""
+        """Remove the hooks and free the buckets: the parameters' ``.grad`` views are set to
+        None (a late collective of this generation then writes into memory nobody reads)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
         self._active = False
+        self._freed = True
+        for b in self.buckets:
+            for p, v in zip(b.params, b.views, strict=True):
+                if p.grad is v:
+                    p.grad = None
+            b.views.clear()
+            b.work = None
+            b.buffer = b.buffer.new_empty(0)
+        self._separate_tail = None if self._separate_tail is None else \
+            self._separate_tail.new_empty(0)
 
     # -- one step -------------------------------------------------------------------------------
 
-    def begin(self, pg: Any, weight: float, should_abort: Callable[[], bool]) -> None:
-        """Start a step: zero the buckets, restore ``.grad`` views, remember the group and
-        this member's weight ``b_i / B``."""
+    def begin(self, pg: Any, weight: float, should_abort: Callable[[], bool],
+              watch: groups.Watch = groups.GLOO_WATCH) -> None:
+        """Start a step: zero the buckets, restore ``.grad`` views, remember the group, this
+        member's weight ``b_i / B`` and (NCCL) the generation's :class:`groups.Watch`."""
+        if self._freed:
+            raise RuntimeError("Reducer.begin after detach(): build a new reducer")
         self._pg, self._weight, self._abort = pg, float(weight), should_abort
         self._sliced = isinstance(pg, torch.distributed.ProcessGroupGloo)
+        self._watch = watch
         self._next = 0
         self._failed = None
         self._used.zero_()
@@ -210,7 +255,7 @@ class Reducer:
     def finish(self, tail: torch.Tensor) -> torch.Tensor:
         """After the backward pass (or instead of it, with ``b_i = 0``): launch what is left,
         in order, the last bucket carrying ``tail``; wait for all. Returns the reduced tail
-        (on the CPU, float32). Raises :class:`trainer.errors.GenerationBroken`; nothing is applied.
+        (on the buckets' device, float32: the caller copies to the host what it reads). Raises :class:`trainer.errors.GenerationBroken`; nothing is applied.
         """
         if tail.numel() != self.tail_numel:
             raise ValueError(f"tail of {tail.numel()} values, the reducer was built for "
@@ -241,13 +286,16 @@ class Reducer:
         if self._separate_tail is not None:
             self._separate_tail.copy_(tail)
             tail_work = self._pg.allreduce([self._separate_tail])
+        canary = None if self._sliced else self._watch.canary()
         for b in self.buckets:
-            groups.wait(b.work, self._abort, f"allreduce bucket {b.index}", sliced=self._sliced)
+            groups.wait(b.work, self._abort, f"allreduce bucket {b.index}", sliced=self._sliced,
+                        watch=self._watch, canary_work=canary)
         if tail_work is not None:
-            groups.wait(tail_work, self._abort, "allreduce tail", sliced=self._sliced)
-            return self._separate_tail.detach().to("cpu", torch.float32)
+            groups.wait(tail_work, self._abort, "allreduce tail", sliced=self._sliced,
+                        watch=self._watch, canary_work=canary)
+            return self._separate_tail.detach()
         last = self.buckets[-1]
-        return last.buffer[last.grad_numel:].detach().to("cpu", torch.float32)
+        return last.buffer[last.grad_numel:].detach().to(torch.float32)
 
     def used(self) -> torch.Tensor:
         """1.0 for each parameter (registration order) whose gradient this member's backward

@@ -7,7 +7,10 @@ Design. A :class:`Stepper` serves one generation. Per step::
 
 The *tail* rides in the last bucket's collective (no collective of its own): one row per
 member (``b_i``, compute seconds, the newest generation it saw, ``loss * b_i``, its last
-evaluation's seconds, whether it ran out of memory), one flag per parameter (did this member's backward produce its
+evaluation's seconds, whether it has duties after this commit: rank 0's evaluation, snapshot
+or export, which the others on NCCL wait out on the gloo group, never inside an NCCL
+collective; whether it ran out of memory), one flag per parameter (did this member's
+backward produce its
 gradient), and the buffers. Every member reads the same reduced tail, so all of them make
 the same decisions from it:
 
@@ -57,11 +60,12 @@ from typing import Any
 
 import torch
 
+from trainer.collective import groups
 from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
 from trainer.errors import GenerationBroken, JobCodeError, OutOfMemory
 
-ROW = 6  # per-member row in the tail
-B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL, OOM_COL = range(ROW)
+ROW = 7  # per-member row in the tail
+B_COL, COMPUTE_COL, LATEST_COL, LOSS_COL, EVAL_COL, BUSY_COL, OOM_COL = range(ROW)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SPLIT = float(2**24)  # integer buffers travel as hi * 2^24 + lo, each exact in float32
 log = logging.getLogger(__name__)
@@ -221,16 +225,20 @@ class Stepper:
     def step(self, pg: Any, batch: Any, b: int, total: int, *, step: int, latest: int,
              eval_s: float, should_abort: Callable[[], bool],
              after_compute: Callable[[float, int], None] | None = None,
-             broken: Callable[[], bool] = lambda: False) -> StepResult:
+             broken: Callable[[], bool] = lambda: False,
+             watch: groups.Watch = groups.GLOO_WATCH, busy: bool = False) -> StepResult:
         """Compute this member's share ``batch`` (``b`` samples; ``b = 0``: nothing to
         compute), reduce and commit. ``after_compute(seconds, b)`` runs between the backward
         pass and the reduction (the ``--slowdown`` emulation). ``broken()`` is asked once more
         after the reduction: a late completion on an abandoned generation is not committed.
 
+        ``watch``: the generation's (``Group.watch()``; an NCCL group's waits need it).
+        ``busy``: this member has duties after the commit (its row's ``BUSY_COL``).
+
         Raises :class:`JobCodeError` (the job's code raised) and
         :class:`trainer.errors.GenerationBroken` (nothing applied).
         """
-        self.reducer.begin(pg, b / total, should_abort)
+        self.reducer.begin(pg, b / total, should_abort, watch)
         # the forward pass updates running statistics in place: a discarded step must not
         # keep them (the members would hold different buffers at the same step)
         saved = [buf.detach().clone() for buf in self._buffers()]
@@ -247,15 +255,16 @@ class Stepper:
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
-            tail = self._tail(b, total, compute_s, latest, loss_v, eval_s)
-            tail[self.rank * ROW + OOM_COL] = oom
+            tail = self._tail(b, total, compute_s, latest, loss_v, eval_s, busy, oom)
             t1 = time.perf_counter()
             reduced = self.reducer.finish(tail)
             wait_s = time.perf_counter() - t1
             if broken():
                 raise GenerationBroken("the reduction completed after the generation was "
                                       "broken")
-            rows = reduced[: self._o_used].view(self.world, ROW).clone()
+            # the rows and flags in one device-to-host copy (the buffers stay on the device)
+            host = reduced[:self._o_avg].to("cpu", torch.float32)
+            rows = host[: self._o_used].view(self.world, ROW).clone()
             if rows[:, OOM_COL].max() > 0:  # a member ran out of memory: every member discards
                 raise OutOfMemory(0)
         except OutOfMemory:
@@ -264,7 +273,7 @@ class Stepper:
         except BaseException:
             self._restore(saved)
             raise
-        skipped, norm = self._commit(reduced)
+        skipped, norm = self._commit(reduced, host)
         return StepResult(rows, float(rows[:, LOSS_COL].sum()) / total, compute_s, wait_s, skipped,
                           grad_norm=norm)
 
@@ -328,38 +337,48 @@ class Stepper:
                                 forward_loss=job.forward_loss)
 
     def _tail(self, b: int, total: int, compute_s: float, latest: int, loss_v: float,
-              eval_s: float) -> torch.Tensor:
-        tail = torch.zeros(self.tail_numel, dtype=torch.float32)
+              eval_s: float, busy: bool = False, oom: int = 0) -> torch.Tensor:
+        """The step's tail, built on the device: the rows and flags go over in one small
+        host-to-device copy, the buffers never leave the device (no copy per buffer)."""
+        head = torch.zeros(self._o_avg, dtype=torch.float32)
         r = self.rank * ROW
-        tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0])
+        head[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, float(busy),
+                                       float(oom)])
         if b > 0:
-            tail[self._o_used:self._o_avg] = self.reducer.used()
-            w = b / total
-            o = self._o_avg
-            for buf in self._avg:
-                n = buf.numel()
-                tail[o:o + n] = buf.detach().reshape(-1).to("cpu", torch.float32) * w
-                o += n
-        if self.rank == 0:
-            o = self._o_copy
-            for buf in self._copy:
-                n = buf.numel()
-                tail[o:o + n] = buf.detach().reshape(-1).to("cpu", torch.float32)
-                o += n
-            o = self._o_int
-            for buf in self._ints:
-                n = buf.numel()
-                v = buf.detach().reshape(-1).to("cpu", torch.int64)
-                tail[o:o + n] = torch.div(v, int(_SPLIT), rounding_mode="floor").float()
-                tail[o + n:o + 2 * n] = torch.remainder(v, int(_SPLIT)).float()
-                o += 2 * n
-        return tail
+            head[self._o_used:self._o_avg] = self.reducer.used()
+        dev = self._tail_device()
+        parts = [head.to(dev)]
+        zeros = 0  # a run of zeros not yet appended
+        with torch.no_grad():
+            if b > 0 and self._avg:
+                parts += [buf.detach().reshape(-1).float() * (b / total) for buf in self._avg]
+            else:
+                zeros += self._o_copy - self._o_avg
+            if self.rank == 0:
+                if zeros:
+                    parts.append(torch.zeros(zeros, device=dev))
+                    zeros = 0
+                parts += [buf.detach().reshape(-1).float() for buf in self._copy]
+                for buf in self._ints:
+                    v = buf.detach().reshape(-1).to(torch.int64)
+                    parts += [torch.div(v, int(_SPLIT), rounding_mode="floor").float(),
+                              torch.remainder(v, int(_SPLIT)).float()]
+            else:
+                zeros += self.tail_numel - self._o_copy
+            if zeros:
+                parts.append(torch.zeros(zeros, device=dev))
+            return torch.cat([t.to(dev) for t in parts]) if len(parts) > 1 else parts[0]
 
-    def _commit(self, reduced: torch.Tensor) -> tuple[bool, float | None]:
-        """Apply the step from the reduced tail: the buffers first (agreed before the
-        optimiser step, so what it writes survives), then clipping and the optimiser step.
+    def _tail_device(self) -> torch.device:
+        bufs = self._buffers()
+        return bufs[0].device if bufs else self.device
+
+    def _commit(self, reduced: torch.Tensor, host: torch.Tensor) -> tuple[bool, float | None]:
+        """Apply the step from the reduced tail (on its device; ``host``: its rows and flags
+        copied to the host once): the buffers first (agreed before the optimiser step, so what
+        it writes survives, copied device to device), then clipping and the optimiser step.
         Returns (the scaler skipped it, the gradients' norm before clipping)."""
-        used = reduced[self._o_used:self._o_avg]
+        used = host[self._o_used:self._o_avg]
         for p, count in zip(self.params, used.tolist(), strict=True):
             if count == 0:
                 p.grad = None  # nobody computed it: not stepped (set_to_none semantics)
@@ -386,6 +405,7 @@ class Stepper:
 
     def _set_buffers(self, reduced: torch.Tensor) -> None:
         with torch.no_grad():
+            reduced = reduced.to(self._tail_device())
             o = self._o_avg
             for buf in self._avg:
                 n = buf.numel()

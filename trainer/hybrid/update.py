@@ -146,7 +146,7 @@ class ZoneStepper:
             compute_s = time.perf_counter() - t0
             tail = torch.zeros(self.tail_numel, dtype=torch.float32)
             r = self.rank * ROW
-            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0])
+            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0, 0.0])
             if b > 0:
                 tail[self._o_used:self._o_buf] = self.reducer.used()
                 o = self._o_buf
@@ -156,7 +156,7 @@ class ZoneStepper:
                     tail[o:o + n] = (delta * (b / total)).to("cpu", torch.float32)
                     o += n
             t1 = time.perf_counter()
-            reduced = self.reducer.finish(tail)
+            reduced = self.reducer.finish(tail).to("cpu")
             wait_s = time.perf_counter() - t1
         finally:  # a replica's buffers move only when an update is applied
             with torch.no_grad():

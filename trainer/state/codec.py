@@ -255,19 +255,42 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, global
     return h.hexdigest()[:16]
 
 
+STAGE_BYTES = 64 << 20  # the pinned staging buffer of a checksum of GPU tensors
+
+
 def checksum(*modules_or_states: Any) -> str:
     """SHA-256 (hex, first 16 chars) of the bytes of every tensor in the arguments, in order:
     modules (their parameters and buffers) and state dicts (any nesting of dicts and lists,
-    e.g. an optimiser's). Equal checksums mean bitwise-equal training state."""
+    e.g. an optimiser's). Equal checksums mean bitwise-equal training state.
+
+    Host tensors are hashed in place (no copy); GPU tensors go through one pinned staging
+    buffer of at most :data:`STAGE_BYTES`, chunk by chunk, never through pageable copies of
+    the whole state."""
     h = hashlib.sha256()
+    stage: list[torch.Tensor] = []
+
+    def feed(t: torch.Tensor) -> None:
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if flat.device.type == "cpu":
+            h.update(memoryview(flat.numpy()))
+            return
+        if not stage:
+            stage.append(torch.empty(min(STAGE_BYTES, max(flat.numel(), 1)),
+                                     dtype=torch.uint8, pin_memory=True))
+        buf = stage[0]
+        for i in range(0, flat.numel(), buf.numel()):
+            n = min(buf.numel(), flat.numel() - i)
+            buf[:n].copy_(flat[i:i + n], non_blocking=True)
+            torch.cuda.current_stream(flat.device).synchronize()
+            h.update(memoryview(buf[:n].numpy()))
 
     def walk(x: Any) -> None:
         if isinstance(x, torch.nn.Module):
             for t in list(x.parameters()) + list(x.buffers()):
                 walk(t)
         elif isinstance(x, torch.Tensor):
-            t = x.detach().to("cpu").contiguous().reshape(-1)
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            if x.numel():
+                feed(x)
         elif isinstance(x, dict):
             for k in sorted(x, key=str):
                 h.update(str(k).encode())

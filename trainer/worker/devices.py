@@ -11,6 +11,11 @@ otherwise (NCCL refuses two ranks on one GPU, and cannot reach a CPU member; glo
 CUDA tensors too,
 through host memory).
 
+The pipeline and hybrid modes are refused on a GPU (:func:`refusal`, one line, before the
+worker joins): their point-to-point messages use tags, CPU header tensors and short polled
+waits, which NCCL does not give (no tags, device-resident buffers only, sends and receives
+matched in the same order on both sides), and gloo would hand device memory to TCP.
+
 Rule for callers: resolve the device once, before the model is built or moved; never assume
 the ring's backend from your own device: read it from the plan.
 """
@@ -60,6 +65,18 @@ def resolve(spec: str) -> torch.device:
         index = int(tail)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+GPU_MODES = ("ring",)  # the modes that run on a GPU (over NCCL, or gloo with CUDA tensors)
+
+
+def refusal(mode: str, device: torch.device) -> str | None:
+    """Why ``mode`` cannot run on ``device`` (one line naming the fix), or None (pure)."""
+    if device.type == "cpu" or mode in GPU_MODES:
+        return None
+    return (f"--device {device}: the {mode} mode does not run on GPUs yet (its point-to-point "
+            "messages need tags and host header tensors, which NCCL does not give); run it "
+            "with --device cpu, or train this job in the ring mode")
 
 
 def describe(device: torch.device) -> str:

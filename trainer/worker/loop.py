@@ -31,7 +31,7 @@ import torch
 
 from trainer.collective.step import Stepper, make_scaler
 from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUnreachable,
-                            JobCodeError, JobError, JoinRefused, SnapshotError)
+                            DeviceError, JobCodeError, JobError, JoinRefused, SnapshotError)
 from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
 from trainer.state import codec
@@ -115,6 +115,9 @@ class Worker:
         job.mode, why = resolve_mode(job.mode, cfg.mode, job.precision)
         log.info("training mode %s (%s)", job.mode, why)
         mode = mode_class(job.mode)  # an unavailable mode fails here, before joining
+        refused = devices.refusal(job.mode, device)
+        if refused is not None:
+            raise DeviceError(refused)
         try:
             self._prepare(device)
             self.prior = self._profile()

@@ -401,13 +401,14 @@ class Member:
                     plan.generation, p.step, p.epoch, p.samples_done, world, c.loss,
                     state.metrics, state.metrics_step).to_json()
 
-    def eval_due(self, epoch_end: bool) -> bool:
-        """Does the job's ``evaluate`` run after the step just committed (an epoch end, or
-        every ``eval_every_steps``)? The same answer on every member."""
+    def eval_due(self, epoch_end: bool, step: int | None = None) -> bool:
+        """Does the job's ``evaluate`` run after the step just committed (``step``: after the
+        step that will commit as ``step``), at an epoch end or every ``eval_every_steps``? The
+        same answer on every member."""
         job = self.w.job
         every = job.eval_every_steps
-        return job.evaluate is not None and (epoch_end or bool(
-            every and self.w.state.progress.step % every == 0))
+        step = self.w.state.progress.step if step is None else step
+        return job.evaluate is not None and (epoch_end or bool(every and step % every == 0))
 
     def context(self, epoch_end: bool, loss: float) -> StepContext:
         """What the job's hooks are told after a commit (:class:`trainer.job.StepContext`)."""

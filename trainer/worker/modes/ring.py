@@ -15,7 +15,11 @@ and reported lost.
 After an epoch end rank 0 evaluates (the skeleton runs it) while the others start the next
 step: every member re-splits that step so rank 0 starts it that much later (its last
 evaluation's time, from the reduction: the same figure on every member) and all finish
-together.
+together. On NCCL no member may hold a pending collective while rank 0 is busy (a collective
+pending past the group's timeout ends the process): rank 0 claims its duties (evaluation,
+snapshot, export) before the step's reduction and says so in its row; after that commit the
+others wait for its canary on the generation's gloo group (whose timeout is the NCCL
+backstop; the wait is abortable) instead of starting the next step.
 
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`; the hybrid mode uses one for
 its state transfer and, at staleness 0, for everything.
@@ -25,12 +29,12 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.collective import groups, sync
-from trainer.collective.step import EVAL_COL, LATEST_COL, Stepper
+from trainer.collective.step import BUSY_COL, EVAL_COL, LATEST_COL, Stepper
 from trainer.data import batching
 from trainer.data.sampler import CursorState, scale_sizes, split
 from trainer.errors import BadState, Diverged, GenerationBroken
@@ -116,7 +120,8 @@ class RingMode:
         assert plan is not None
         self.plan_sizes(plan)
         if self.stepper is not None:
-            self.stepper.close()
+            self.stepper.close()  # frees the old buckets first: one copy of the gradients
+            self.stepper = None
         self.stepper = Stepper(job.model, job.optimizer, job.loss_fn, world=len(plan.members),
                                rank=m.rank, device=w.runtime.device, precision=job.precision,
                                scaler=w.state.scaler, bucket_mb=w.cfg.bucket_mb,
@@ -196,10 +201,21 @@ class RingMode:
         batch = rt.batch(ids, p.step) if b > 0 else None
         rt.feed.hint(self._next_ids(keys, total))
         gen = plan.generation
-        res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
-                           eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
-                           after_compute=rt.slow, broken=lambda: m.broken(gen))
+        duties, busy, export_seen = None, False, m.export_seen
+        if m.rank == 0:  # its duties after this commit, claimed now: they travel in its row
+            after = p.advance(len(job), total)
+            duties = m.claim_duties(after.step)
+            busy = bool(duties) or m.eval_due(after.epoch != p.epoch, after.step)
+        try:
+            res = stepper.step(group.pg, batch, b, total, step=p.step, latest=latest,
+                               eval_s=w.outputs.eval_s, should_abort=lambda: m.broken(gen),
+                               after_compute=rt.slow, broken=lambda: m.broken(gen),
+                               watch=group.watch(), busy=busy)
+        except GenerationBroken:
+            m.export_seen = export_seen  # an export request claimed for this step stays due
+            raise
         if res.discarded:  # a member ran out of memory: nothing applied; the same step again
+            m.export_seen = export_seen  # (its duties stay due too)
             self.pending = None
             rt.micro_cap = stepper.micro_cap
             return int(res.rows[:, LATEST_COL].max())
@@ -213,10 +229,13 @@ class RingMode:
             "batch": b, "compute_s": round(res.compute_s, 6), "wait_s": round(res.wait_s, 6),
             "step_s": round(res.compute_s + res.wait_s, 6), "skipped": res.skipped,
             "head_start_s": round(head_s, 6) if m.rank == 0 else 0.0,
-            **({"grad_norm": res.grad_norm} if res.grad_norm is not None else {})}))
+            **({"grad_norm": res.grad_norm} if res.grad_norm is not None else {})},
+            duties=duties))
         if w.state.progress.epoch != p.epoch:
             self.compare_digests(f"after epoch {p.epoch}")
-        if m.eval_due(w.state.progress.epoch != p.epoch):
+        if group.is_nccl and world > 1 and rows[0, BUSY_COL] > 0:
+            self._head_ready(group, gen)
+        elif m.eval_due(w.state.progress.epoch != p.epoch):
             # rank 0 evaluated (in the commit) while the others start the next step: it
             # starts that step as much later as its last evaluation took, a figure from the
             # reduction (the same on every member); a first evaluation has none yet
@@ -241,6 +260,14 @@ class RingMode:
         differ = [k for i, k in enumerate(PARTS) if len(set(table[:, i].tolist())) > 1]
         if differ:
             raise Diverged(divergence_message(differ, where))
+
+    def _head_ready(self, group: Any, gen: int) -> None:
+        """NCCL: every member posts a canary on the generation's gloo group after this
+        commit, rank 0 only once its duties are done; the others wait for it there (no NCCL
+        collective pending meanwhile; a rank 0 that dies is seen within tens of ms, one that
+        hangs by the heartbeats). Raises :class:`GenerationBroken`."""
+        m = self.m
+        groups.wait(group.watch().canary(), lambda: m.broken(gen), "waiting for rank 0's duties")
 
     def _next_ids(self, keys: list[str], total: int) -> torch.Tensor:
         """The ids this member will probably take in the next step (for prefetching)."""
