@@ -94,7 +94,7 @@ class Coordinator:
                                 if self._server is not None else None)
         self._server = StoreServer(self._host, self._port, self._token, blobs=self._vault)
         self._server.start()
-        for key in (mb.LATEST, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT):
+        for key in (mb.LATEST, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT, mb.SNAPSHOT_NOW):
             self._server.local_add(key, 0)
         # member ids of this incarnation start above any an earlier one handed out (a
         # restarted coordinator adopts members that keep their ids)

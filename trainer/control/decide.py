@@ -34,7 +34,7 @@ after :func:`reads` of the same state; apply every action, in order.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -223,9 +223,8 @@ def _new_reports(t: _Tick, counter: str, key: Any, skip: Any, parse: Any,
 def _reports(t: _Tick) -> None:
     for m, tr, reason in _new_reports(t, mb.DRAINS, mb.k_drain, t.r.draining, mb.parse_drain,
                                       keep_malformed="drain requested"):
-        t.set(draining={**t.r.draining, m: reason})
-        t.put_tracked(replace(tr, state=MemberState.DRAINING))
-        t.emit(EventKind.DRAIN, tr.name, detail=reason)
+        t.r, emits = _mark_draining(t.r, m, reason)
+        t.actions += emits
     for m, tr, done in _new_reports(t, mb.DONES, mb.k_done, t.r.done, mb.Done.parse):
         t.set(done=t.r.done | {m})
         t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
@@ -259,12 +258,42 @@ def _reports(t: _Tick) -> None:
             t.put_tracked(replace(tr, samples_per_s=sp.samples_per_s or tr.samples_per_s,
                                   batch=sp.batch))
     plan = t.r.plan
-    if (t.r.outcome is JobOutcome.RUNNING and plan is not None and plan.members
-            and all(m in t.r.done for m in plan.members)):
+    if t.r.outcome is JobOutcome.RUNNING and plan is not None and plan.members and (
+            all(m in t.r.done for m in plan.members) or _holders_finished(t, plan)):
         t.set(outcome=JobOutcome.DONE)
         t.actions.append(Put(mb.FINISHED, b"done"))
         t.emit(EventKind.FINISHED, ",".join(plan.names), detail="every member finished",
                generation=plan.generation)
+
+
+def _holders_finished(t: _Tick, plan: Plan) -> bool:
+    """Did the state reach the job's end? Every member of ``plan`` that holds the state
+    finished (or, having finished some, the others died): joiners that never received the
+    state do not count. (A holder finishes at the step boundary where the job ends, before
+    it would form a generation published for joiners meanwhile; that generation never forms,
+    and its joiners alone are no reason to call the job lost.)"""
+    holding = [m for m in plan.members if m in t.r.holders]
+    finished = [m for m in holding if m in t.r.done]
+    return bool(finished) and all(m in t.r.done or m in _hb_dead(t) for m in holding)
+
+
+def _drains(t: _Tick, plan: Plan | None, dead: Collection[int] = ()) -> list[int]:
+    """The drains of ``plan``'s members to apply now (:func:`plans.drains_now`); the draining
+    holders kept because no other member holds the state are recorded, and the first time a
+    drain is kept so, rank 0 is asked for a snapshot at once (the final one, should their
+    notice window end before a joiner holds the state)."""
+    draining = [m for m in t.r.draining if plan is None or m in plan.members]
+    if plan is None:
+        return draining
+    apply, defer = plans.drains_now(plan.members, t.r.holders, draining, dead)
+    if defer and not set(defer) <= t.r.deferred:
+        t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
+        names = [t.r.tracked[m].name if m in t.r.tracked else str(m) for m in defer]
+        t.emit(EventKind.DRAIN, ",".join(names), generation=plan.generation,
+               detail="kept until a joiner holds the state or the notice window ends: no "
+               "other member holds it; a snapshot is asked for now")
+    t.set(deferred=frozenset(defer))
+    return apply
 
 
 def _adopt(t: _Tick) -> None:
@@ -381,7 +410,7 @@ def _generations(t: _Tick) -> None:
                              reason="members to resume from the snapshot", job=plan.job,
                              resume=plan.resume))
         return  # the ring is gone (no member held the state), or waits for members
-    draining = [m for m in t.r.draining if plan is None or m in plan.members]
+    draining = _drains(t, plan)
     new = plans.next_plan(plan, _joiners(t, ()), draining, [],
                        initial_world=t.cfg.initial_world, job=t.r.job)
     if new is not None:
@@ -419,7 +448,7 @@ def _continue_rollcall(t: _Tick) -> None:
 
 def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     ready = _joiners(t, dead)
-    draining = [m for m in t.r.draining if m in plan.members]
+    draining = _drains(t, plan, dead)
     reason = f"{why}; dropped {dead}" if dead else f"{why}; every member answered"
     if dead or plans.next_plan(plan, ready, draining, []) is not None:
         t.set(reforms=plans.Reforms())
@@ -562,8 +591,24 @@ def command_drain(ring: ControlState, name: str, reason: str
     """
     for m, tr in sorted(ring.tracked.items()):
         if tr.name == name and m not in ring.draining:
-            ring = replace(ring, draining={**ring.draining, m: reason},
-                           tracked={**ring.tracked,
-                                    m: replace(tr, state=MemberState.DRAINING)})
-            return ring, [Emit(EventKind.DRAIN, name, reason)], True
+            ring, emits = _mark_draining(ring, m, reason)
+            return ring, list(emits), True
     return ring, [], False
+
+
+def _mark_draining(ring: ControlState, member_id: int, reason: str
+                   ) -> tuple[ControlState, list[Action]]:
+    """``member_id`` drains, and with it every other member of its instance (one worker per
+    GPU, :func:`plans.instance_of`): an instance leaves whole, so its members leave in one
+    generation, whichever of their drains arrives first (pure)."""
+    tr = ring.tracked[member_id]
+    inst = plans.instance_of(tr.name)
+    out: list[Action] = []
+    for m, other in sorted(ring.tracked.items()):
+        if m in ring.draining or (m != member_id and plans.instance_of(other.name) != inst):
+            continue
+        ring = replace(ring, draining={**ring.draining, m: reason},
+                       tracked={**ring.tracked, m: replace(other, state=MemberState.DRAINING)})
+        out.append(Emit(EventKind.DRAIN, other.name, reason if m == member_id else
+                        f"{reason} (its instance {inst} leaves with {tr.name})"))
+    return ring, out

@@ -60,6 +60,8 @@ LATEST = "gen/latest"
 STATS = "stats"
 FINISHED = "finished"
 EXPORT = "export"  # counter: the daemon asks rank 0 to write the trained model now
+SNAPSHOT_NOW = "snapshot/now"  # counter: the coordinator asks rank 0 for a snapshot now (a
+# notice would leave no member holding the state: the final snapshot)
 DRAINS, DONES, ERRORS = "drains", "dones", "errors"
 INCARNATION = "coord/incarnation"  # a fresh value per coordinator process: a change means
 # the coordinator was restarted and the members must report themselves (REPORTS)

@@ -71,6 +71,7 @@ class Member:
         self.seen = 0
         self.drain_sent = False
         self.export_seen = -1
+        self.snapshot_seen = -1  # the coordinator's snapshot requests seen (SNAPSHOT_NOW)
         self.away_since: float | None = None  # the coordinator stopped answering this thread
         if hb is not None:
             hb.report = self._report
@@ -300,6 +301,7 @@ class Member:
         self.was_member = True
         lost = moved.lost + self.mode.prepare()
         self.export_seen = self.hb.export if self.hb is not None else -1
+        self.snapshot_seen = self.hb.snapshot_now if self.hb is not None else -1
         if self.mode.is_head():
             w.outputs.start_snapshots(self.store)
         checksum = self.mode.checksum()
@@ -335,7 +337,12 @@ class Member:
         if export:
             assert self.hb is not None
             self.export_seen = self.hb.export
-        return Duties(snapshot=self.w.outputs.snapshot_due(step), export=export)
+        asked = self.hb is not None and self.hb.snapshot_now > self.snapshot_seen
+        if asked:
+            assert self.hb is not None
+            self.snapshot_seen = self.hb.snapshot_now  # a notice would leave no holder
+        due = self.w.outputs.snapshot_due(step)
+        return Duties(snapshot=due or (asked and self.w.outputs.snapshotter is not None), export=export)
 
     def record_samples(self, step: int, epoch: int, ids: Any, member: int | None = None) -> None:
         """Record that ``member`` (default: this one) trained ``ids`` in ``step``."""

@@ -232,3 +232,100 @@ def test_until_a_generation_forms_every_plan_is_a_fresh_start() -> None:
         w.beat(a, b)
         w.tick()
     assert w.ring.plan.generation == 3 and not w.ring.plan.fresh_start
+
+
+def _done(w: World, *ids: int, step: int = 40) -> None:
+    for m in ids:
+        w.kv[mb.k_done(m)] = mb.Done("c", step, {"accuracy": 0.9}).to_json().encode()
+        w.add(mb.DONES)
+
+
+def test_holders_that_finish_while_joiners_wait_end_the_job_done_not_lost() -> None:
+    """CI (e2e ctrl-c test, third run): the holders reached ``--until-epochs`` at the step
+    boundary where a generation with two joiners was published; they finished without forming
+    it, the joiners' forming broke, and the roll call dropped the finished holders: "the job
+    was lost ... never received it". The state reached its end: the job is done."""
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.joined == (j,)
+    _done(w, a)  # b's report comes later; a and b never form generation 2
+    w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING
+    _done(w, b)
+    for _ in range(160):  # past the heartbeat timeout: only the joiner beats
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.DONE and w.kv[mb.FINISHED] == b"done"
+    assert "lost" not in w.kinds()
+
+
+def test_a_holder_that_finished_and_one_that_died_still_end_the_job_done() -> None:
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    _done(w, a)
+    for _ in range(160):  # b died at its last step: only the joiner beats
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.DONE
+
+
+def test_a_drain_of_the_last_holders_waits_for_a_joiner_to_hold_the_state() -> None:
+    """30.1 / 33.1: both holders drain (a notice, or the planner's surplus) while a joiner is
+    admitted. They stay, the joiner forms a generation with them (it receives the state),
+    and only then do they leave: no generation without a holder, a snapshot asked for once."""
+    w = World()
+    a, b = _two_members(w)
+    for m in (a, b):
+        w.ring, _, _ = dc.command_drain(w.ring, ["a", "b"][m - a], "spot notice")
+    for _ in range(10):  # no joiner yet: they keep training, nothing is published
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 1 and w.ring.outcome is JobOutcome.RUNNING
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1" and w.ring.deferred == {a, b}
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.beat(a, b)
+    w.tick()
+    assert w.ring.plan.members == (a, b, j) and w.ring.plan.joined == (j,)
+    assert w.ring.plan.drained == ()
+    w.form_all()
+    w.beat(a, b, j)
+    w.tick()
+    w.beat(a, b, j)
+    w.tick()
+    assert w.ring.plan.members == (j,) and set(w.ring.plan.drained) == {a, b}
+    assert not w.ring.plan.resume and w.ring.outcome is JobOutcome.RUNNING
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # asked once
+
+
+def test_a_holder_kept_past_its_notice_dies_and_the_ring_resumes_the_snapshot() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.kv[mb.SNAPSHOT] = b'{"step": 3, "job": "job1"}'
+    for name in ("a", "b"):
+        w.ring, _, _ = dc.command_drain(w.ring, name, "spot notice")
+    for _ in range(160):  # the notice window ends: both are killed
+        w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.plan.members == ()
+    assert w.ring.plan.resume  # lost only when every holder and every snapshot is gone
+
+
+def test_members_of_one_instance_leave_in_one_generation() -> None:
+    """One worker per GPU: ``i-1/0`` and ``i-1/1``. A drain of one (its own notice, a tick
+    before the other's) drains both, so the instance leaves in one generation."""
+    w = World()
+    ids = [w.hello(mb.Hello(n, 10.0, "job1").to_json()) for n in ("i-1/0", "i-1/1", "i-2/0")]
+    w.tick()
+    w.form_all()
+    w.beat(*ids)
+    w.tick()
+    assert w.ring.plan.members == tuple(ids)
+    w.kv[mb.k_drain(ids[0])] = b"spot notice"
+    w.add(mb.DRAINS)
+    w.beat(*ids)
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.members == (ids[2],)
+    assert set(w.ring.plan.drained) == {ids[0], ids[1]}

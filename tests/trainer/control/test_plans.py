@@ -63,3 +63,20 @@ def test_started_but_not_formed_while_others_formed_is_dropped_and_nobody_if_all
     assert pl.reform_or_drop(h, plan, [1, 2], [], step=9)[1] == ()
     with pytest.raises(ValueError, match="limit"):
         pl.reform_or_drop(h, plan, [1, 2], [], step=9, limit=0)
+
+
+def test_drains_now_keeps_the_last_holders_and_lets_the_others_go() -> None:
+    from trainer.control.plans import drains_now
+    assert drains_now([1, 2, 3], {1, 2, 3}, [1, 2]) == ([1, 2], [])  # 3 holds it
+    assert drains_now([1, 2, 3], {1}, [1, 3]) == ([3], [1])  # 2 never received it
+    assert drains_now([1, 2], {1, 2}, [1, 2]) == ([], [1, 2])
+    assert drains_now([1, 2], set(), [1, 2]) == ([1, 2], [])  # nothing held yet
+    assert drains_now([1, 2, 3], {1, 2}, [1], dead=[2]) == ([], [1])
+
+
+def test_instance_of_agrees_with_the_provisioner() -> None:
+    from provisioner.drivers.identity import instance_of as prov
+    from trainer.control.plans import instance_of
+    for name in ("i-0abc", "i-0abc/3", "us-central1-a/sr-1a-0/1", "loc-1/0", "a", "x/", "/3",
+                 "zone/name-9"):
+        assert instance_of(name) == prov(name), name
