@@ -32,11 +32,16 @@ Protocol (all keys live in the coordinator's store):
   ``done/<id>`` (:class:`Done`, counter ``dones``), ``error/<id>`` (:class:`JobFailure`: the
   user's code raised; counter ``errors``) and ``finished`` (the coordinator's
   :class:`JobOutcome`).
-* ``snapshot/latest`` and ``snapshot/config``: the newest durable snapshot and when rank 0
-  takes them (:mod:`trainer.state.snapshot`).
+* ``snapshot/latest``, ``snapshot/all`` and ``snapshot/config``: the newest durable snapshot,
+  every usable one (newest first) and when rank 0 takes them (:mod:`trainer.state.snapshot`);
+  ``snapshot/now``: counter, the coordinator asks rank 0 for one at once;
+  ``snapshot/failed/<name>``: a member could not resume from that snapshot, and why.
 * ``coord/incarnation`` changes when the coordinator is restarted; every member then
   appends a :class:`Report` line to ``reports`` so the new coordinator adopts the ring
   without stopping it.
+
+Every parser goes through :func:`parse_json`, which bounds size and nesting depth before
+decoding and turns any failure (``RecursionError`` included) into :class:`Malformed`.
 
 Rule for callers: never assume a static rank or world size; ranks are positions in the
 current plan only. Parse every value read from the store with its message's ``parse``.
@@ -45,8 +50,10 @@ current plan only. Parse every value read from the store with its message's ``pa
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,6 +74,7 @@ INCARNATION = "coord/incarnation"  # a fresh value per coordinator process: a ch
 # the coordinator was restarted and the members must report themselves (REPORTS)
 REPORTS = "reports"  # members append one Report line each to a restarted coordinator
 SNAPSHOT = "snapshot/latest"  # the newest complete snapshot's manifest (JSON)
+SNAPSHOTS = "snapshot/all"  # every usable snapshot's manifest, newest first (a JSON list)
 SNAPSHOT_CONFIG = "snapshot/config"  # {"every_s", "every_steps"}: when rank 0 takes them
 
 
@@ -108,6 +116,10 @@ def k_formed_count(generation: int) -> str:
 
 def k_speed(member_id: int) -> str:
     return f"speed/{member_id}"
+
+
+def k_resume_failed(snapshot_name: str) -> str:
+    return f"snapshot/failed/{snapshot_name}"
 
 
 def k_done(member_id: int) -> str:
@@ -186,11 +198,46 @@ class _Message:
         return json.dumps(asdict(self), default=dict)  # type: ignore[call-overload]
 
 
-def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
+MAX_MESSAGE = 1 << 20  # bytes: no message of the protocol comes near it
+MAX_NESTING = 16  # no message of the protocol nests deeper
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = {ord(c): None for c in map(chr, range(0x80)) if c not in "[]{}"}
+
+
+def nesting(text: str) -> int:
+    """How deep ``text``'s JSON brackets nest, outside strings (C-speed scans; pure)."""
+    if text.count("[") + text.count("{") <= 1:
+        return text.count("[") + text.count("{")
+    marks = _STRING.sub("", text).translate(_BRACKETS)
+    marks = "".join(c for c in marks if c in "[]{}") if not marks.isascii() else marks
+    return max(itertools.accumulate(1 if c in "[{" else -1 for c in marks), default=0)
+
+
+def parse_json(raw: bytes | bytearray | memoryview | str | None, what: str, *,
+               max_bytes: int = MAX_MESSAGE, max_depth: int = MAX_NESTING) -> Any:
+    """Decode JSON read from the network or a disk, bounded: at most ``max_bytes`` and
+    ``max_depth`` levels of nesting, checked before decoding. Raises :class:`Malformed` for
+    anything else (too big, too deep, truncated, not UTF-8, not JSON), never another error."""
+    if raw is None:
+        raise Malformed(f"{what}: missing")
+    if not isinstance(raw, (bytes, bytearray, memoryview, str)):
+        raise Malformed(f"{what}: not text")
+    if len(raw) > max_bytes:
+        raise Malformed(f"{what}: {len(raw)} bytes, more than {max_bytes}")
     try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+    except UnicodeError:
+        raise Malformed(f"{what}: not UTF-8") from None
+    if nesting(text) > max_depth:
+        raise Malformed(f"{what}: nested deeper than {max_depth}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError, TypeError):
         raise Malformed(f"{what}: not JSON") from None
+
+
+def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
+    d = parse_json(raw, what)
     if not isinstance(d, dict):
         raise Malformed(f"{what}: not a JSON object")
     return d
