@@ -61,7 +61,7 @@ MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a to
 
 def reads(ring: ControlState, ids: int) -> list[str]:
     """The keys one tick reads, given the current value of the ``ids`` counter."""
-    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT]
+    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT, mb.SNAPSHOTS]
     if ring.plan is None:
         keys.append(mb.REPORTS)  # a restarted coordinator: the members' accounts
     keys += [mb.k_hello(i) for i in sorted(set(ring.unseen) | set(
@@ -77,7 +77,20 @@ def reads(ring: ControlState, ids: int) -> list[str]:
         keys += [mb.k_forming(g, m) for m in plan.members]
         if ring.formed_gen > 0:
             keys.append(mb.k_broken(ring.formed_gen))
+        name = _resume_name(plan)
+        if name:
+            keys.append(mb.k_resume_failed(name))
     return keys
+
+
+def _resume_name(plan: Plan) -> str:
+    """The name of the snapshot ``plan`` resumes from ("" when none)."""
+    if not plan.resume:
+        return ""
+    try:
+        return str(mb.parse_json(plan.resume, "resume", max_depth=1).get("name", ""))
+    except (Malformed, AttributeError):
+        return ""
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -363,7 +376,22 @@ def _hb_dead(t: _Tick) -> set[int]:
             if m not in t.r.done and now - tr.hb_seen > limit}
 
 
+def _resume_failures(t: _Tick) -> None:
+    """A member that could not load the snapshot its plan resumes from said why: that
+    snapshot is never named again (the next older one is)."""
+    plan = t.r.plan
+    name = _resume_name(plan) if plan is not None else ""
+    raw = t.s.get(mb.k_resume_failed(name)) if name else None
+    if raw is None or name in t.r.failed_snapshots:
+        return
+    why = raw[:300].decode(errors="replace") or "it could not be loaded"
+    t.set(failed_snapshots={**t.r.failed_snapshots, name: why})
+    t.emit(EventKind.LOST, name, generation=plan.generation if plan else None,
+           detail=f"snapshot {name} refused: {why}; the next older one is tried")
+
+
 def _generations(t: _Tick) -> None:
+    _resume_failures(t)
     dead_now = _hb_dead(t)
     for i in [j for j in t.r.ready if j in dead_now]:
         t.set(ready=tuple(j for j in t.r.ready if j != i))
@@ -407,8 +435,8 @@ def _generations(t: _Tick) -> None:
                              joined=tuple(j.member_id for j in ready),
                              priors={mb.member_key(j.name, j.member_id): j.samples_per_s
                                      for j in ready},
-                             reason="members to resume from the snapshot", job=plan.job,
-                             resume=plan.resume))
+                             reason="members to resume from the snapshot", job=plan.job))
+            # (no resume named here: _publish names the newest snapshot that has not failed)
         return  # the ring is gone (no member held the state), or waits for members
     draining = _drains(t, plan)
     new = plans.next_plan(plan, _joiners(t, ()), draining, [],
@@ -477,19 +505,36 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     _publish(t, new)
 
 
-def _snapshot(t: _Tick) -> tuple[str, int] | None:
-    """The newest complete snapshot of this job: ``(manifest JSON, step)``, or None."""
-    raw = t.s.get(mb.SNAPSHOT)
-    if not raw:
-        return None
+def _snapshots(t: _Tick) -> list[tuple[str, str, int]]:
+    """This job's complete snapshots, newest first: ``(manifest JSON, name, step)`` each,
+    from ``snapshot/all`` (or ``snapshot/latest`` alone, from a vault that lists none)."""
+    out = []
     try:
-        d = json.loads(raw)
-        step, job = int(d["step"]), str(d.get("job", ""))
-    except (ValueError, KeyError, TypeError):
-        return None
-    if t.r.job and job and job != t.r.job:
-        return None  # another job's snapshot: never loaded into this one
-    return raw.decode(), step
+        listed = mb.parse_json(t.s.get(mb.SNAPSHOTS), "snapshots", max_depth=2)
+    except Malformed:
+        listed = None
+    if not isinstance(listed, list):
+        try:
+            listed = [mb.parse_json(t.s.get(mb.SNAPSHOT), "snapshot", max_depth=1)]
+        except Malformed:
+            return []
+    for d in listed[:64]:
+        try:
+            step, job, name = int(d["step"]), str(d.get("job", "")), str(d["name"])
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            continue
+        if t.r.job and job and job != t.r.job:
+            continue  # another job's snapshot: never loaded into this one
+        out.append((json.dumps(d, sort_keys=True), name, step))
+    return sorted(out, key=lambda x: -x[2])
+
+
+def _no_snapshot_loads(t: _Tick) -> str:
+    """Why no snapshot can restore the state: each one tried and why it failed."""
+    if not t.r.failed_snapshots:
+        return "and no snapshot"
+    return "and no snapshot loads (" + "; ".join(
+        f"{n}: {why}" for n, why in sorted(t.r.failed_snapshots.items())) + ")"
 
 
 def _publish(t: _Tick, new: Plan) -> None:
@@ -499,21 +544,29 @@ def _publish(t: _Tick, new: Plan) -> None:
         fresh_start=not t.r.holders and not new.resume,
         zones=tuple(t.r.tracked[m].zone if m in t.r.tracked else "" for m in new.members))
     holderless = not set(new.members) & t.r.holders
-    if holderless and not new.resume and (t.r.holders or not new.members
-                                          or t.r.plan is None):
-        snap = _snapshot(t)
-        if snap is not None:  # no member holds the state: the newest snapshot does
-            new = replace(new, resume=snap[0], fresh_start=False,
+    listed = _snapshots(t)
+    usable = [x for x in listed if x[1] not in t.r.failed_snapshots]
+    # the state exists (a holder had it, or a snapshot of it was ever listed): a plan
+    # whose members hold none of it resumes the newest snapshot that has not failed; it
+    # never starts over from step 1 (issue 30.2: it did, after a failed resume)
+    exists = bool(t.r.holders or listed or t.r.failed_snapshots)
+    if holderless and not new.resume and (exists or not new.members or t.r.plan is None):
+        if usable:  # no member holds the state: the newest snapshot that loads does
+            new = replace(new, resume=usable[0][0], fresh_start=False,
                           reason=(new.reason + "; " if new.reason else "")
-                          + f"resuming from the snapshot of step {snap[1]}")
-        elif new.members and t.r.holders:
+                          + f"resuming from the snapshot of step {usable[0][2]}")
+        elif new.members and exists:
             # the state existed and nobody left holds it (only joiners that never received
             # it): forming them would fail forever (it did, 1,171 times); the job is lost
             lost = sorted(t.r.holders)
-            new = replace(new, members=(), names=(), joined=(), zones=(),
-                          reason=f"no member holding the state is left (it was held by "
-                          f"{lost}; the members left, {list(new.members)}, never received "
-                          "it), and no snapshot")
+            held = (f"it was held by {lost}; the members left, {list(new.members)}, never "
+                    "received it" if lost else f"the members, {list(new.members)}, never "
+                    "received it")
+            new = replace(new, members=(), names=(), joined=(), zones=(), resume="",
+                          fresh_start=False, reason=f"no member holding the state is left ({held}), "
+                          + _no_snapshot_loads(t))
+        elif not new.members and t.r.failed_snapshots:
+            new = replace(new, resume="", reason=f"{new.reason}, " + _no_snapshot_loads(t))
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]

@@ -55,6 +55,12 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
 
 
+def derive_key(token: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key for ``purpose`` derived from the job token (HMAC-SHA256 as the KDF, one
+    key per purpose: a key for snapshot manifests never signs a frame)."""
+    return _mac(token, b"spotring key", purpose)
+
+
 def server_hello() -> tuple[bytes, bytes]:
     """The server's first message and its nonce: ``(MAGIC | nonce, nonce)``."""
     nonce = secrets.token_bytes(NONCE)

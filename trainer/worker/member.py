@@ -317,12 +317,18 @@ class Member:
         """Load the durable snapshot ``plan`` names (rank 0 of a generation with no holder of
         the state; it then sends it on like any state source). Raises
         :class:`trainer.errors.GenerationBroken` when it cannot be used."""
+        manifest: snap.Manifest | None = None
         try:
             manifest = snap.Manifest.parse(plan.resume)
             tree = snap.fetch(self.store, manifest)
             sync.check(tree, step=manifest.step, job=plan.job)
             self.w.state.load(tree)
         except (ValueError, KeyError, SnapshotError) as e:
+            if manifest is not None:  # the coordinator names the next older one
+                try:
+                    self.store.set(mb.k_resume_failed(manifest.name), str(e)[:300])
+                except (ControlLost, ControlTimeout):
+                    pass
             raise GenerationBroken(f"resuming from the snapshot failed: {e}") from e
         self.fresh = False
         log.warning("resumed from the snapshot of step %d (every member holding the state "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from trainer.control import decide as dc
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import EventKind, MemberState, JobOutcome
@@ -304,7 +306,7 @@ def test_a_drain_of_the_last_holders_waits_for_a_joiner_to_hold_the_state() -> N
 def test_a_holder_kept_past_its_notice_dies_and_the_ring_resumes_the_snapshot() -> None:
     w = World()
     a, b = _two_members(w)
-    w.kv[mb.SNAPSHOT] = b'{"step": 3, "job": "job1"}'
+    w.kv[mb.SNAPSHOT] = b'{"name": "step-0000000003-00000000", "step": 3, "job": "job1"}'
     for name in ("a", "b"):
         w.ring, _, _ = dc.command_drain(w.ring, name, "spot notice")
     for _ in range(160):  # the notice window ends: both are killed
@@ -329,3 +331,50 @@ def test_members_of_one_instance_leave_in_one_generation() -> None:
     w.tick()
     assert w.ring.plan.generation == 2 and w.ring.plan.members == (ids[2],)
     assert set(w.ring.plan.drained) == {ids[0], ids[1]}
+
+
+def _manifest(step: int) -> dict[str, object]:
+    return {"name": f"step-{step:010d}-0000000{step % 10}", "step": step, "epoch": 0,
+            "samples_done": 0, "bytes": 1, "sha256": "a" * 64, "job": "job1", "time": 1.0}
+
+
+def test_a_failed_resume_tries_the_older_snapshots_then_stops_naming_each() -> None:
+    """30.2: after a coordinator restart (nobody holds the state), a snapshot that does not
+    load is reported; the next generation resumes the older one; when none loads the job is
+    lost with each snapshot and why, never started over from step 1."""
+    w = World()
+    w.kv[mb.SNAPSHOTS] = json.dumps([_manifest(30), _manifest(20)]).encode()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 10.0, "job1").to_json())
+    w.tick()
+    tried = []
+    for _ in range(2):
+        plan = w.ring.plan
+        assert plan.resume and not plan.fresh_start and plan.members == (a, b)
+        name = json.loads(plan.resume)["name"]
+        tried.append(json.loads(plan.resume)["step"])
+        w.kv[mb.k_resume_failed(name)] = b"snapshot: size or digest differs from its manifest"
+        w.add(mb.k_broken(plan.generation))
+        for _ in range(12):
+            w.beat(a, b)
+            w.tick()
+    assert tried == [30, 20]
+    assert w.ring.outcome is JobOutcome.LOST and w.kv[mb.FINISHED] == b"lost"
+    assert "step-0000000030-00000000: snapshot: size or digest" in w.ring.failure
+    assert "step-0000000020-00000000" in w.ring.failure
+    published = [mb.Plan.from_json(w.kv[mb.k_plan(g)])
+                 for g in range(1, w.ring.plan.generation + 1)]
+    assert not any(p.fresh_start for p in published)  # never from step 1
+
+
+def test_a_resume_that_breaks_for_another_reason_tries_the_same_snapshot_again() -> None:
+    w = World()
+    w.kv[mb.SNAPSHOTS] = json.dumps([_manifest(30), _manifest(20)]).encode()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 10.0, "job1").to_json())
+    w.tick()
+    w.add(mb.k_broken(w.ring.plan.generation))  # a collective failed; nothing about the file
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 2 and json.loads(w.ring.plan.resume)["step"] == 30
