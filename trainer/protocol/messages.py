@@ -200,6 +200,7 @@ class _Message:
 
 MAX_MESSAGE = 1 << 20  # bytes: no message of the protocol comes near it
 MAX_NESTING = 16  # no message of the protocol nests deeper
+MAX_REPORTS = 4096  # report lines one restarted coordinator reads
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACKETS = {ord(c): None for c in map(chr, range(0x80)) if c not in "[]{}"}
 
@@ -246,8 +247,8 @@ def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
 def _int(d: Mapping[str, Any], k: str, what: str, *, default: int | None = None,
          low: int = 0) -> int:
     v = d.get(k, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise Malformed(f"{what}.{k}={v!r}: expected an integer >= {low}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or v >= 1 << 63:
+        raise Malformed(f"{what}.{k}: expected an integer from {low} to 2**63-1")
     return v
 
 
@@ -255,8 +256,11 @@ def _num(d: Mapping[str, Any], k: str, what: str, *, default: float | None = Non
          allow_nan: bool = False) -> float:
     v = d.get(k, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise Malformed(f"{what}.{k}={v!r}: expected a number")
-    v = float(v)
+        raise Malformed(f"{what}.{k}: expected a number")
+    try:
+        v = float(v)
+    except OverflowError:  # an integer of 400 digits
+        raise Malformed(f"{what}.{k}: expected a finite number") from None
     if math.isinf(v) or (math.isnan(v) and not allow_nan):
         raise Malformed(f"{what}.{k}={v!r}: expected a finite number")
     return v
@@ -438,7 +442,11 @@ def parse_reports(raw: bytes | None) -> tuple[list[Report], int]:
     """The report lines appended to ``reports``: ``(reports, malformed lines)``."""
     out: list[Report] = []
     bad = 0
-    for line in (raw or b"").splitlines():
+    lines = (raw or b"").splitlines()
+    if len(lines) > MAX_REPORTS:  # a flood of lines: the newest are the members' own
+        bad += len(lines) - MAX_REPORTS
+        lines = lines[-MAX_REPORTS:]
+    for line in lines:
         if not line.strip():
             continue
         try:
