@@ -223,8 +223,27 @@ class Coordinator:
         ids = int(server.local_get(mb.IDS) or b"0")
         keys = dc.reads(self._ring, ids)
         snap = dc.TickReads(self._clock(), time.time(), {k: server.local_get(k) for k in keys})
+        before = self._ring.outcome
         self._ring, actions = dc.decide(self._ring, snap, self._settings, ids)
         self._apply(actions)
+        if before is JobOutcome.RUNNING and self._ring.outcome is not JobOutcome.RUNNING:
+            self._record_end()
+
+    def _record_end(self) -> None:
+        """The job ended: record it beside its snapshots (a daemon killed before its next
+        metrics period reads it there, and does not take the run for unfinished)."""
+        if self._vault is None:
+            return
+        s = dc.stats(self._ring)
+        end = {k: s[k] for k in ("outcome", "step", "epoch", "samples_done", "steps_lost",
+                                 "finished", "lost") if k in s}
+        end.update(failure=str(s.get("failure", ""))[:2000], time=time.time())
+        if "accuracy" in s:
+            end["accuracy"] = s["accuracy"]
+        try:
+            self._vault.record_end(end)
+        except Exception as e:  # noqa: BLE001 - the store: the daemon's metrics record it too
+            log.warning("the job's end was not recorded beside its snapshots: %s", e)
 
     def _apply(self, actions: list[dc.Action]) -> None:
         server = self._server

@@ -393,6 +393,15 @@ class Vault:
             log.warning("snapshot manifest %s refused: %s; never loaded (older ones are used), "
                         "left in place", name, why)
 
+    def record_end(self, end: dict[str, Any]) -> None:
+        """Record the job's end next to its snapshots (``END``: the outcome and progress,
+        signed like a manifest), so whoever reads the snapshots later (a daemon killed right
+        after the ring finished) never takes the run for unfinished."""
+        body = dict(end)
+        if self._key is not None:
+            body["mac"] = _sign(self._key, body)
+        self.store.put_bytes(END, json.dumps(body, sort_keys=True).encode())
+
     def published(self) -> bytes:
         """Every usable manifest, newest first, as the JSON list the coordinator publishes
         (``snapshot/all``)."""
@@ -407,6 +416,32 @@ class Vault:
         for m in self.manifests()[: -self.keep]:
             self.store.delete(f"{m.name}.json")  # incomplete first: never half a snapshot
             self.store.delete(m.name)
+
+
+END = "run.end.json"  # the job's end, recorded by the coordinator beside the snapshots
+
+
+def _sign(key: bytes, body: dict[str, Any]) -> str:
+    part = json.dumps({k: v for k, v in body.items() if k != "mac"}, sort_keys=True).encode()
+    return hmac.new(key, part, hashlib.sha256).hexdigest()
+
+
+def recorded_end(store: BlobStore, key: bytes | None) -> dict[str, Any] | None:
+    """The job's end recorded beside its snapshots (:meth:`Vault.record_end`), or None when
+    there is none, it does not parse, or (with ``key``) its signature does not hold."""
+    if END not in store.names():
+        return None
+    try:
+        d = mb.parse_json(store.read(END, 0, 64 << 10), "end", max_bytes=64 << 10,
+                          max_depth=3)
+    except (Malformed, OSError):
+        return None
+    if not isinstance(d, dict) or str(d.get("outcome")) not in ("done", "lost", "failed"):
+        return None
+    if key is not None and not hmac.compare_digest(str(d.get("mac", "")), _sign(key, d)):
+        log.warning("%s refused: its HMAC does not hold under this job's token", END)
+        return None
+    return d
 
 
 # -- the worker's side ---------------------------------------------------------------------
