@@ -583,10 +583,11 @@ def _publish(t: _Tick, new: Plan) -> None:
         t.set(draining={k: v for k, v in t.r.draining.items() if k != i})
         if tr is not None and i in new.drained:
             t.emit(EventKind.LEAVE, tr.name, detail=f"member {i} drained", generation=g)
-    for i in new.members:
-        tr = t.r.tracked[i]
+    for i in new.members:  # a member that does not hold the state yet is still joining
+        tr = t.r.tracked[i]  # (the daemon never counts it as the state's holder)
         t.put_tracked(replace(tr, state=MemberState.DRAINING if i in t.r.draining
-                              else MemberState.ACTIVE))
+                              else MemberState.ACTIVE if i in t.r.holders
+                              else MemberState.JOINING))
     t.emit(EventKind.GENERATION, ",".join(new.names),
            detail=f"published: {new.reason or 'membership change'}", generation=g,
            data={"members": list(new.members), "joined": list(new.joined),
@@ -623,6 +624,10 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
                generation=plan.generation, data={"step": step, "steps_lost": lost})
     t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation,
           holders=frozenset(plan.members))  # every member of a formed generation holds it
+    for m in plan.members:
+        tr = t.r.tracked.get(m)
+        if tr is not None and tr.state is MemberState.JOINING:
+            t.put_tracked(replace(tr, state=MemberState.ACTIVE))
     data = {"checksums": sums, "identical": len(sums) == 1, "steps_lost": lost,
             "step": max(r.step for r in reports.values()),
             "switch_ms": max(r.switch_ms for r in reports.values()),

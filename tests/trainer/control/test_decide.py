@@ -19,13 +19,14 @@ class World:
         self.now = 100.0
         self.ring = dc.ControlState()
         self.events: list[dc.Emit] = []
+        self.cfg = CFG
 
     def tick(self, dt: float = 0.05) -> list[dc.Action]:
         self.now += dt
         ids = int(self.kv.get(mb.IDS, b"0"))
         snap = dc.TickReads(self.now, 1e9 + self.now,
                            {k: self.kv.get(k) for k in dc.reads(self.ring, ids)})
-        self.ring, actions = dc.decide(self.ring, snap, CFG, ids)
+        self.ring, actions = dc.decide(self.ring, snap, self.cfg, ids)
         for a in actions:
             if isinstance(a, dc.Put):
                 self.kv[a.key] = a.value
