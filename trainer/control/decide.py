@@ -52,6 +52,8 @@ REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for 
 MAX_TICK_GAP_S = 0.5  # a longer gap between ticks is the coordinator's own pause
 KEEP_GENERATIONS = 16  # keys of older generations are deleted from the store
 ADOPT_WAIT_S = 3.0  # a restarted coordinator waits this long for every member to report
+BACKOFF_S = 0.25  # the first wait between generations that keep failing to form
+MAX_BACKOFF_S = 8.0  # the longest (active time)
 MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a token holder
 # bumping the counter by a billion must not make a tick scan a billion ids)
 
@@ -359,15 +361,41 @@ def _adopt(t: _Tick) -> None:
             t.put_tracked(Tracked(m, name, t.s.wall, hb=-1, hb_seen=now,
                                   state=MemberState.ACTIVE))
     g = best.generation
+    holders = proven_holders([by_id[m] for m in best.members if m in by_id])
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), best.to_json().encode()), Put(mb.LATEST, str(g).encode())]
-    t.set(plan=best, formed=True, formed_gen=g, holders=frozenset(best.members), adopted=True,
+    t.set(plan=best, formed=True, formed_gen=g, holders=holders, adopted=True,
           progress=replace(t.r.progress, step=max(r.step for r in reports)))
+    for m in best.members:  # a member that proves nothing is not counted as holding it
+        tr = t.r.tracked.get(m)
+        if tr is not None and m not in holders and tr.state is MemberState.ACTIVE:
+            t.put_tracked(replace(tr, state=MemberState.JOINING))
     t.emit(EventKind.ADOPTED, ",".join(best.names), generation=g,
            detail=f"took over generation {g} from its members' reports", data={
                "reported": sorted(by_id), "members": list(best.members)})
-    if any(m in by_id and not by_id[m].formed for m in best.members):
-        t.actions.append(Add(mb.k_broken(g), 1))  # it broke while nobody coordinated
+    if not holders or any(m in by_id and not by_id[m].formed for m in best.members):
+        # it broke while nobody coordinated, or no member proves the state: re-form (a
+        # generation of unproven members only resumes from a snapshot, never re-forms them)
+        t.actions.append(Add(mb.k_broken(g), 1))
+
+
+def proven_holders(reports: list[mb.Report]) -> frozenset[int]:
+    """The members whose reports prove they hold the newest committed state (pure): they
+    hold a state (``holds``: not fresh, no failed resume) at the newest step any of them
+    reports, and, where digests are given, the digest most of those share. The others are
+    not adopted as holders: a generation of them alone would break forever (issue 30.3: it
+    did, 1,092 times)."""
+    holding = [r for r in reports if r.holds]
+    if not holding:
+        return frozenset()
+    top = max(r.step for r in holding)
+    digests = [r.digest for r in holding if r.digest and r.step == top]
+    common = max(sorted(set(digests)), key=digests.count) if digests else ""
+    # members of a formed ring commit in lockstep, but report at their own moment while the
+    # ring trains on: one a step behind (formed) holds the state too
+    return frozenset(r.member_id for r in holding if (
+        (r.step == top and (not common or not r.digest or r.digest == common))
+        or (r.formed and r.step == top - 1)))
 
 
 def _hb_dead(t: _Tick) -> set[int]:
@@ -470,8 +498,20 @@ def _continue_rollcall(t: _Tick) -> None:
     if pending and (waited < t.cfg.rollcall_s
                     or (nobody and waited < t.cfg.heartbeat_timeout_s)):
         return
-    t.set(rollcall=None)
+    if waited < backoff_s(t.r.failures):
+        return  # generations keep failing to form: wait longer before the next one
+    t.set(rollcall=None, failures=t.r.failures + 1)
     _recover(t, plan, sorted(set(rc.dead) | pending), rc.why)
+
+
+def backoff_s(failures: int) -> float:
+    """How long a roll call waits at least before the next generation, after ``failures``
+    recoveries in a row with no generation formed (pure): 0 for the first, then
+    ``BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``. A generation that keeps breaking costs
+    a bounded number of attempts per minute, not hundreds."""
+    if failures < 1:
+        return 0.0
+    return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))
 
 
 def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
@@ -549,7 +589,7 @@ def _publish(t: _Tick, new: Plan) -> None:
     # the state exists (a holder had it, or a snapshot of it was ever listed): a plan
     # whose members hold none of it resumes the newest snapshot that has not failed; it
     # never starts over from step 1 (issue 30.2: it did, after a failed resume)
-    exists = bool(t.r.holders or listed or t.r.failed_snapshots)
+    exists = bool(t.r.holders or listed or t.r.failed_snapshots or t.r.progress.step > 0)
     if holderless and not new.resume and (exists or not new.members or t.r.plan is None):
         if usable:  # no member holds the state: the newest snapshot that loads does
             new = replace(new, resume=usable[0][0], fresh_start=False,
@@ -622,6 +662,7 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
         t.emit(EventKind.RESUMED, ",".join(plan.names),
                detail=f"resumed from the snapshot of step {step}; {lost} steps lost",
                generation=plan.generation, data={"step": step, "steps_lost": lost})
+    t.set(failures=0)
     t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation,
           holders=frozenset(plan.members))  # every member of a formed generation holds it
     for m in plan.members:

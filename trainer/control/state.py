@@ -83,6 +83,7 @@ class ControlState:
     holders: frozenset[int] = frozenset()  # members that hold the state (formed a generation)
     deferred: frozenset[int] = frozenset()  # draining holders kept: no other member holds it
     failed_snapshots: Mapping[str, str] = field(default_factory=dict)  # name -> why it failed
+    failures: int = 0  # recoveries in a row with no generation formed between (backoff)
     adopted: bool = False  # a restarted coordinator took over a running ring
     first_report: float | None = None  # active time of the first member report seen
     resumed_from: int | None = None  # the step of the snapshot the ring last resumed from

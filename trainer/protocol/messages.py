@@ -420,6 +420,8 @@ class Report(_Message):
     draining: str = ""
     formed: bool = True  # False: its group broke (or never formed) while nobody coordinated
     zone: str = ""
+    holds: bool = True  # it holds the training state (False: fresh, or its resume failed)
+    digest: str = ""  # a digest of the state it holds at ``step`` ("" when not computed)
 
 
     @classmethod
@@ -432,7 +434,8 @@ class Report(_Message):
                 _str(d, "job", "report", default="", limit=128),
                 max(0.0, _num(d, "prior", "report", default=0.0)),
                 _str(d, "draining", "report", default="", limit=512),
-                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128))
+                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128),
+                d.get("holds", True) is True, _str(d, "digest", "report", default="", limit=128))
         if r.plan:
             Plan.from_json(r.plan)  # validated here: a report with a bad plan is malformed
         return r

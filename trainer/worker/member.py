@@ -84,7 +84,8 @@ class Member:
         w, plan = self.w, self.plan
         return mb.Report(self.id, w.cfg.name, plan.to_json() if plan is not None else "",
                          w.state.progress.step, w.runtime.device_name, w.state.fingerprint,
-                         w.prior, w.notice or "", self.group is not None, w.cfg.zone)
+                         w.prior, w.notice or "", self.group is not None, w.cfg.zone,
+                         not self.fresh)
 
     def _away(self, e: Exception) -> None:
         """The coordinator did not answer: wait for it (training needs it only to change
