@@ -188,7 +188,8 @@ def members(ring: ControlState) -> list[mb.MemberInfo]:
     return [mb.MemberInfo(id=tr.member_id, name=tr.name,
                           generation=gen if tr.state is not MemberState.JOINING else 0,
                           batch=tr.batch, samples_per_s=tr.samples_per_s,
-                          state=tr.state.value, joined_at=tr.joined_at)
+                          state=tr.state.value, joined_at=tr.joined_at,
+                          kept=tr.member_id in ring.deferred)
             for _, tr in sorted(ring.tracked.items())]
 
 

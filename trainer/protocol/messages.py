@@ -575,7 +575,8 @@ class MemberInfo:
     """What :meth:`Coordinator.members` reports for one member or admitted joiner.
 
     ``state``: a :class:`MemberState` value. ``batch``: its local batch at the last reported
-    step (0 when unknown).
+    step (0 when unknown). ``kept``: it is draining, but the ring keeps it because no other
+    member holds the state yet (it leaves once a joiner does, or when it dies).
     """
 
     id: int
@@ -585,3 +586,4 @@ class MemberInfo:
     samples_per_s: float
     state: str
     joined_at: float
+    kept: bool = False
