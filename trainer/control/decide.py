@@ -304,9 +304,9 @@ def _drains(t: _Tick, plan: Plan | None, dead: Collection[int] = ()) -> list[int
     if defer and not set(defer) <= t.r.deferred:
         t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
         names = [t.r.tracked[m].name if m in t.r.tracked else str(m) for m in defer]
-        t.emit(EventKind.DRAIN, ",".join(names), generation=plan.generation,
-               detail="kept until a joiner holds the state or the notice window ends: no "
-               "other member holds it; a snapshot is asked for now")
+        t.emit(EventKind.DRAIN, "", generation=plan.generation,  # the ring's, no member's
+               detail=f"{', '.join(names)} kept until a joiner holds the state or the notice "
+               "window ends: no other member holds it; a snapshot is asked for now")
     t.set(deferred=frozenset(defer))
     return apply
 
@@ -414,7 +414,7 @@ def _resume_failures(t: _Tick) -> None:
         return
     why = raw[:300].decode(errors="replace") or "it could not be loaded"
     t.set(failed_snapshots={**t.r.failed_snapshots, name: why})
-    t.emit(EventKind.LOST, name, generation=plan.generation if plan else None,
+    t.emit(EventKind.LOST, "", generation=plan.generation if plan else None,  # no member's
            detail=f"snapshot {name} refused: {why}; the next older one is tried")
 
 
