@@ -33,12 +33,11 @@ after :func:`reads` of the same state; apply every action, in order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainer.control import plans
+from trainer.control import plans, resume
 from trainer.control.plans import Joiner
 from trainer.control.state import (  # noqa: F401 - the state and actions, re-exported for callers
     SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, ControlState, RollCall,
@@ -52,8 +51,6 @@ REFUSED_WATCH_S = 600.0  # how long a dropped member's heartbeat is watched for 
 MAX_TICK_GAP_S = 0.5  # a longer gap between ticks is the coordinator's own pause
 KEEP_GENERATIONS = 16  # keys of older generations are deleted from the store
 ADOPT_WAIT_S = 3.0  # a restarted coordinator waits this long for every member to report
-BACKOFF_S = 0.25  # the first wait between generations that keep failing to form
-MAX_BACKOFF_S = 8.0  # the longest (active time)
 MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a token holder
 # bumping the counter by a billion must not make a tick scan a billion ids)
 
@@ -79,20 +76,10 @@ def reads(ring: ControlState, ids: int) -> list[str]:
         keys += [mb.k_forming(g, m) for m in plan.members]
         if ring.formed_gen > 0:
             keys.append(mb.k_broken(ring.formed_gen))
-        name = _resume_name(plan)
+        name = resume.resume_name(plan)
         if name:
             keys.append(mb.k_resume_failed(name))
     return keys
-
-
-def _resume_name(plan: Plan) -> str:
-    """The name of the snapshot ``plan`` resumes from ("" when none)."""
-    if not plan.resume:
-        return ""
-    try:
-        return str(mb.parse_json(plan.resume, "resume", max_depth=1).get("name", ""))
-    except (Malformed, AttributeError):
-        return ""
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -327,13 +314,13 @@ def _adopt(t: _Tick) -> None:
         return
     if t.r.first_report is None:
         t.set(first_report=t.r.clock)
-    plans = {}
+    by_gen = {}
     for r in reports:
         if r.plan:
             p = Plan.from_json(r.plan)
-            plans[p.generation] = p
+            by_gen[p.generation] = p
     by_id = {r.member_id: r for r in reports}
-    best = plans[max(plans)] if plans else None
+    best = by_gen[max(by_gen)] if by_gen else None
     waited = t.r.clock - (t.r.first_report or t.r.clock)
     if best is not None and not set(best.members) <= set(by_id) and waited < ADOPT_WAIT_S:
         return
@@ -361,7 +348,7 @@ def _adopt(t: _Tick) -> None:
             t.put_tracked(Tracked(m, name, t.s.wall, hb=-1, hb_seen=now,
                                   state=MemberState.ACTIVE))
     g = best.generation
-    holders = proven_holders([by_id[m] for m in best.members if m in by_id])
+    holders = plans.proven_holders([by_id[m] for m in best.members if m in by_id])
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), best.to_json().encode()), Put(mb.LATEST, str(g).encode())]
     t.set(plan=best, formed=True, formed_gen=g, holders=holders, adopted=True,
@@ -379,24 +366,6 @@ def _adopt(t: _Tick) -> None:
         t.actions.append(Add(mb.k_broken(g), 1))
 
 
-def proven_holders(reports: list[mb.Report]) -> frozenset[int]:
-    """The members whose reports prove they hold the newest committed state (pure): they
-    hold a state (``holds``: not fresh, no failed resume) at the newest step any of them
-    reports, and, where digests are given, the digest most of those share. The others are
-    not adopted as holders: a generation of them alone would break forever (issue 30.3: it
-    did, 1,092 times)."""
-    holding = [r for r in reports if r.holds]
-    if not holding:
-        return frozenset()
-    top = max(r.step for r in holding)
-    digests = [r.digest for r in holding if r.digest and r.step == top]
-    common = max(sorted(set(digests)), key=digests.count) if digests else ""
-    # members of a formed ring commit in lockstep, but report at their own moment while the
-    # ring trains on: one a step behind (formed) holds the state too
-    return frozenset(r.member_id for r in holding if (
-        (r.step == top and (not common or not r.digest or r.digest == common))
-        or (r.formed and r.step == top - 1)))
-
 
 def _hb_dead(t: _Tick) -> set[int]:
     now, limit = t.r.clock, t.cfg.heartbeat_timeout_s
@@ -408,7 +377,7 @@ def _resume_failures(t: _Tick) -> None:
     """A member that could not load the snapshot its plan resumes from said why: that
     snapshot is never named again (the next older one is)."""
     plan = t.r.plan
-    name = _resume_name(plan) if plan is not None else ""
+    name = resume.resume_name(plan) if plan is not None else ""
     raw = t.s.get(mb.k_resume_failed(name)) if name else None
     if raw is None or name in t.r.failed_snapshots:
         return
@@ -498,20 +467,11 @@ def _continue_rollcall(t: _Tick) -> None:
     if pending and (waited < t.cfg.rollcall_s
                     or (nobody and waited < t.cfg.heartbeat_timeout_s)):
         return
-    if waited < backoff_s(t.r.failures):
+    if waited < plans.backoff_s(t.r.failures):
         return  # generations keep failing to form: wait longer before the next one
     t.set(rollcall=None, failures=t.r.failures + 1)
     _recover(t, plan, sorted(set(rc.dead) | pending), rc.why)
 
-
-def backoff_s(failures: int) -> float:
-    """How long a roll call waits at least before the next generation, after ``failures``
-    recoveries in a row with no generation formed (pure): 0 for the first, then
-    ``BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``. A generation that keeps breaking costs
-    a bounded number of attempts per minute, not hundreds."""
-    if failures < 1:
-        return 0.0
-    return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))
 
 
 def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
@@ -546,35 +506,10 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
 
 
 def _snapshots(t: _Tick) -> list[tuple[str, str, int]]:
-    """This job's complete snapshots, newest first: ``(manifest JSON, name, step)`` each,
-    from ``snapshot/all`` (or ``snapshot/latest`` alone, from a vault that lists none)."""
-    out = []
-    try:
-        listed = mb.parse_json(t.s.get(mb.SNAPSHOTS), "snapshots", max_depth=2)
-    except Malformed:
-        listed = None
-    if not isinstance(listed, list):
-        try:
-            listed = [mb.parse_json(t.s.get(mb.SNAPSHOT), "snapshot", max_depth=1)]
-        except Malformed:
-            return []
-    for d in listed[:64]:
-        try:
-            step, job, name = int(d["step"]), str(d.get("job", "")), str(d["name"])
-        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
-            continue
-        if t.r.job and job and job != t.r.job:
-            continue  # another job's snapshot: never loaded into this one
-        out.append((json.dumps(d, sort_keys=True), name, step))
-    return sorted(out, key=lambda x: -x[2])
+    """This job's complete snapshots, newest first (:func:`resume.listed`)."""
+    return resume.listed(t.s.get(mb.SNAPSHOTS), t.s.get(mb.SNAPSHOT), t.r.job)
 
 
-def _no_snapshot_loads(t: _Tick) -> str:
-    """Why no snapshot can restore the state: each one tried and why it failed."""
-    if not t.r.failed_snapshots:
-        return "and no snapshot"
-    return "and no snapshot loads (" + "; ".join(
-        f"{n}: {why}" for n, why in sorted(t.r.failed_snapshots.items())) + ")"
 
 
 def _publish(t: _Tick, new: Plan) -> None:
@@ -604,9 +539,9 @@ def _publish(t: _Tick, new: Plan) -> None:
                     "received it")
             new = replace(new, members=(), names=(), joined=(), zones=(), resume="",
                           fresh_start=False, reason=f"no member holding the state is left ({held}), "
-                          + _no_snapshot_loads(t))
+                          + resume.no_snapshot_loads(t.r.failed_snapshots))
         elif not new.members and t.r.failed_snapshots:
-            new = replace(new, resume="", reason=f"{new.reason}, " + _no_snapshot_loads(t))
+            new = replace(new, resume="", reason=f"{new.reason}, " + resume.no_snapshot_loads(t.r.failed_snapshots))
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from trainer.protocol.messages import Plan, member_key
+from trainer.protocol.messages import Plan, Report, member_key
+
+BACKOFF_S = 0.25  # the first wait between generations that keep failing to form
+MAX_BACKOFF_S = 8.0  # the longest (active time)
 
 
 def choose_backend(devices: Sequence[str]) -> str:
@@ -192,3 +195,32 @@ def reform_or_drop(
     if not drop or len(drop) == len(plan.members):
         return Reforms(members, count, step), ()
     return Reforms(), drop
+
+
+def proven_holders(reports: list[Report]) -> frozenset[int]:
+    """The members whose reports prove they hold the newest committed state (pure): they
+    hold a state (``holds``: not fresh, no failed resume) at the newest step any of them
+    reports, and, where digests are given, the digest most of those share. The others are
+    not adopted as holders: a generation of them alone would break forever (issue 30.3: it
+    did, 1,092 times)."""
+    holding = [r for r in reports if r.holds]
+    if not holding:
+        return frozenset()
+    top = max(r.step for r in holding)
+    digests = [r.digest for r in holding if r.digest and r.step == top]
+    common = max(sorted(set(digests)), key=digests.count) if digests else ""
+    # members of a formed ring commit in lockstep, but report at their own moment while the
+    # ring trains on: one a step behind (formed) holds the state too
+    return frozenset(r.member_id for r in holding if (
+        (r.step == top and (not common or not r.digest or r.digest == common))
+        or (r.formed and r.step == top - 1)))
+
+
+def backoff_s(failures: int) -> float:
+    """How long a roll call waits at least before the next generation, after ``failures``
+    recoveries in a row with no generation formed (pure): 0 for the first, then
+    ``BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``. A generation that keeps breaking costs
+    a bounded number of attempts per minute, not hundreds."""
+    if failures < 1:
+        return 0.0
+    return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from trainer.control import decide as dc
+from trainer.control import plans
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import EventKind, MemberState, JobOutcome
 
@@ -425,5 +426,6 @@ def test_generations_that_never_form_back_off() -> None:
             w.add(mb.k_broken(plan.generation))
         w.beat(a, b)
         w.tick()
-    assert dc.backoff_s(0) == 0 and dc.backoff_s(3) == 1.0 and dc.backoff_s(50) == dc.MAX_BACKOFF_S
+    assert plans.backoff_s(0) == 0 and plans.backoff_s(3) == 1.0
+    assert plans.backoff_s(50) == plans.MAX_BACKOFF_S
     assert len(gens) < 20, gens  # without backoff: one every roll call, ~100
