@@ -16,7 +16,8 @@ Figures (goal in brackets):
   ``--max-size`` [0];
 * ``orphans``: worker processes of the job alive once the run ended [0];
 * ``threads_per_worker_first`` / ``_last`` / ``threads_growth_max``: the thread count of each
-  worker when first and last seen, and the most any one grew [flat];
+  worker once settled (``SETTLE_S`` after it was first seen: past its boot) and when last
+  seen, and the most any one grew through the generations it lived [flat];
 * ``runs_lost``: the run ended ``lost`` [0]; ``runs_trained_twice``: the ring trained from
   step 1 again after it had passed a snapshot, or a start after the end trained again [0];
 * ``steps_redone_per_kill``: steps committed more than once (the ledger's ``steps_lost``)
@@ -48,6 +49,7 @@ if str(REPO) not in sys.path:
 log = logging.getLogger("chaos")
 
 SNAPSHOT_EVERY_S = 60  # simulated seconds (1 real second at --speed 60)
+SETTLE_S = 20.0  # a worker's threads are counted from this long after it was first seen
 
 
 def _wait(predicate: Any, timeout_s: float, step_s: float = 0.2) -> bool:
@@ -88,17 +90,21 @@ class Watch:
     def __init__(self, run: Any, max_size: int) -> None:
         self.run, self.max_size = run, max_size
         self.duplicates = 0
-        self.first: dict[int, int] = {}
+        self.seen: dict[int, float] = {}  # pid -> when first seen
+        self.first: dict[int, int] = {}  # pid -> threads once it settled (trained a while)
         self.last: dict[int, int] = {}
 
     def sample(self) -> list[dict[str, Any]]:
         live = self.run.workers()
         self.duplicates = max(self.duplicates, len(live) - self.max_size)
+        now = time.monotonic()
         for r in live:
-            n = _threads(int(r["pid"]))
-            if n is not None:
-                self.first.setdefault(int(r["pid"]), n)
-                self.last[int(r["pid"])] = n
+            pid = int(r["pid"])
+            self.seen.setdefault(pid, now)
+            n = _threads(pid)
+            if n is not None and now - self.seen[pid] >= SETTLE_S:  # past its boot
+                self.first.setdefault(pid, n)
+                self.last[pid] = n
         return live
 
 
