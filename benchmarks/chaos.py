@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=240.0,
                         help="how long the ring may take to move on after a kill")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the runs' work directories under this folder")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     for name, v in (("--kills", args.kills), ("--epochs", args.epochs),
@@ -233,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="spotring-chaos-") as tmp:
-        figures = chaos_run(Path(tmp), args)
-        figures.update(baseline_run(Path(tmp), args))
+        root = Path(tmp) if args.keep is None else args.keep
+        root.mkdir(parents=True, exist_ok=True)
+        figures = chaos_run(root, args)
+        figures.update(baseline_run(root, args))
     base = figures.get("baseline_spend_usd") or 0.0
     figures["spend_ratio"] = round(figures["spend_usd"] / base, 3) if base else None
     figures["snapshot_interval_s"] = SNAPSHOT_EVERY_S

@@ -198,22 +198,21 @@ def reform_or_drop(
 
 
 def proven_holders(reports: list[Report]) -> frozenset[int]:
-    """The members whose reports prove they hold the newest committed state (pure): they
-    hold a state (``holds``: not fresh, no failed resume) at the newest step any of them
-    reports, and, where digests are given, the digest most of those share. The others are
-    not adopted as holders: a generation of them alone would break forever (issue 30.3: it
-    did, 1,092 times)."""
+    """The members whose reports prove they hold the ring's state (pure): they hold one
+    (``holds``: not fresh, no failed resume) and, where reports at the same step carry
+    digests, theirs is the one most of those share. Steps are not compared across members:
+    a formed ring commits in lockstep, but its members report at their own moments while it
+    trains on (they differ by several steps; the state transfer of the next generation
+    agrees on the newest). The others are not adopted as holders: a generation of them alone
+    would break forever (issue 30.3: it did, 1,092 times)."""
     holding = [r for r in reports if r.holds]
-    if not holding:
-        return frozenset()
-    top = max(r.step for r in holding)
-    digests = [r.digest for r in holding if r.digest and r.step == top]
-    common = max(sorted(set(digests)), key=digests.count) if digests else ""
-    # members of a formed ring commit in lockstep, but report at their own moment while the
-    # ring trains on: one a step behind (formed) holds the state too
-    return frozenset(r.member_id for r in holding if (
-        (r.step == top and (not common or not r.digest or r.digest == common))
-        or (r.formed and r.step == top - 1)))
+    by_step: dict[int, list[str]] = {}
+    for r in holding:
+        if r.digest:
+            by_step.setdefault(r.step, []).append(r.digest)
+    common = {step: max(sorted(set(ds)), key=ds.count) for step, ds in by_step.items()}
+    return frozenset(r.member_id for r in holding
+                     if not r.digest or r.digest == common.get(r.step, r.digest))
 
 
 def backoff_s(failures: int) -> float:

@@ -80,3 +80,17 @@ def test_instance_of_agrees_with_the_provisioner() -> None:
     for name in ("i-0abc", "i-0abc/3", "us-central1-a/sr-1a-0/1", "loc-1/0", "a", "x/", "/3",
                  "zone/name-9"):
         assert instance_of(name) == prov(name), name
+
+
+def test_proven_holders_hold_a_state_and_share_the_digest_of_their_step() -> None:
+    from trainer.control.plans import proven_holders
+    from trainer.protocol.messages import Report
+
+    def rep(m: int, step: int, holds: bool = True, digest: str = "") -> Report:
+        return Report(m, f"w{m}", step=step, holds=holds, digest=digest)
+
+    # reported at different moments while the ring trained on: all hold it
+    assert proven_holders([rep(1, 100), rep(2, 104), rep(3, 97)]) == {1, 2, 3}
+    assert proven_holders([rep(1, 0, holds=False), rep(2, 0, holds=False)]) == frozenset()
+    assert proven_holders([rep(1, 50, digest="x"), rep(2, 50, digest="x"),
+                           rep(3, 50, digest="y"), rep(4, 52, digest="z")]) == {1, 2, 4}
