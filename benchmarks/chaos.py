@@ -199,7 +199,7 @@ def baseline_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The same job with no fault: its spend and steps."""
     from tests.fakes.local_run import RunProcess
 
-    run = RunProcess(root / "b", *_flags(args), config=_config(root))
+    run = RunProcess(root / "b", *_flags(args), config=_config(root), log_name="baseline.log")
     try:
         run.start()
         code = run.wait(args.timeout_s * 4)
