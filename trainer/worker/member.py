@@ -133,14 +133,19 @@ class Member:
         except (ControlLost, ControlTimeout):
             pass  # a coordinator that is away learns it from the members' reports
 
-    def drop_group(self) -> None:
-        """The generation ended or broke: the mode frees its machinery, the group is
-        aborted and kept until exit (:func:`trainer.collective.groups.bury`)."""
+    def drop_group(self, *, clean: bool = False) -> None:
+        """The generation ended (``clean``: no collective in flight) or broke: the mode frees
+        its machinery; the group is destroyed off this path, at once when clean
+        (:func:`trainer.collective.groups.release`), else after the collective timeout
+        (:func:`trainer.collective.groups.bury`)."""
         self.mode.drop()
         if self.group is not None:
-            self.group.abort()
-            groups.bury(self.group)
-            self.group = None
+            group, self.group = self.group, None
+            group.abort()
+            if clean:
+                groups.release(group)
+            else:
+                groups.bury(group)
 
     def _ask_drain(self) -> None:
         if self.w.notice is not None and not self.drain_sent:
@@ -194,7 +199,7 @@ class Member:
                         return self.fail(f"job {self.w.cfg.job}: {e}", e.exc)
                     return MemberOutcome.FINISHED
                 if newest > plan.generation:
-                    self.drop_group()  # the old group is finished with; kept until exit
+                    self.drop_group(clean=True)  # the old group is finished with
         except StateLost as e:  # raised while forming: the job cannot go on
             return self.fail(f"job {self.w.cfg.job}: the job is lost: {e}")
         finally:
