@@ -49,7 +49,7 @@ if str(REPO) not in sys.path:
 log = logging.getLogger("chaos")
 
 SNAPSHOT_EVERY_S = 60  # simulated seconds (1 real second at --speed 60)
-SETTLE_S = 20.0  # a worker's threads are counted from this long after it was first seen
+SETTLE_S = 30.0  # a worker's threads are counted from this long after it was first seen
 
 
 def _wait(predicate: Any, timeout_s: float, step_s: float = 0.2) -> bool:
