@@ -59,6 +59,7 @@ class _Job(SimpleNamespace):
 
 class _Heartbeat:
     export = 0
+    snapshot_now = 0  # the coordinator's requests for a snapshot now (none here)
     stats: str | None = None
     report = None
 
