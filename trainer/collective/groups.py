@@ -43,7 +43,8 @@ from trainer.protocol.store_client import ControlStore
 
 log = logging.getLogger(__name__)
 
-GRAVE_S = 300.0  # a broken group is destroyed this long after it broke (past any timeout)
+GRAVE_S = 60.0  # a broken group is destroyed this long after it broke (6x the default
+# collective timeout; a longer --collective-timeout only makes the reaper thread wait)
 WAIT_SLICE_S = 0.05
 _SLICE = datetime.timedelta(seconds=WAIT_SLICE_S)
 
