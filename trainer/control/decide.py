@@ -360,6 +360,8 @@ def _adopt(t: _Tick) -> None:
     t.emit(EventKind.ADOPTED, ",".join(best.names), generation=g,
            detail=f"took over generation {g} from its members' reports", data={
                "reported": sorted(by_id), "members": list(best.members)})
+    if holders:  # rank 0's snapshots failed while nobody coordinated: one now
+        t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
     if not holders or any(m in by_id and not by_id[m].formed for m in best.members):
         # it broke while nobody coordinated, or no member proves the state: re-form (a
         # generation of unproven members only resumes from a snapshot, never re-forms them)

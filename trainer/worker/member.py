@@ -349,7 +349,8 @@ class Member:
         if export:
             assert self.hb is not None
             self.export_seen = self.hb.export
-        asked = self.hb is not None and self.hb.snapshot_now > self.snapshot_seen
+        # != not >: a restarted coordinator counts from 0 again (and asks at once)
+        asked = self.hb is not None and self.hb.snapshot_now != self.snapshot_seen
         if asked:
             assert self.hb is not None
             self.snapshot_seen = self.hb.snapshot_now  # a notice would leave no holder

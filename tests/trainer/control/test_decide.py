@@ -395,6 +395,7 @@ def test_a_restarted_coordinator_adopts_members_that_prove_the_state() -> None:
     w.tick()
     assert w.ring.adopted and w.ring.holders == {11, 12}
     assert w.kv.get(mb.k_broken(7), b"0") == b"0"  # no step lost for the restart
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # those missed while it was away: one at once
 
 
 def test_unproven_members_are_not_adopted_as_holders_they_resume_the_snapshot() -> None:
