@@ -14,6 +14,7 @@ coordinator's, a driver's) is made here.
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,8 @@ from provisioner.plan.objective import planner_input
 from provisioner.plan.pipeline import Planner
 from provisioner.plan.throughput import ThroughputModel
 from provisioner.timing import Intervals
+
+log = logging.getLogger(__name__)
 
 
 def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, state: State, *,
@@ -75,6 +78,31 @@ def snapshot_url(settings: Settings, default_dir: Path) -> str | None:
     if "://" not in base:
         base = Path(base).resolve().as_uri()
     return f"{base}/{settings.job.id}"
+
+
+def with_recorded_end(ring: Mapping[str, Any] | None, settings: Settings,
+                      url: str | None, token: bytes | None) -> dict[str, Any]:
+    """The ring's last recorded stats, completed by the end its coordinator recorded beside
+    the snapshots at ``url`` (``trainer.state.snapshot.recorded_end``: signed with the token):
+    a daemon killed less than a metrics period after the ring finished did not record that
+    end itself, and must not take the run for unfinished. Reads only; never creates."""
+    out = dict(ring or {})
+    if not url or not token or out.get("finished"):
+        return out
+    if url.startswith("file://") and not Path(url[len("file://"):]).is_dir():
+        return out
+    try:
+        from trainer.protocol.admission import derive_key
+        from trainer.state.snapshot import open_store, recorded_end
+
+        end = recorded_end(open_store(_trainer_snapshot(settings.snapshot, url)),
+                           derive_key(token, b"snapshot manifest"))
+    except Exception as exc:  # noqa: BLE001 - a store unreachable now: the stats decide
+        log.warning("the ring's recorded end at %s could not be read: %s", url, exc)
+        return out
+    if end:
+        out.update(end, finished=True)
+    return out
 
 
 def make_coordinator(host: str, port: int, token: bytes, *,

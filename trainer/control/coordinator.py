@@ -35,8 +35,9 @@ from typing import Any
 from trainer.control import decide as dc
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import MemberInfo, JobOutcome, Plan
+from trainer.protocol.admission import derive_key
 from trainer.protocol.store import StoreServer, raise_fd_limit, stats_of
-from trainer.state.snapshot import SnapshotSettings, Vault, open_store
+from trainer.state.snapshot import Manifest, SnapshotSettings, Vault, open_store
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +91,11 @@ class Coordinator:
         raise_fd_limit()
         if self._snapshot is not None:
             self._vault = Vault(open_store(self._snapshot), keep=self._snapshot.keep,
-                                on_commit=lambda m: self._server.local_set(mb.SNAPSHOT, m)
-                                if self._server is not None else None)
+                                on_commit=self._snapshot_committed,
+                                key=derive_key(self._token, b"snapshot manifest"))
         self._server = StoreServer(self._host, self._port, self._token, blobs=self._vault)
         self._server.start()
-        for key in (mb.LATEST, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT):
+        for key in (mb.LATEST, mb.DRAINS, mb.DONES, mb.ERRORS, mb.EXPORT, mb.SNAPSHOT_NOW):
             self._server.local_add(key, 0)
         # member ids of this incarnation start above any an earlier one handed out (a
         # restarted coordinator adopts members that keep their ids)
@@ -106,7 +107,7 @@ class Coordinator:
         if self._vault is not None:
             latest = self._vault.latest()  # a snapshot of an earlier incarnation counts
             if latest is not None:
-                self._server.local_set(mb.SNAPSHOT, latest.to_json().encode())
+                self._snapshot_committed(latest.to_json().encode())
             cfg = self._snapshot
             assert cfg is not None
             self._server.local_set(mb.SNAPSHOT_CONFIG, json.dumps(
@@ -115,6 +116,13 @@ class Coordinator:
                                         daemon=True)
         self._thread.start()
         log.info("coordinator listening on %s:%d", *self.address)
+
+    def _snapshot_committed(self, manifest: bytes) -> None:
+        """Publish the newest manifest and the list of every usable one (newest first: the
+        decision tries them in turn when a resume fails)."""
+        if self._server is not None and self._vault is not None:
+            self._server.local_set(mb.SNAPSHOTS, self._vault.published())
+            self._server.local_set(mb.SNAPSHOT, manifest)
 
     def stop(self) -> None:
         """Stop the protocol thread and close the store (workers then lose the coordinator)."""
@@ -169,10 +177,10 @@ class Coordinator:
             out["rejected"] = stats_of(self._server.counters)
             raw = self._server.local_get(mb.SNAPSHOT)
             try:
-                m = json.loads(raw) if raw else None
-                out["snapshot"] = ({"step": int(m["step"]), "time": float(m["time"]),
-                                    "bytes": int(m["bytes"])} if m else None)
-            except (ValueError, KeyError, TypeError):
+                m = Manifest.parse(raw) if raw else None
+                out["snapshot"] = ({"step": m.step, "time": m.time, "bytes": m.bytes}
+                                   if m else None)
+            except ValueError:
                 out["snapshot"] = None
         return out
 
@@ -215,8 +223,27 @@ class Coordinator:
         ids = int(server.local_get(mb.IDS) or b"0")
         keys = dc.reads(self._ring, ids)
         snap = dc.TickReads(self._clock(), time.time(), {k: server.local_get(k) for k in keys})
+        before = self._ring.outcome
         self._ring, actions = dc.decide(self._ring, snap, self._settings, ids)
         self._apply(actions)
+        if before is JobOutcome.RUNNING and self._ring.outcome is not JobOutcome.RUNNING:
+            self._record_end()
+
+    def _record_end(self) -> None:
+        """The job ended: record it beside its snapshots (a daemon killed before its next
+        metrics period reads it there, and does not take the run for unfinished)."""
+        if self._vault is None:
+            return
+        s = dc.stats(self._ring)
+        end = {k: s[k] for k in ("outcome", "step", "epoch", "samples_done", "steps_lost",
+                                 "finished", "lost") if k in s}
+        end.update(failure=str(s.get("failure", ""))[:2000], time=time.time())
+        if "accuracy" in s:
+            end["accuracy"] = s["accuracy"]
+        try:
+            self._vault.record_end(end)
+        except Exception as e:  # noqa: BLE001 - the store: the daemon's metrics record it too
+            log.warning("the job's end was not recorded beside its snapshots: %s", e)
 
     def _apply(self, actions: list[dc.Action]) -> None:
         server = self._server

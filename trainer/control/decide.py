@@ -33,12 +33,11 @@ after :func:`reads` of the same state; apply every action, in order.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainer.control import plans
+from trainer.control import plans, resume
 from trainer.control.plans import Joiner
 from trainer.control.state import (  # noqa: F401 - the state and actions, re-exported for callers
     SPEED_POLL_S, Action, Add, Delete, DeletePrefix, Dropped, Emit, Put, ControlState, RollCall,
@@ -62,7 +61,7 @@ MAX_NEW_IDS = 1024  # ids taken since the last tick that one tick looks at (a to
 
 def reads(ring: ControlState, ids: int) -> list[str]:
     """The keys one tick reads, given the current value of the ``ids`` counter."""
-    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT]
+    keys = [mb.DRAINS, mb.DONES, mb.ERRORS, mb.STATS, mb.SNAPSHOT, mb.SNAPSHOTS]
     if ring.plan is None:
         keys.append(mb.REPORTS)  # a restarted coordinator: the members' accounts
     keys += [mb.k_hello(i) for i in sorted(set(ring.unseen) | set(
@@ -78,6 +77,9 @@ def reads(ring: ControlState, ids: int) -> list[str]:
         keys += [mb.k_forming(g, m) for m in plan.members]
         if ring.formed_gen > 0:
             keys.append(mb.k_broken(ring.formed_gen))
+        name = resume.resume_name(plan)
+        if name:
+            keys.append(mb.k_resume_failed(name))
     return keys
 
 
@@ -224,9 +226,8 @@ def _new_reports(t: _Tick, counter: str, key: Any, skip: Any, parse: Any,
 def _reports(t: _Tick) -> None:
     for m, tr, reason in _new_reports(t, mb.DRAINS, mb.k_drain, t.r.draining, mb.parse_drain,
                                       keep_malformed="drain requested"):
-        t.set(draining={**t.r.draining, m: reason})
-        t.put_tracked(replace(tr, state=MemberState.DRAINING))
-        t.emit(EventKind.DRAIN, tr.name, detail=reason)
+        t.r, emits = _mark_draining(t.r, m, reason)
+        t.actions += emits
     for m, tr, done in _new_reports(t, mb.DONES, mb.k_done, t.r.done, mb.Done.parse):
         t.set(done=t.r.done | {m}, done_sums={**t.r.done_sums, m: (done.step, done.checksum)})
         t.emit(EventKind.LEAVE, tr.name, detail=f"finished at step {done.step}",
@@ -266,12 +267,42 @@ def _reports(t: _Tick) -> None:
             t.put_tracked(replace(tr, samples_per_s=sp.samples_per_s or tr.samples_per_s,
                                   batch=sp.batch))
     plan = t.r.plan
-    if (t.r.outcome is JobOutcome.RUNNING and plan is not None and plan.members
-            and all(m in t.r.done for m in plan.members)):
+    if t.r.outcome is JobOutcome.RUNNING and plan is not None and plan.members and (
+            all(m in t.r.done for m in plan.members) or _holders_finished(t, plan)):
         t.set(outcome=JobOutcome.DONE)
         t.actions.append(Put(mb.FINISHED, b"done"))
         t.emit(EventKind.FINISHED, ",".join(plan.names), detail="every member finished",
                generation=plan.generation)
+
+
+def _holders_finished(t: _Tick, plan: Plan) -> bool:
+    """Did the state reach the job's end? Every member of ``plan`` that holds the state
+    finished (or, having finished some, the others died): joiners that never received the
+    state do not count. (A holder finishes at the step boundary where the job ends, before
+    it would form a generation published for joiners meanwhile; that generation never forms,
+    and its joiners alone are no reason to call the job lost.)"""
+    holding = [m for m in plan.members if m in t.r.holders]
+    finished = [m for m in holding if m in t.r.done]
+    return bool(finished) and all(m in t.r.done or m in _hb_dead(t) for m in holding)
+
+
+def _drains(t: _Tick, plan: Plan | None, dead: Collection[int] = ()) -> list[int]:
+    """The drains of ``plan``'s members to apply now (:func:`plans.drains_now`); the draining
+    holders kept because no other member holds the state are recorded, and the first time a
+    drain is kept so, rank 0 is asked for a snapshot at once (the final one, should their
+    notice window end before a joiner holds the state)."""
+    draining = [m for m in t.r.draining if plan is None or m in plan.members]
+    if plan is None:
+        return draining
+    apply, defer = plans.drains_now(plan.members, t.r.holders, draining, dead)
+    if defer and not set(defer) <= t.r.deferred:
+        t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
+        names = [t.r.tracked[m].name if m in t.r.tracked else str(m) for m in defer]
+        t.emit(EventKind.DRAIN, "", generation=plan.generation,  # the ring's, no member's
+               detail=f"{', '.join(names)} kept until a joiner holds the state or the notice "
+               "window ends: no other member holds it; a snapshot is asked for now")
+    t.set(deferred=frozenset(defer))
+    return apply
 
 
 def _adopt(t: _Tick) -> None:
@@ -290,13 +321,13 @@ def _adopt(t: _Tick) -> None:
         return
     if t.r.first_report is None:
         t.set(first_report=t.r.clock)
-    plans = {}
+    by_gen = {}
     for r in reports:
         if r.plan:
             p = Plan.from_json(r.plan)
-            plans[p.generation] = p
+            by_gen[p.generation] = p
     by_id = {r.member_id: r for r in reports}
-    best = plans[max(plans)] if plans else None
+    best = by_gen[max(by_gen)] if by_gen else None
     waited = t.r.clock - (t.r.first_report or t.r.clock)
     if best is not None and not set(best.members) <= set(by_id) and waited < ADOPT_WAIT_S:
         return
@@ -324,15 +355,25 @@ def _adopt(t: _Tick) -> None:
             t.put_tracked(Tracked(m, name, t.s.wall, hb=-1, hb_seen=now,
                                   state=MemberState.ACTIVE))
     g = best.generation
+    holders = plans.proven_holders([by_id[m] for m in best.members if m in by_id])
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), best.to_json().encode()), Put(mb.LATEST, str(g).encode())]
-    t.set(plan=best, formed=True, formed_gen=g, holders=frozenset(best.members), adopted=True,
+    t.set(plan=best, formed=True, formed_gen=g, holders=holders, adopted=True,
           progress=replace(t.r.progress, step=max(r.step for r in reports)))
+    for m in best.members:  # a member that proves nothing is not counted as holding it
+        tr = t.r.tracked.get(m)
+        if tr is not None and m not in holders and tr.state is MemberState.ACTIVE:
+            t.put_tracked(replace(tr, state=MemberState.JOINING))
     t.emit(EventKind.ADOPTED, ",".join(best.names), generation=g,
            detail=f"took over generation {g} from its members' reports", data={
                "reported": sorted(by_id), "members": list(best.members)})
-    if any(m in by_id and not by_id[m].formed for m in best.members):
-        t.actions.append(Add(mb.k_broken(g), 1))  # it broke while nobody coordinated
+    if holders:  # rank 0's snapshots failed while nobody coordinated: one now
+        t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
+    if not holders or any(m in by_id and not by_id[m].formed for m in best.members):
+        # it broke while nobody coordinated, or no member proves the state: re-form (a
+        # generation of unproven members only resumes from a snapshot, never re-forms them)
+        t.actions.append(Add(mb.k_broken(g), 1))
+
 
 
 def _hb_dead(t: _Tick) -> set[int]:
@@ -341,7 +382,22 @@ def _hb_dead(t: _Tick) -> set[int]:
             if m not in t.r.done and now - tr.hb_seen > limit}
 
 
+def _resume_failures(t: _Tick) -> None:
+    """A member that could not load the snapshot its plan resumes from said why: that
+    snapshot is never named again (the next older one is)."""
+    plan = t.r.plan
+    name = resume.resume_name(plan) if plan is not None else ""
+    raw = t.s.get(mb.k_resume_failed(name)) if name else None
+    if raw is None or name in t.r.failed_snapshots:
+        return
+    why = raw[:300].decode(errors="replace") or "it could not be loaded"
+    t.set(failed_snapshots={**t.r.failed_snapshots, name: why})
+    t.emit(EventKind.LOST, "", generation=plan.generation if plan else None,  # no member's
+           detail=f"snapshot {name} refused: {why}; the next older one is tried")
+
+
 def _generations(t: _Tick) -> None:
+    _resume_failures(t)
     dead_now = _hb_dead(t)
     for i in [j for j in t.r.ready if j in dead_now]:
         t.set(ready=tuple(j for j in t.r.ready if j != i))
@@ -385,10 +441,10 @@ def _generations(t: _Tick) -> None:
                              joined=tuple(j.member_id for j in ready),
                              priors={mb.member_key(j.name, j.member_id): j.samples_per_s
                                      for j in ready},
-                             reason="members to resume from the snapshot", job=plan.job,
-                             resume=plan.resume))
+                             reason="members to resume from the snapshot", job=plan.job))
+            # (no resume named here: _publish names the newest snapshot that has not failed)
         return  # the ring is gone (no member held the state), or waits for members
-    draining = [m for m in t.r.draining if plan is None or m in plan.members]
+    draining = _drains(t, plan)
     new = plans.next_plan(plan, _joiners(t, ()), draining, [],
                        initial_world=t.cfg.initial_world, job=t.r.job)
     if new is not None:
@@ -420,13 +476,16 @@ def _continue_rollcall(t: _Tick) -> None:
     if pending and (waited < t.cfg.rollcall_s
                     or (nobody and waited < t.cfg.heartbeat_timeout_s)):
         return
-    t.set(rollcall=None)
+    if waited < plans.backoff_s(t.r.failures):
+        return  # generations keep failing to form: wait longer before the next one
+    t.set(rollcall=None, failures=t.r.failures + 1)
     _recover(t, plan, sorted(set(rc.dead) | pending), rc.why)
+
 
 
 def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     ready = _joiners(t, dead)
-    draining = [m for m in t.r.draining if m in plan.members]
+    draining = _drains(t, plan, dead)
     reason = f"{why}; dropped {dead}" if dead else f"{why}; every member answered"
     if dead or plans.next_plan(plan, ready, draining, []) is not None:
         t.set(reforms=plans.Reforms())
@@ -455,19 +514,11 @@ def _recover(t: _Tick, plan: Plan, dead: list[int], why: str) -> None:
     _publish(t, new)
 
 
-def _snapshot(t: _Tick) -> tuple[str, int] | None:
-    """The newest complete snapshot of this job: ``(manifest JSON, step)``, or None."""
-    raw = t.s.get(mb.SNAPSHOT)
-    if not raw:
-        return None
-    try:
-        d = json.loads(raw)
-        step, job = int(d["step"]), str(d.get("job", ""))
-    except (ValueError, KeyError, TypeError):
-        return None
-    if t.r.job and job and job != t.r.job:
-        return None  # another job's snapshot: never loaded into this one
-    return raw.decode(), step
+def _snapshots(t: _Tick) -> list[tuple[str, str, int]]:
+    """This job's complete snapshots, newest first (:func:`resume.listed`)."""
+    return resume.listed(t.s.get(mb.SNAPSHOTS), t.s.get(mb.SNAPSHOT), t.r.job)
+
+
 
 
 def _publish(t: _Tick, new: Plan) -> None:
@@ -477,21 +528,29 @@ def _publish(t: _Tick, new: Plan) -> None:
         fresh_start=not t.r.holders and not new.resume,
         zones=tuple(t.r.tracked[m].zone if m in t.r.tracked else "" for m in new.members))
     holderless = not set(new.members) & t.r.holders
-    if holderless and not new.resume and (t.r.holders or not new.members
-                                          or t.r.plan is None):
-        snap = _snapshot(t)
-        if snap is not None:  # no member holds the state: the newest snapshot does
-            new = replace(new, resume=snap[0], fresh_start=False,
+    listed = _snapshots(t)
+    usable = [x for x in listed if x[1] not in t.r.failed_snapshots]
+    # the state exists (a holder had it, or a snapshot of it was ever listed): a plan
+    # whose members hold none of it resumes the newest snapshot that has not failed; it
+    # never starts over from step 1 (issue 30.2: it did, after a failed resume)
+    exists = bool(t.r.holders or listed or t.r.failed_snapshots or t.r.progress.step > 0)
+    if holderless and not new.resume and (exists or not new.members or t.r.plan is None):
+        if usable:  # no member holds the state: the newest snapshot that loads does
+            new = replace(new, resume=usable[0][0], fresh_start=False,
                           reason=(new.reason + "; " if new.reason else "")
-                          + f"resuming from the snapshot of step {snap[1]}")
-        elif new.members and t.r.holders:
+                          + f"resuming from the snapshot of step {usable[0][2]}")
+        elif new.members and exists:
             # the state existed and nobody left holds it (only joiners that never received
             # it): forming them would fail forever (it did, 1,171 times); the job is lost
             lost = sorted(t.r.holders)
-            new = replace(new, members=(), names=(), joined=(), zones=(),
-                          reason=f"no member holding the state is left (it was held by "
-                          f"{lost}; the members left, {list(new.members)}, never received "
-                          "it), and no snapshot")
+            held = (f"it was held by {lost}; the members left, {list(new.members)}, never "
+                    "received it" if lost else f"the members, {list(new.members)}, never "
+                    "received it")
+            new = replace(new, members=(), names=(), joined=(), zones=(), resume="",
+                          fresh_start=False, reason=f"no member holding the state is left ({held}), "
+                          + resume.no_snapshot_loads(t.r.failed_snapshots))
+        elif not new.members and t.r.failed_snapshots:
+            new = replace(new, resume="", reason=f"{new.reason}, " + resume.no_snapshot_loads(t.r.failed_snapshots))
     # broken/<n> exists before gen/latest moves: members multi_get it with gen/latest
     t.actions += [Add(mb.k_broken(g), 0), Add(mb.k_formed_count(g), 0),
                   Put(mb.k_plan(g), new.to_json().encode()), Put(mb.LATEST, str(g).encode())]
@@ -508,10 +567,11 @@ def _publish(t: _Tick, new: Plan) -> None:
         t.set(draining={k: v for k, v in t.r.draining.items() if k != i})
         if tr is not None and i in new.drained:
             t.emit(EventKind.LEAVE, tr.name, detail=f"member {i} drained", generation=g)
-    for i in new.members:
-        tr = t.r.tracked[i]
+    for i in new.members:  # a member that does not hold the state yet is still joining
+        tr = t.r.tracked[i]  # (the daemon never counts it as the state's holder)
         t.put_tracked(replace(tr, state=MemberState.DRAINING if i in t.r.draining
-                              else MemberState.ACTIVE))
+                              else MemberState.ACTIVE if i in t.r.holders
+                              else MemberState.JOINING))
     t.emit(EventKind.GENERATION, ",".join(new.names),
            detail=f"published: {new.reason or 'membership change'}", generation=g,
            data={"members": list(new.members), "joined": list(new.joined),
@@ -546,8 +606,13 @@ def _on_formed(t: _Tick, plan: Plan) -> None:
         t.emit(EventKind.RESUMED, ",".join(plan.names),
                detail=f"resumed from the snapshot of step {step}; {lost} steps lost",
                generation=plan.generation, data={"step": step, "steps_lost": lost})
+    t.set(failures=0)
     t.set(steps_lost=t.r.steps_lost + lost, formed=True, formed_gen=plan.generation,
           holders=frozenset(plan.members))  # every member of a formed generation holds it
+    for m in plan.members:
+        tr = t.r.tracked.get(m)
+        if tr is not None and tr.state is MemberState.JOINING:
+            t.put_tracked(replace(tr, state=MemberState.ACTIVE))
     data = {"checksums": sums, "identical": len(sums) == 1, "steps_lost": lost,
             "step": max(r.step for r in reports.values()),
             "switch_ms": max(r.switch_ms for r in reports.values()),
@@ -585,8 +650,24 @@ def command_drain(ring: ControlState, name: str, reason: str
     """
     for m, tr in sorted(ring.tracked.items()):
         if tr.name == name and m not in ring.draining:
-            ring = replace(ring, draining={**ring.draining, m: reason},
-                           tracked={**ring.tracked,
-                                    m: replace(tr, state=MemberState.DRAINING)})
-            return ring, [Emit(EventKind.DRAIN, name, reason)], True
+            ring, emits = _mark_draining(ring, m, reason)
+            return ring, list(emits), True
     return ring, [], False
+
+
+def _mark_draining(ring: ControlState, member_id: int, reason: str
+                   ) -> tuple[ControlState, list[Action]]:
+    """``member_id`` drains, and with it every other member of its instance (one worker per
+    GPU, :func:`plans.instance_of`): an instance leaves whole, so its members leave in one
+    generation, whichever of their drains arrives first (pure)."""
+    tr = ring.tracked[member_id]
+    inst = plans.instance_of(tr.name)
+    out: list[Action] = []
+    for m, other in sorted(ring.tracked.items()):
+        if m in ring.draining or (m != member_id and plans.instance_of(other.name) != inst):
+            continue
+        ring = replace(ring, draining={**ring.draining, m: reason},
+                       tracked={**ring.tracked, m: replace(other, state=MemberState.DRAINING)})
+        out.append(Emit(EventKind.DRAIN, other.name, reason if m == member_id else
+                        f"{reason} (its instance {inst} leaves with {tr.name})"))
+    return ring, out

@@ -2,7 +2,11 @@
 :class:`trainer.protocol.messages.Plan`.
 
 Design: :func:`next_plan` turns the current plan, the admitted joiners and the members that
-leave (with notice or without) into the next plan; :func:`reform_or_drop` bounds the re-forms
+leave (with notice or without) into the next plan; :func:`drains_now` says which drains may be
+applied now (never one that leaves no member holding the state: the last holders stay until
+a joiner has received it, or until their notice window ends and they die);
+:func:`instance_of` groups members of one instance (one worker per GPU) so they drain
+together; :func:`reform_or_drop` bounds the re-forms
 of an unchanged set whose generation keeps breaking; :func:`choose_backend` picks the
 collectives' backend from the members' devices. Data in, data out: no store, no clock.
 
@@ -15,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from trainer.protocol.messages import Plan, member_key
+from trainer.protocol.messages import Plan, Report, member_key
+
+BACKOFF_S = 0.25  # the first wait between generations that keep failing to form
+MAX_BACKOFF_S = 8.0  # the longest (active time)
 
 
 def choose_backend(devices: Sequence[str]) -> str:
@@ -28,6 +35,35 @@ def choose_backend(devices: Sequence[str]) -> str:
             devices):
         return "nccl"
     return "gloo"
+
+
+def instance_of(name: str) -> str:
+    """The instance a member's name belongs to: ``"i-0abc/3"`` -> ``"i-0abc"`` (one worker per
+    GPU), ``"i-0abc"`` -> itself (pure). The trainer's side of
+    :func:`provisioner.drivers.identity.instance_of` (the same rule: a last part of digits
+    after a slash is the GPU index); a test holds the two to the same answers."""
+    head, slash, tail = name.rpartition("/")
+    if slash and head and tail.isascii() and tail.isdigit():
+        return head
+    return name
+
+
+def drains_now(members: Sequence[int], holders: Collection[int], draining: Collection[int],
+               dead: Collection[int] = ()) -> tuple[list[int], list[int]]:
+    """Split the drains of ``members`` into ``(apply, defer)`` (pure).
+
+    A drain is applied when some member that stays (neither draining nor dead) holds the
+    state, or when no member holds any yet (nothing can be lost). Otherwise the draining
+    members that hold it are deferred: they keep training (a joiner receives the state from
+    them in the next generation, after which their drains apply) until their notice window
+    ends; drains of members that hold nothing apply at once. Order follows ``members``.
+    """
+    leaving = [m for m in members if m in set(draining)]
+    staying = [m for m in members if m not in set(draining) and m not in set(dead)]
+    if not holders or any(m in holders for m in staying):
+        return leaving, []
+    defer = [m for m in leaving if m in holders and m not in set(dead)]
+    return [m for m in leaving if m not in set(defer)], defer
 
 
 @dataclass(frozen=True)
@@ -159,3 +195,31 @@ def reform_or_drop(
     if not drop or len(drop) == len(plan.members):
         return Reforms(members, count, step), ()
     return Reforms(), drop
+
+
+def proven_holders(reports: list[Report]) -> frozenset[int]:
+    """The members whose reports prove they hold the ring's state (pure): they hold one
+    (``holds``: not fresh, no failed resume) and, where reports at the same step carry
+    digests, theirs is the one most of those share. Steps are not compared across members:
+    a formed ring commits in lockstep, but its members report at their own moments while it
+    trains on (they differ by several steps; the state transfer of the next generation
+    agrees on the newest). The others are not adopted as holders: a generation of them alone
+    would break forever (issue 30.3: it did, 1,092 times)."""
+    holding = [r for r in reports if r.holds]
+    by_step: dict[int, list[str]] = {}
+    for r in holding:
+        if r.digest:
+            by_step.setdefault(r.step, []).append(r.digest)
+    common = {step: max(sorted(set(ds)), key=ds.count) for step, ds in by_step.items()}
+    return frozenset(r.member_id for r in holding
+                     if not r.digest or r.digest == common.get(r.step, r.digest))
+
+
+def backoff_s(failures: int) -> float:
+    """How long a roll call waits at least before the next generation, after ``failures``
+    recoveries in a row with no generation formed (pure): 0 for the first, then
+    ``BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``. A generation that keeps breaking costs
+    a bounded number of attempts per minute, not hundreds."""
+    if failures < 1:
+        return 0.0
+    return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))

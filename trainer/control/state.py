@@ -82,6 +82,9 @@ class ControlState:
     reforms: plans.Reforms = plans.Reforms()
     rollcall: RollCall | None = None
     holders: frozenset[int] = frozenset()  # members that hold the state (formed a generation)
+    deferred: frozenset[int] = frozenset()  # draining holders kept: no other member holds it
+    failed_snapshots: Mapping[str, str] = field(default_factory=dict)  # name -> why it failed
+    failures: int = 0  # recoveries in a row with no generation formed between (backoff)
     adopted: bool = False  # a restarted coordinator took over a running ring
     first_report: float | None = None  # active time of the first member report seen
     resumed_from: int | None = None  # the step of the snapshot the ring last resumed from
@@ -186,7 +189,8 @@ def members(ring: ControlState) -> list[mb.MemberInfo]:
     return [mb.MemberInfo(id=tr.member_id, name=tr.name,
                           generation=gen if tr.state is not MemberState.JOINING else 0,
                           batch=tr.batch, samples_per_s=tr.samples_per_s,
-                          state=tr.state.value, joined_at=tr.joined_at)
+                          state=tr.state.value, joined_at=tr.joined_at,
+                          kept=tr.member_id in ring.deferred)
             for _, tr in sorted(ring.tracked.items())]
 
 

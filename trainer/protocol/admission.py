@@ -9,12 +9,13 @@ travels)::
     server -> client   HMAC(token, "s" | sn | cn)                            (32)
 
 Both then derive one key per direction from the token and the two nonces, and every frame
-after that is ``length (4) | body | tag (16)`` with ``tag = HMAC(key, seq | body)[:16]`` and a
-per-direction sequence number: a frame that is forged, altered, replayed, reordered or cut
-short fails its tag, and the connection is closed (the caller counts it). The bodies are
-plain bytes (see :mod:`trainer.store_server` for the operations): nothing received is ever
-unpickled. There is no encryption: what isolation of the network gives (confidentiality) and
-what the token gives (authenticity) are set apart in docs/trainer.md.
+after that is ``length (4) | ciphertext | tag (16)``: the body sealed with ChaCha20-Poly1305
+(``cryptography``'s AEAD, not a cipher of ours) under that key, the per-direction sequence
+number as its nonce. A frame that is forged, altered, replayed, reordered or cut short fails
+its tag, and the connection is closed (the caller counts it); an on-path observer reads no
+body (no weights, no optimiser state, no snapshot). The bodies are plain bytes (see
+:mod:`trainer.protocol.store` for the operations): nothing received is ever unpickled. What
+the token protects and what it does not is set out in docs/trainer.md's threat model.
 
 Rule for callers: never read a body before :meth:`Channel.open` accepted its tag; a failed
 handshake or tag closes the connection, it is never answered.
@@ -33,6 +34,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
 from trainer.errors import AuthError, TokenRefused
 
 MAGIC = b"SPOTRING-CTL1"
@@ -49,6 +53,12 @@ _SEQ = struct.Struct("!Q")
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
+
+
+def derive_key(token: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key for ``purpose`` derived from the job token (HMAC-SHA256 as the KDF, one
+    key per purpose: a key for snapshot manifests never signs a frame)."""
+    return _mac(token, b"spotring key", purpose)
 
 
 def server_hello() -> tuple[bytes, bytes]:
@@ -112,22 +122,28 @@ class Channel:
     received: int = 0
     _pending: bytearray = field(default_factory=bytearray, repr=False)
 
+    def __post_init__(self) -> None:
+        self._send = ChaCha20Poly1305(self.send_key)
+        self._recv = ChaCha20Poly1305(self.recv_key)
+
     def seal(self, body: bytes) -> bytes:
-        """``body`` framed and tagged for the peer (the next sequence number is used)."""
+        """``body`` encrypted, framed and tagged for the peer (the next sequence number is
+        the nonce)."""
         if len(body) > MAX_FRAME:
             raise ValueError(f"frame of {len(body)} bytes is over the {MAX_FRAME} limit")
-        tag = hmac.new(self.send_key, _SEQ.pack(self.sent) + body, hashlib.sha256).digest()
+        sealed = self._send.encrypt(_nonce(self.sent), bytes(body), None)
         self.sent += 1
-        return _LEN.pack(len(body)) + body + tag[:TAG]
+        return _LEN.pack(len(body)) + sealed
 
     def open(self, frame_body: bytes, tag: bytes) -> bytes:
-        """Check the tag of one received body; returns the body. Raises :class:`AuthError`."""
-        want = hmac.new(self.recv_key, _SEQ.pack(self.received) + frame_body,
-                        hashlib.sha256).digest()[:TAG]
-        if not hmac.compare_digest(want, tag):
-            raise AuthError("frame failed its tag (forged, replayed or garbled)")
+        """Check the tag of one received ciphertext and decrypt it; returns the body.
+        Raises :class:`AuthError`."""
+        try:
+            body = self._recv.decrypt(_nonce(self.received), frame_body + tag, None)
+        except InvalidTag:
+            raise AuthError("frame failed its tag (forged, replayed or garbled)") from None
         self.received += 1
-        return frame_body
+        return body
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; returns the bodies of the complete frames, checked, in order.
@@ -148,6 +164,12 @@ class Channel:
             out.append(self.open(body, bytes(buf[_LEN.size + n:end])))
             del buf[:end]
         return out
+
+
+def _nonce(seq: int) -> bytes:
+    """The 96-bit AEAD nonce of frame ``seq`` (one key per direction and connection, so a
+    sequence number is never reused under a key)."""
+    return bytes(4) + _SEQ.pack(seq)
 
 
 def frame_length(header: bytes) -> int:

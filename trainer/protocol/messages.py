@@ -32,11 +32,16 @@ Protocol (all keys live in the coordinator's store):
   ``done/<id>`` (:class:`Done`, counter ``dones``), ``error/<id>`` (:class:`JobFailure`: the
   user's code raised; counter ``errors``) and ``finished`` (the coordinator's
   :class:`JobOutcome`).
-* ``snapshot/latest`` and ``snapshot/config``: the newest durable snapshot and when rank 0
-  takes them (:mod:`trainer.state.snapshot`).
+* ``snapshot/latest``, ``snapshot/all`` and ``snapshot/config``: the newest durable snapshot,
+  every usable one (newest first) and when rank 0 takes them (:mod:`trainer.state.snapshot`);
+  ``snapshot/now``: counter, the coordinator asks rank 0 for one at once;
+  ``snapshot/failed/<name>``: a member could not resume from that snapshot, and why.
 * ``coord/incarnation`` changes when the coordinator is restarted; every member then
   appends a :class:`Report` line to ``reports`` so the new coordinator adopts the ring
   without stopping it.
+
+Every parser goes through :func:`parse_json`, which bounds size and nesting depth before
+decoding and turns any failure (``RecursionError`` included) into :class:`Malformed`.
 
 Rule for callers: never assume a static rank or world size; ranks are positions in the
 current plan only. Parse every value read from the store with its message's ``parse``.
@@ -45,8 +50,10 @@ current plan only. Parse every value read from the store with its message's ``pa
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -60,11 +67,14 @@ LATEST = "gen/latest"
 STATS = "stats"
 FINISHED = "finished"
 EXPORT = "export"  # counter: the daemon asks rank 0 to write the trained model now
+SNAPSHOT_NOW = "snapshot/now"  # counter: the coordinator asks rank 0 for a snapshot now (a
+# notice would leave no member holding the state: the final snapshot)
 DRAINS, DONES, ERRORS = "drains", "dones", "errors"
 INCARNATION = "coord/incarnation"  # a fresh value per coordinator process: a change means
 # the coordinator was restarted and the members must report themselves (REPORTS)
 REPORTS = "reports"  # members append one Report line each to a restarted coordinator
 SNAPSHOT = "snapshot/latest"  # the newest complete snapshot's manifest (JSON)
+SNAPSHOTS = "snapshot/all"  # every usable snapshot's manifest, newest first (a JSON list)
 SNAPSHOT_CONFIG = "snapshot/config"  # {"every_s", "every_steps"}: when rank 0 takes them
 
 
@@ -106,6 +116,10 @@ def k_formed_count(generation: int) -> str:
 
 def k_speed(member_id: int) -> str:
     return f"speed/{member_id}"
+
+
+def k_resume_failed(snapshot_name: str) -> str:
+    return f"snapshot/failed/{snapshot_name}"
 
 
 def k_done(member_id: int) -> str:
@@ -184,11 +198,47 @@ class _Message:
         return json.dumps(asdict(self), default=dict)  # type: ignore[call-overload]
 
 
-def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
+MAX_MESSAGE = 1 << 20  # bytes: no message of the protocol comes near it
+MAX_NESTING = 16  # no message of the protocol nests deeper
+MAX_REPORTS = 4096  # report lines one restarted coordinator reads
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = {ord(c): None for c in map(chr, range(0x80)) if c not in "[]{}"}
+
+
+def nesting(text: str) -> int:
+    """How deep ``text``'s JSON brackets nest, outside strings (C-speed scans; pure)."""
+    if text.count("[") + text.count("{") <= 1:
+        return text.count("[") + text.count("{")
+    marks = _STRING.sub("", text).translate(_BRACKETS)
+    marks = "".join(c for c in marks if c in "[]{}") if not marks.isascii() else marks
+    return max(itertools.accumulate(1 if c in "[{" else -1 for c in marks), default=0)
+
+
+def parse_json(raw: bytes | bytearray | memoryview | str | None, what: str, *,
+               max_bytes: int = MAX_MESSAGE, max_depth: int = MAX_NESTING) -> Any:
+    """Decode JSON read from the network or a disk, bounded: at most ``max_bytes`` and
+    ``max_depth`` levels of nesting, checked before decoding. Raises :class:`Malformed` for
+    anything else (too big, too deep, truncated, not UTF-8, not JSON), never another error."""
+    if raw is None:
+        raise Malformed(f"{what}: missing")
+    if not isinstance(raw, (bytes, bytearray, memoryview, str)):
+        raise Malformed(f"{what}: not text")
+    if len(raw) > max_bytes:
+        raise Malformed(f"{what}: {len(raw)} bytes, more than {max_bytes}")
     try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+    except UnicodeError:
+        raise Malformed(f"{what}: not UTF-8") from None
+    if nesting(text) > max_depth:
+        raise Malformed(f"{what}: nested deeper than {max_depth}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError, TypeError):
         raise Malformed(f"{what}: not JSON") from None
+
+
+def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
+    d = parse_json(raw, what)
     if not isinstance(d, dict):
         raise Malformed(f"{what}: not a JSON object")
     return d
@@ -197,8 +247,8 @@ def _obj(raw: bytes | str, what: str) -> dict[str, Any]:
 def _int(d: Mapping[str, Any], k: str, what: str, *, default: int | None = None,
          low: int = 0) -> int:
     v = d.get(k, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise Malformed(f"{what}.{k}={v!r}: expected an integer >= {low}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or v >= 1 << 63:
+        raise Malformed(f"{what}.{k}: expected an integer from {low} to 2**63-1")
     return v
 
 
@@ -206,8 +256,11 @@ def _num(d: Mapping[str, Any], k: str, what: str, *, default: float | None = Non
          allow_nan: bool = False) -> float:
     v = d.get(k, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise Malformed(f"{what}.{k}={v!r}: expected a number")
-    v = float(v)
+        raise Malformed(f"{what}.{k}: expected a number")
+    try:
+        v = float(v)
+    except OverflowError:  # an integer of 400 digits
+        raise Malformed(f"{what}.{k}: expected a finite number") from None
     if math.isinf(v) or (math.isnan(v) and not allow_nan):
         raise Malformed(f"{what}.{k}={v!r}: expected a finite number")
     return v
@@ -369,6 +422,8 @@ class Report(_Message):
     draining: str = ""
     formed: bool = True  # False: its group broke (or never formed) while nobody coordinated
     zone: str = ""
+    holds: bool = True  # it holds the training state (False: fresh, or its resume failed)
+    digest: str = ""  # a digest of the state it holds at ``step`` ("" when not computed)
 
 
     @classmethod
@@ -381,7 +436,8 @@ class Report(_Message):
                 _str(d, "job", "report", default="", limit=128),
                 max(0.0, _num(d, "prior", "report", default=0.0)),
                 _str(d, "draining", "report", default="", limit=512),
-                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128))
+                d.get("formed", True) is True, _str(d, "zone", "report", default="", limit=128),
+                d.get("holds", True) is True, _str(d, "digest", "report", default="", limit=128))
         if r.plan:
             Plan.from_json(r.plan)  # validated here: a report with a bad plan is malformed
         return r
@@ -391,7 +447,11 @@ def parse_reports(raw: bytes | None) -> tuple[list[Report], int]:
     """The report lines appended to ``reports``: ``(reports, malformed lines)``."""
     out: list[Report] = []
     bad = 0
-    for line in (raw or b"").splitlines():
+    lines = (raw or b"").splitlines()
+    if len(lines) > MAX_REPORTS:  # a flood of lines: the newest are the members' own
+        bad += len(lines) - MAX_REPORTS
+        lines = lines[-MAX_REPORTS:]
+    for line in lines:
         if not line.strip():
             continue
         try:
@@ -517,7 +577,8 @@ class MemberInfo:
     """What :meth:`Coordinator.members` reports for one member or admitted joiner.
 
     ``state``: a :class:`MemberState` value. ``batch``: its local batch at the last reported
-    step (0 when unknown).
+    step (0 when unknown). ``kept``: it is draining, but the ring keeps it because no other
+    member holds the state yet (it leaves once a joiner does, or when it dies).
     """
 
     id: int
@@ -527,3 +588,4 @@ class MemberInfo:
     samples_per_s: float
     state: str
     joined_at: float
+    kept: bool = False

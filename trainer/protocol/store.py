@@ -150,6 +150,7 @@ class StoreServer:
         self._open: set[asyncio.StreamWriter] = set()
         self._next_conn = 0
         self._last_flood_log = -LOG_EVERY_S
+        self._last_warned: dict[str, float] = {}  # kind -> monotonic time of its last line
         self.counters: dict[str, int] = collections.Counter()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -285,8 +286,10 @@ class StoreServer:
                 ConnectionError, OSError) as e:
             if isinstance(e, AuthError):
                 self.counters["refused"] += 1
-                log.warning("control port: refused a connection from %s: %s",
-                            writer.get_extra_info("peername"), e)
+                self._warn_limited("refused", "control port: refused a connection from %s: %s "
+                                   "(%d refused so far; one line per %.0fs)",
+                                   writer.get_extra_info("peername"), e,
+                                   self.counters["refused"], LOG_EVERY_S)
             else:
                 self.counters["unauthenticated_closed"] += 1
             self._close(conn, writer)
@@ -299,10 +302,21 @@ class StoreServer:
             pass
         except (AuthError, ValueError) as e:
             self.counters["bad_frames"] += 1
-            log.warning("control port: closed a connection from %s: %s",
-                        writer.get_extra_info("peername"), e)
+            self._warn_limited("bad_frames", "control port: closed a connection from %s: %s "
+                               "(%d bad frames so far; one line per %.0fs)",
+                               writer.get_extra_info("peername"), e,
+                               self.counters["bad_frames"], LOG_EVERY_S)
         finally:
             self._close(conn, writer)
+
+    def _warn_limited(self, kind: str, msg: str, *args: object) -> None:
+        """A warning of ``kind`` at most once per ``LOG_EVERY_S`` (like the evictions'): a
+        flood of wrong proofs writes a line every few seconds, not one per attempt (it wrote
+        325 KB of log in 15 s); the counters keep the full count."""
+        now = time.monotonic()
+        if now - self._last_warned.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._last_warned[kind] = now
+            log.warning(msg, *args)
 
     def _close(self, conn: int, writer: asyncio.StreamWriter) -> None:
         self._pending.pop(conn, None)

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.errors import BadState
+from trainer.errors import BadState, Malformed
+from trainer.protocol.messages import parse_json
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -139,10 +140,11 @@ def decode(data: torch.Tensor | bytes) -> Any:
     (hlen,) = _LEN.unpack(bytes(data[: _LEN.size].tolist()))
     if hlen > MAX_HEADER or _LEN.size + hlen > total:
         raise BadState("state header length out of range")
-    try:
-        header = json.loads(data[_LEN.size:_LEN.size + hlen].numpy().tobytes())
-    except (ValueError, UnicodeDecodeError):
-        raise BadState("state header is not JSON") from None
+    try:  # bounded: a header nested 200,000 deep is refused, not a RecursionError
+        header = parse_json(data[_LEN.size:_LEN.size + hlen].numpy().tobytes(),
+                            "state header", max_bytes=MAX_HEADER, max_depth=MAX_DEPTH + 4)
+    except Malformed as e:
+        raise BadState(str(e)) from None
     if not isinstance(header, dict) or header.get("v") != 1:
         raise BadState("not a state of this version")
     start = _LEN.size + hlen

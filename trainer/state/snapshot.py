@@ -19,7 +19,13 @@ snapshot and the job loses at most one interval, never the run.
   key-value store (``snapshot/latest``), where the coordinator's decision reads it.
 * **Who reads.** When a generation must resume (:attr:`trainer.protocol.messages.Plan.resume`),
   its rank 0 downloads the snapshot from the coordinator (:func:`fetch`), checks it, loads
-  it and becomes the state source of the others.
+  it and becomes the state source of the others. One that fails (download, digest, decoding)
+  is reported (``snapshot/failed/<name>``) and the coordinator names the next older one.
+* **Who is trusted.** Whoever can write the snapshot folder or bucket is not: the vault signs
+  each manifest it commits with a key derived from the job token (``mac``, HMAC-SHA256 over
+  every other field, the data's SHA-256 included) and lists only manifests whose ``mac``
+  holds; one that fails is refused with one log line, never loaded, never deleted. Manifests
+  and the state header are parsed bounded (size and depth).
 
 Rule for callers: a snapshot is complete only once :meth:`Vault.commit` stored its
 manifest; never read a snapshot without one.
@@ -28,6 +34,7 @@ manifest; never read a snapshot without one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -37,14 +44,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import torch
 
-from trainer.errors import BadState, SnapshotError
+from trainer.errors import BadState, Malformed, SnapshotError
 from trainer.protocol import messages as mb
 from trainer.state import codec as st
 
@@ -96,21 +103,41 @@ class Manifest:
     sha256: str
     job: str
     time: float
+    mac: str = ""  # HMAC-SHA256 of every other field under the vault's key (hex; "" unsigned)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    def _signed_part(self) -> bytes:
+        d = asdict(self)
+        d.pop("mac")
+        return json.dumps(d, sort_keys=True).encode()
+
+    def signed(self, key: bytes) -> Manifest:
+        """This manifest with its ``mac`` under ``key`` (pure)."""
+        return replace(self, mac=hmac.new(key, self._signed_part(), hashlib.sha256).hexdigest())
+
+    def verify(self, key: bytes) -> bool:
+        """Does ``mac`` hold under ``key``? (A forged or another job's manifest does not.)"""
+        want = hmac.new(key, self._signed_part(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(want, self.mac)
+
     @classmethod
     def parse(cls, raw: bytes | str) -> Manifest:
-        """Parse and validate a manifest. Raises ``ValueError``."""
-        d = json.loads(raw)
+        """Parse and validate a manifest (bounded: at most 64 KiB, no nesting). Raises
+        ``ValueError`` for anything else."""
+        d = mb.parse_json(raw, "manifest", max_bytes=64 << 10, max_depth=1)
         if not isinstance(d, dict):
-            raise ValueError("manifest: not an object")
-        m = cls(name=str(d["name"]), step=int(d["step"]), epoch=int(d["epoch"]),
-                samples_done=int(d["samples_done"]), bytes=int(d["bytes"]),
-                sha256=str(d["sha256"]), job=str(d.get("job", "")), time=float(d["time"]))
+            raise Malformed("manifest: not an object")
+        try:
+            m = cls(name=str(d["name"]), step=int(d["step"]), epoch=int(d["epoch"]),
+                    samples_done=int(d["samples_done"]), bytes=int(d["bytes"]),
+                    sha256=str(d["sha256"]), job=str(d.get("job", "")),
+                    time=float(d["time"]), mac=str(d.get("mac", "")))
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise Malformed(f"manifest: {type(e).__name__}: {str(e)[:100]}") from None
         if not _NAME.match(m.name) or m.step < 0 or m.bytes <= 0 or len(m.sha256) != 64:
-            raise ValueError(f"manifest of {m.name!r}: out of range")
+            raise Malformed(f"manifest of {m.name[:80]!r}: out of range")
         return m
 
 
@@ -283,14 +310,17 @@ class Vault:
     commit checks the size and the SHA-256 its manifest announces, stores the snapshot, then
     its manifest (``<name>.json``), forgets the oldest beyond ``keep`` and calls
     ``on_commit(manifest_json)``. Writes never exceed the size a manifest may claim
-    (``max_bytes``).
+    (``max_bytes``). With a ``key`` (derived from the job token) it signs each manifest it
+    commits and lists only those whose signature holds (a refused one: one warning line).
     """
 
     def __init__(self, store: BlobStore, *, keep: int = 3,
                  on_commit: Callable[[bytes], None] | None = None,
-                 max_bytes: int = 1 << 40) -> None:
+                 max_bytes: int = 1 << 40, key: bytes | None = None) -> None:
         self.store, self.keep, self._on_commit = store, keep, on_commit
         self._max = max_bytes
+        self._key = key
+        self._refused: set[str] = set()  # manifests already warned about
         self._staging = Path(tempfile.mkdtemp(prefix="spotring-snap-"))
         self._lock = threading.Lock()
 
@@ -322,6 +352,9 @@ class Vault:
         if h.hexdigest() != m.sha256:
             path.unlink(missing_ok=True)
             raise ValueError(f"snapshot {name}: digest differs from its manifest")
+        m = replace(m, mac="")
+        if self._key is not None:
+            m = m.signed(self._key)
         self.store.put_file(name, path)
         self.store.put_bytes(f"{name}.json", m.to_json().encode())  # complete from here on
         self._forget_old()
@@ -341,10 +374,39 @@ class Vault:
         for n in self.store.names():
             if n.endswith(".json") and _NAME.match(n[:-5]):
                 try:
-                    out.append(Manifest.parse(self.store.read(n, 0, 1 << 20)))
-                except (ValueError, KeyError, OSError):
-                    log.warning("snapshot manifest %s unreadable; ignored", n)
+                    m = Manifest.parse(self.store.read(n, 0, 64 << 10))
+                    if m.name != n[:-5]:
+                        raise Malformed(f"it names {m.name}")
+                except (ValueError, OSError) as e:
+                    self._refuse(n, f"unreadable ({str(e)[:120]})")
+                    continue
+                if self._key is not None and not m.verify(self._key):
+                    self._refuse(n, "its HMAC does not hold under this job's token (written "
+                                 "by someone without the token, or by another job)")
+                    continue
+                out.append(m)
         return sorted(out, key=lambda m: (m.step, m.time))
+
+    def _refuse(self, name: str, why: str) -> None:
+        if name not in self._refused:
+            self._refused.add(name)
+            log.warning("snapshot manifest %s refused: %s; never loaded (older ones are used), "
+                        "left in place", name, why)
+
+    def record_end(self, end: dict[str, Any]) -> None:
+        """Record the job's end next to its snapshots (``END``: the outcome and progress,
+        signed like a manifest), so whoever reads the snapshots later (a daemon killed right
+        after the ring finished) never takes the run for unfinished."""
+        body = dict(end)
+        if self._key is not None:
+            body["mac"] = _sign(self._key, body)
+        self.store.put_bytes(END, json.dumps(body, sort_keys=True).encode())
+
+    def published(self) -> bytes:
+        """Every usable manifest, newest first, as the JSON list the coordinator publishes
+        (``snapshot/all``)."""
+        return json.dumps([json.loads(m.to_json()) for m in reversed(self.manifests())]
+                          ).encode()
 
     def latest(self) -> Manifest | None:
         ms = self.manifests()
@@ -354,6 +416,32 @@ class Vault:
         for m in self.manifests()[: -self.keep]:
             self.store.delete(f"{m.name}.json")  # incomplete first: never half a snapshot
             self.store.delete(m.name)
+
+
+END = "run.end.json"  # the job's end, recorded by the coordinator beside the snapshots
+
+
+def _sign(key: bytes, body: dict[str, Any]) -> str:
+    part = json.dumps({k: v for k, v in body.items() if k != "mac"}, sort_keys=True).encode()
+    return hmac.new(key, part, hashlib.sha256).hexdigest()
+
+
+def recorded_end(store: BlobStore, key: bytes | None) -> dict[str, Any] | None:
+    """The job's end recorded beside its snapshots (:meth:`Vault.record_end`), or None when
+    there is none, it does not parse, or (with ``key``) its signature does not hold."""
+    if END not in store.names():
+        return None
+    try:
+        d = mb.parse_json(store.read(END, 0, 64 << 10), "end", max_bytes=64 << 10,
+                          max_depth=3)
+    except (Malformed, OSError):
+        return None
+    if not isinstance(d, dict) or str(d.get("outcome")) not in ("done", "lost", "failed"):
+        return None
+    if key is not None and not hmac.compare_digest(str(d.get("mac", "")), _sign(key, d)):
+        log.warning("%s refused: its HMAC does not hold under this job's token", END)
+        return None
+    return d
 
 
 # -- the worker's side ---------------------------------------------------------------------

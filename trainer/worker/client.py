@@ -114,6 +114,7 @@ class Heartbeat:
         self.generation = 0  # set by the loop when it enters a generation
         self.latest = 0
         self.export = 0  # the coordinator's count of requests for the trained model
+        self.snapshot_now = 0  # the coordinator's count of requests for a snapshot now
         self.incarnation: bytes | None = None  # the coordinator process this member knows
         self.lost_since: float | None = None  # monotonic time the coordinator stopped
         # answering (None: it answers)
@@ -160,7 +161,7 @@ class Heartbeat:
             try:
                 self.beat()
                 gen = self.generation
-                keys = [mb.LATEST, mb.EXPORT, mb.INCARNATION]
+                keys = [mb.LATEST, mb.EXPORT, mb.INCARNATION, mb.SNAPSHOT_NOW]
                 if gen:
                     keys.append(mb.k_broken(gen))
                 vals = self._store.peek(keys)  # one round trip; never waits for a key
@@ -170,8 +171,9 @@ class Heartbeat:
                     self.incarnation = vals[2]
                 self.latest = int(vals[0] or 0)
                 self.export = int(vals[1] or 0)
+                self.snapshot_now = int(vals[3] or 0)
                 if gen:
-                    self._broken_gen, self._broken = gen, int(vals[3] or 0) > 0
+                    self._broken_gen, self._broken = gen, int(vals[4] or 0) > 0
                 self.polled_at = time.monotonic()
                 if self.lost_since is not None:
                     log.warning("the coordinator answers again after %.1fs",

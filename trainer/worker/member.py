@@ -76,6 +76,7 @@ class Member:
         self.seen = 0
         self.drain_sent = False
         self.export_seen = -1
+        self.snapshot_seen = -1  # the coordinator's snapshot requests seen (SNAPSHOT_NOW)
         self.away_since: float | None = None  # the coordinator stopped answering this thread
         if hb is not None:
             hb.report = self._report
@@ -88,7 +89,8 @@ class Member:
         w, plan = self.w, self.plan
         return mb.Report(self.id, w.cfg.name, plan.to_json() if plan is not None else "",
                          w.state.progress.step, w.runtime.device_name, w.state.fingerprint,
-                         w.prior, w.notice or "", self.group is not None, w.cfg.zone)
+                         w.prior, w.notice or "", self.group is not None, w.cfg.zone,
+                         not self.fresh)
 
     def _away(self, e: Exception) -> None:
         """The coordinator did not answer: wait for it (training needs it only to change
@@ -136,14 +138,19 @@ class Member:
         except (ControlLost, ControlTimeout):
             pass  # a coordinator that is away learns it from the members' reports
 
-    def drop_group(self) -> None:
-        """The generation ended or broke: the mode frees its machinery, the group is
-        aborted and kept until exit (:func:`trainer.collective.groups.bury`)."""
+    def drop_group(self, *, clean: bool = False) -> None:
+        """The generation ended (``clean``: no collective in flight) or broke: the mode frees
+        its machinery; the group is destroyed off this path, at once when clean
+        (:func:`trainer.collective.groups.release`), else after the collective timeout
+        (:func:`trainer.collective.groups.bury`)."""
         self.mode.drop()
         if self.group is not None:
-            self.group.abort()
-            groups.bury(self.group)
-            self.group = None
+            group, self.group = self.group, None
+            group.abort()
+            if clean:
+                groups.release(group)
+            else:
+                groups.bury(group)
 
     def _ask_drain(self) -> None:
         if self.w.notice is not None and not self.drain_sent:
@@ -198,7 +205,7 @@ class Member:
                         return self.fail(f"job {self.w.cfg.job}: {e}", e.exc)
                     return MemberOutcome.FINISHED
                 if newest > plan.generation:
-                    self.drop_group()  # the old group is finished with; kept until exit
+                    self.drop_group(clean=True)  # the old group is finished with
         except StateLost as e:  # raised while forming: the job cannot go on
             return self.fail(f"job {self.w.cfg.job}: the job is lost: {e}")
         finally:
@@ -306,6 +313,7 @@ class Member:
         self.was_member = True
         lost = moved.lost + self.mode.prepare()
         self.export_seen = self.hb.export if self.hb is not None else -1
+        self.snapshot_seen = self.hb.snapshot_now if self.hb is not None else -1
         if self.mode.is_head():
             w.outputs.start_snapshots(self.store)
         checksum = self.mode.checksum()
@@ -321,12 +329,18 @@ class Member:
         """Load the durable snapshot ``plan`` names (rank 0 of a generation with no holder of
         the state; it then sends it on like any state source). Raises
         :class:`trainer.errors.GenerationBroken` when it cannot be used."""
+        manifest: snap.Manifest | None = None
         try:
             manifest = snap.Manifest.parse(plan.resume)
             tree = snap.fetch(self.store, manifest)
             sync.check(tree, step=manifest.step, job=plan.job)
             self.w.state.load(tree)
         except (ValueError, KeyError, SnapshotError) as e:
+            if manifest is not None:  # the coordinator names the next older one
+                try:
+                    self.store.set(mb.k_resume_failed(manifest.name), str(e)[:300])
+                except (ControlLost, ControlTimeout):
+                    pass
             raise GenerationBroken(f"resuming from the snapshot failed: {e}") from e
         self.fresh = False
         log.warning("resumed from the snapshot of step %d (every member holding the state "
@@ -341,7 +355,13 @@ class Member:
         if export:
             assert self.hb is not None
             self.export_seen = self.hb.export
-        return Duties(snapshot=self.w.outputs.snapshot_due(step), export=export)
+        # != not >: a restarted coordinator counts from 0 again (and asks at once)
+        asked = self.hb is not None and self.hb.snapshot_now != self.snapshot_seen
+        if asked:
+            assert self.hb is not None
+            self.snapshot_seen = self.hb.snapshot_now  # a notice would leave no holder
+        due = self.w.outputs.snapshot_due(step)
+        return Duties(snapshot=due or (asked and self.w.outputs.snapshotter is not None), export=export)
 
     def record_samples(self, step: int, epoch: int, ids: Any, member: int | None = None) -> None:
         """Record that ``member`` (default: this one) trained ``ids`` in ``step``."""

@@ -25,8 +25,8 @@ from pricing.model import Offering
 from provisioner.daemon.ports import MetricsSink, RingCoordinator
 from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
-from provisioner.drivers.identity import (drain_instance, formed_names, holds_the_ring_alone,
-                                          instance_of, left)
+from provisioner.drivers.identity import (by_instance, drain_instance, formed_names,
+                                          holds_the_ring_alone, instance_of, left)
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache, join_deadline
@@ -149,10 +149,14 @@ class WriteAheadActuator:
                 self.terminate_ids(gone, "its workers left the ring")
 
     def drain_backstop(self, drain_timeout_s: float) -> None:
-        """Terminate instances draining for longer than ``drain_timeout_s``."""
+        """Terminate instances draining for longer than ``drain_timeout_s``, except those
+        whose workers the ring keeps (``kept``: the last holders of the state, until a
+        joiner holds it or their notice window ends)."""
         t = self.clock()
+        kept = set(by_instance(m.name for m in self.coordinator.members()
+                               if getattr(m, "kept", False))) if self.coordinator else set()
         late = [r.id for r in self.state.live_instances() if r.draining_since is not None
-                and t - r.draining_since >= drain_timeout_s]
+                and t - r.draining_since >= drain_timeout_s and r.id not in kept]
         if late:
             self.terminate_ids(late, "drain timeout")
 

@@ -229,8 +229,19 @@ class LocalEnvironment:
         return RunIdentity(o.settings.job.id, o.job, o.until_epochs, market, o.until_steps)
 
     def decide(self, found: Found) -> Start:
+        from provisioner.daemon.wiring import snapshot_url, with_recorded_end
+        from trainer.protocol.admission import read_token_file
+
+        ring, run_id = found.get("ring"), (found.run or {}).get("id")
+        url = snapshot_url(self.options.settings, self.wd.snapshots)
+        if run_id and url:  # the ring's end, recorded beside its snapshots
+            try:
+                token: bytes | None = read_token_file(self.wd.token)
+            except (OSError, ValueError):
+                token = None
+            ring = with_recorded_end(ring, self.options.settings, f"{url}/{run_id}", token)
         return decide_start(found.run, found.has_state, self.identity(), self.target.what,
-                            found.get("ring"))
+                            ring)
 
     def registry_id(self, run_id: str) -> str:
         return run_id

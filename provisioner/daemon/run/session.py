@@ -481,7 +481,8 @@ class RunSession:
 
         env = self.env
         ended = found.run.get("ended") or {}
-        v = recorded(ended) if ended else ring_end(found.get("ring") or {}, found.run)
+        v = recorded(ended) if ended else ring_end(start.ring or found.get("ring") or {},
+                                                   found.run)
         assert v is not None, "decide_start finishes only a run whose end was decided"
         run_id = start.run_id()
         self.observer.note(f"run {run_id} ended ({v.reason}) but its daemon stopped before "
@@ -490,7 +491,7 @@ class RunSession:
         try:
             now = env.clock(state, start, found)
             job = (state.get_meta("job") or {}).get("id") or self.options.settings.job.id
-            ring = state.get_meta("ring") or {}
+            ring = {**(state.get_meta("ring") or {}), **(start.ring or {})}
             if not ended:  # the ring's end was recorded, the run's was not: record it now
                 self._record_end(state, now().timestamp(), v, ring, fleet_kept=False,
                                  stopped=False)

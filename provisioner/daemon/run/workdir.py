@@ -127,6 +127,7 @@ class StartKind(StrEnum):
 class Start:
     kind: StartKind
     previous_id: str | None = None  # the run continued or archived
+    ring: Mapping[str, Any] | None = None  # FINISH: the ring's stats that ended it
 
     def run_id(self) -> str:
         """The id of the run this start runs: the continued (or finished) one's, else a new
@@ -162,7 +163,7 @@ def decide_start(run_meta: Mapping[str, Any] | None, has_state: bool,
     meta = dict(run_meta or {})
     ended = meta.get("ended") or {}
     if stopping(ended) or (not ended and meta.get("id") and ring_end(ring or {}, meta)):
-        return Start(StartKind.FINISH, meta.get("id"))
+        return Start(StartKind.FINISH, meta.get("id"), ring=ring)
     if ended.get("outcome") in FINAL:
         return Start(StartKind.NEXT, meta.get("id"))
     theirs = meta.get("identity") or {}

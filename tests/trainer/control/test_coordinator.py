@@ -105,3 +105,29 @@ def test_members_and_drain_by_name(coord: Coordinator) -> None:
     assert "drain" in kinds and "leave" in kinds
     for s in sims:
         s.stop.set()
+
+
+def test_the_end_of_the_job_is_recorded_beside_its_snapshots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from trainer.protocol.admission import derive_key
+    from trainer.state import snapshot as snap
+
+    c = Coordinator("127.0.0.1", 0, TOKEN, heartbeat_timeout_s=30.0, rollcall_s=0.3,
+                    initial_world=1,
+                    snapshot=snap.SnapshotSettings(str(tmp_path / "snaps"), every_s=60.0))
+    c.start()
+    try:
+        m = _Sim(c, "a")
+        _wait(lambda: c.plan() is not None)
+        m.form(1)
+        _wait(lambda: c.stats()["generation"] == 1 and not c._busy())
+        assert snap.recorded_end(snap.DirStore(tmp_path / "snaps"), None) is None
+        m.store.set(mb.k_done(m.id), mb.Done("c0ffee", 12).to_json())
+        m.store.add(mb.DONES, 1)
+        _wait(lambda: c.stats()["finished"])
+        store = snap.DirStore(tmp_path / "snaps")
+        end = snap.recorded_end(store, derive_key(TOKEN, b"snapshot manifest"))
+        assert end is not None and end["outcome"] == "done"
+        assert snap.recorded_end(store, derive_key(b"other", b"snapshot manifest")) is None
+        m.stop.set()
+    finally:
+        c.stop()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from trainer.control import decide as dc
+from trainer.control import plans
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import EventKind, MemberState, JobOutcome
 
@@ -17,13 +20,14 @@ class World:
         self.now = 100.0
         self.ring = dc.ControlState()
         self.events: list[dc.Emit] = []
+        self.cfg = CFG
 
     def tick(self, dt: float = 0.05) -> list[dc.Action]:
         self.now += dt
         ids = int(self.kv.get(mb.IDS, b"0"))
         snap = dc.TickReads(self.now, 1e9 + self.now,
                            {k: self.kv.get(k) for k in dc.reads(self.ring, ids)})
-        self.ring, actions = dc.decide(self.ring, snap, CFG, ids)
+        self.ring, actions = dc.decide(self.ring, snap, self.cfg, ids)
         for a in actions:
             if isinstance(a, dc.Put):
                 self.kv[a.key] = a.value
@@ -232,3 +236,197 @@ def test_until_a_generation_forms_every_plan_is_a_fresh_start() -> None:
         w.beat(a, b)
         w.tick()
     assert w.ring.plan.generation == 3 and not w.ring.plan.fresh_start
+
+
+def _done(w: World, *ids: int, step: int = 40) -> None:
+    for m in ids:
+        w.kv[mb.k_done(m)] = mb.Done("c", step, {"accuracy": 0.9}).to_json().encode()
+        w.add(mb.DONES)
+
+
+def test_holders_that_finish_while_joiners_wait_end_the_job_done_not_lost() -> None:
+    """CI (e2e ctrl-c test, third run): the holders reached ``--until-epochs`` at the step
+    boundary where a generation with two joiners was published; they finished without forming
+    it, the joiners' forming broke, and the roll call dropped the finished holders: "the job
+    was lost ... never received it". The state reached its end: the job is done."""
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.joined == (j,)
+    _done(w, a)  # b's report comes later; a and b never form generation 2
+    w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING
+    _done(w, b)
+    for _ in range(160):  # past the heartbeat timeout: only the joiner beats
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.DONE and w.kv[mb.FINISHED] == b"done"
+    assert "lost" not in w.kinds()
+
+
+def test_a_holder_that_finished_and_one_that_died_still_end_the_job_done() -> None:
+    w = World()
+    a, b = _two_members(w)
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.tick()
+    _done(w, a)
+    for _ in range(160):  # b died at its last step: only the joiner beats
+        w.beat(j)
+        w.tick()
+    assert w.ring.outcome is JobOutcome.DONE
+
+
+def test_a_drain_of_the_last_holders_waits_for_a_joiner_to_hold_the_state() -> None:
+    """30.1 / 33.1: both holders drain (a notice, or the planner's surplus) while a joiner is
+    admitted. They stay, the joiner forms a generation with them (it receives the state),
+    and only then do they leave: no generation without a holder, a snapshot asked for once."""
+    w = World()
+    a, b = _two_members(w)
+    for m in (a, b):
+        w.ring, _, _ = dc.command_drain(w.ring, ["a", "b"][m - a], "spot notice")
+    for _ in range(10):  # no joiner yet: they keep training, nothing is published
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 1 and w.ring.outcome is JobOutcome.RUNNING
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1" and w.ring.deferred == {a, b}
+    j = w.hello(mb.Hello("j", 1.0, "job1").to_json())
+    w.beat(a, b)
+    w.tick()
+    assert w.ring.plan.members == (a, b, j) and w.ring.plan.joined == (j,)
+    assert w.ring.plan.drained == ()
+    w.form_all()
+    w.beat(a, b, j)
+    w.tick()
+    w.beat(a, b, j)
+    w.tick()
+    assert w.ring.plan.members == (j,) and set(w.ring.plan.drained) == {a, b}
+    assert not w.ring.plan.resume and w.ring.outcome is JobOutcome.RUNNING
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # asked once
+
+
+def test_a_holder_kept_past_its_notice_dies_and_the_ring_resumes_the_snapshot() -> None:
+    w = World()
+    a, b = _two_members(w)
+    w.kv[mb.SNAPSHOT] = b'{"name": "step-0000000003-00000000", "step": 3, "job": "job1"}'
+    for name in ("a", "b"):
+        w.ring, _, _ = dc.command_drain(w.ring, name, "spot notice")
+    for _ in range(160):  # the notice window ends: both are killed
+        w.tick()
+    assert w.ring.outcome is JobOutcome.RUNNING and w.ring.plan.members == ()
+    assert w.ring.plan.resume  # lost only when every holder and every snapshot is gone
+
+
+def test_members_of_one_instance_leave_in_one_generation() -> None:
+    """One worker per GPU: ``i-1/0`` and ``i-1/1``. A drain of one (its own notice, a tick
+    before the other's) drains both, so the instance leaves in one generation."""
+    w = World()
+    ids = [w.hello(mb.Hello(n, 10.0, "job1").to_json()) for n in ("i-1/0", "i-1/1", "i-2/0")]
+    w.tick()
+    w.form_all()
+    w.beat(*ids)
+    w.tick()
+    assert w.ring.plan.members == tuple(ids)
+    w.kv[mb.k_drain(ids[0])] = b"spot notice"
+    w.add(mb.DRAINS)
+    w.beat(*ids)
+    w.tick()
+    assert w.ring.plan.generation == 2 and w.ring.plan.members == (ids[2],)
+    assert set(w.ring.plan.drained) == {ids[0], ids[1]}
+
+
+def _manifest(step: int) -> dict[str, object]:
+    return {"name": f"step-{step:010d}-0000000{step % 10}", "step": step, "epoch": 0,
+            "samples_done": 0, "bytes": 1, "sha256": "a" * 64, "job": "job1", "time": 1.0}
+
+
+def test_a_failed_resume_tries_the_older_snapshots_then_stops_naming_each() -> None:
+    """30.2: after a coordinator restart (nobody holds the state), a snapshot that does not
+    load is reported; the next generation resumes the older one; when none loads the job is
+    lost with each snapshot and why, never started over from step 1."""
+    w = World()
+    w.kv[mb.SNAPSHOTS] = json.dumps([_manifest(30), _manifest(20)]).encode()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 10.0, "job1").to_json())
+    w.tick()
+    tried = []
+    for _ in range(2):
+        plan = w.ring.plan
+        assert plan.resume and not plan.fresh_start and plan.members == (a, b)
+        name = json.loads(plan.resume)["name"]
+        tried.append(json.loads(plan.resume)["step"])
+        w.kv[mb.k_resume_failed(name)] = b"snapshot: size or digest differs from its manifest"
+        w.add(mb.k_broken(plan.generation))
+        for _ in range(12):
+            w.beat(a, b)
+            w.tick()
+    assert tried == [30, 20]
+    assert w.ring.outcome is JobOutcome.LOST and w.kv[mb.FINISHED] == b"lost"
+    assert "step-0000000030-00000000: snapshot: size or digest" in w.ring.failure
+    assert "step-0000000020-00000000" in w.ring.failure
+    published = [mb.Plan.from_json(w.kv[mb.k_plan(g)])
+                 for g in range(1, w.ring.plan.generation + 1)]
+    assert not any(p.fresh_start for p in published)  # never from step 1
+
+
+def test_a_resume_that_breaks_for_another_reason_tries_the_same_snapshot_again() -> None:
+    w = World()
+    w.kv[mb.SNAPSHOTS] = json.dumps([_manifest(30), _manifest(20)]).encode()
+    a = w.hello(mb.Hello("a", 10.0, "job1").to_json())
+    b = w.hello(mb.Hello("b", 10.0, "job1").to_json())
+    w.tick()
+    w.add(mb.k_broken(w.ring.plan.generation))  # a collective failed; nothing about the file
+    for _ in range(12):
+        w.beat(a, b)
+        w.tick()
+    assert w.ring.plan.generation == 2 and json.loads(w.ring.plan.resume)["step"] == 30
+
+
+def _reports(w: World, plan: mb.Plan, *, holds: bool, step: int, formed: bool = True) -> None:
+    w.kv[mb.REPORTS] = b"\n".join(
+        mb.Report(m, n, plan.to_json(), step, holds=holds, formed=formed).to_json().encode()
+        for m, n in zip(plan.members, plan.names))
+
+
+def test_a_restarted_coordinator_adopts_members_that_prove_the_state() -> None:
+    w = World()
+    plan = mb.Plan(7, (11, 12), ("a", "b"), job="job1")
+    _reports(w, plan, holds=True, step=40)
+    w.tick()
+    assert w.ring.adopted and w.ring.holders == {11, 12}
+    assert w.kv.get(mb.k_broken(7), b"0") == b"0"  # no step lost for the restart
+    assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # those missed while it was away: one at once
+
+
+def test_unproven_members_are_not_adopted_as_holders_they_resume_the_snapshot() -> None:
+    """30.3: the daemon died during the members' snapshot download; the restarted coordinator
+    must not adopt them as holders (every later generation broke: 1,092 in 26 minutes)."""
+    w = World()
+    w.kv[mb.SNAPSHOTS] = json.dumps([_manifest(30)]).encode()
+    plan = mb.Plan(7, (11, 12), ("a", "b"), job="job1")
+    _reports(w, plan, holds=False, step=0, formed=False)
+    w.tick()
+    assert w.ring.adopted and w.ring.holders == frozenset()
+    assert w.kv[mb.k_broken(7)] == b"1"
+    for _ in range(12):
+        w.beat(11, 12)
+        w.tick()
+    assert w.ring.plan.generation == 8 and json.loads(w.ring.plan.resume)["step"] == 30
+
+
+def test_generations_that_never_form_back_off() -> None:
+    """Members that answer every roll call but never form: the re-forms are bounded (the
+    same-set limit drops nobody when nothing tells who is at fault) and spaced out."""
+    w = World()
+    a, b = _two_members(w)
+    gens = []
+    for _ in range(1200):  # 60 s of active time; every generation breaks before it forms
+        plan = w.ring.plan
+        if plan.generation not in gens:
+            gens.append(plan.generation)
+            w.add(mb.k_broken(plan.generation))
+        w.beat(a, b)
+        w.tick()
+    assert plans.backoff_s(0) == 0 and plans.backoff_s(3) == 1.0
+    assert plans.backoff_s(50) == plans.MAX_BACKOFF_S
+    assert len(gens) < 20, gens  # without backoff: one every roll call, ~100

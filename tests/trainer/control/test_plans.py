@@ -63,3 +63,34 @@ def test_started_but_not_formed_while_others_formed_is_dropped_and_nobody_if_all
     assert pl.reform_or_drop(h, plan, [1, 2], [], step=9)[1] == ()
     with pytest.raises(ValueError, match="limit"):
         pl.reform_or_drop(h, plan, [1, 2], [], step=9, limit=0)
+
+
+def test_drains_now_keeps_the_last_holders_and_lets_the_others_go() -> None:
+    from trainer.control.plans import drains_now
+    assert drains_now([1, 2, 3], {1, 2, 3}, [1, 2]) == ([1, 2], [])  # 3 holds it
+    assert drains_now([1, 2, 3], {1}, [1, 3]) == ([3], [1])  # 2 never received it
+    assert drains_now([1, 2], {1, 2}, [1, 2]) == ([], [1, 2])
+    assert drains_now([1, 2], set(), [1, 2]) == ([1, 2], [])  # nothing held yet
+    assert drains_now([1, 2, 3], {1, 2}, [1], dead=[2]) == ([], [1])
+
+
+def test_instance_of_agrees_with_the_provisioner() -> None:
+    from provisioner.drivers.identity import instance_of as prov
+    from trainer.control.plans import instance_of
+    for name in ("i-0abc", "i-0abc/3", "us-central1-a/sr-1a-0/1", "loc-1/0", "a", "x/", "/3",
+                 "zone/name-9"):
+        assert instance_of(name) == prov(name), name
+
+
+def test_proven_holders_hold_a_state_and_share_the_digest_of_their_step() -> None:
+    from trainer.control.plans import proven_holders
+    from trainer.protocol.messages import Report
+
+    def rep(m: int, step: int, holds: bool = True, digest: str = "") -> Report:
+        return Report(m, f"w{m}", step=step, holds=holds, digest=digest)
+
+    # reported at different moments while the ring trained on: all hold it
+    assert proven_holders([rep(1, 100), rep(2, 104), rep(3, 97)]) == {1, 2, 3}
+    assert proven_holders([rep(1, 0, holds=False), rep(2, 0, holds=False)]) == frozenset()
+    assert proven_holders([rep(1, 50, digest="x"), rep(2, 50, digest="x"),
+                           rep(3, 50, digest="y"), rep(4, 52, digest="z")]) == {1, 2, 4}

@@ -58,6 +58,7 @@ class _Mode:
 
 class _Heartbeat:
     export = 0
+    snapshot_now = 0  # the coordinator's requests for a snapshot now (none here)
     stats: str | None = None
     report = None
 

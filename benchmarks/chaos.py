@@ -1,0 +1,253 @@
+"""Benchmark: chaos through a whole run (issue 30, item 10). The daemon and every worker
+SIGKILLed at random moments on the local cloud, ``--kills`` times (100 by default; fewer for
+a CI-size run), until the job ends; then the same job once more without any fault, the
+baseline of the same run.
+
+Design: the same outline as every benchmark here (small defaults, one JSON line on stdout,
+logs on stderr, the baseline measured in the same run). The runs are the real command line
+(``provision run`` through :class:`tests.fakes.local_run.RunProcess`: the real daemon, the
+real coordinator and ring, the local driver's worker processes). A kill picks its victim at
+random among the daemon and the live workers, after a random pause (``--max-gap-s``) once the
+ring has trained at least one more step; a killed daemon is started again on the same work
+directory after ``--down-s`` (it adopts the ring); a killed worker is replaced by the daemon.
+Figures (goal in brackets):
+
+* ``duplicates``: the most live worker processes of the job seen at once beyond
+  ``--max-size`` [0];
+* ``orphans``: worker processes of the job alive once the run ended [0];
+* ``threads_per_worker_first`` / ``_last`` / ``threads_growth_max``: the thread count of each
+  worker once settled (``SETTLE_S`` after it was first seen: past its boot) and when last
+  seen, and the most any one grew through the generations it lived [flat];
+* ``runs_lost``: the run ended ``lost`` [0]; ``runs_trained_twice``: the ring trained from
+  step 1 again after it had passed a snapshot, or a start after the end trained again [0];
+* ``steps_redone_per_kill``: steps committed more than once (the ledger's ``steps_lost``)
+  per kill [<= one snapshot interval, ``snapshot_interval_steps``];
+* ``spend_ratio``: the chaos run's spend over the baseline's [<= 1.10].
+
+Run: ``.venv/bin/python benchmarks/chaos.py [--kills 100] [--epochs 40] [--seed 1]``
+(``--kills 5 --epochs 8`` is a CI-size run of a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+log = logging.getLogger("chaos")
+
+SNAPSHOT_EVERY_S = 60  # simulated seconds (1 real second at --speed 60)
+SETTLE_S = 30.0  # a worker's threads are counted from this long after it was first seen
+
+
+def _wait(predicate: Any, timeout_s: float, step_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return False
+
+
+def _threads(pid: int) -> int | None:
+    """The thread count of ``pid`` (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _flags(args: argparse.Namespace) -> list[str]:
+    return ["--outages-per-hour", "0", "--max-size", str(args.max_size), "--speed", "60",
+            "--until-epochs", str(args.epochs), "--seed", str(args.seed)]
+
+
+def _config(root: Path) -> Path:
+    cfg = root / "chaos.toml"
+    cfg.write_text(f'[fleet]\nmarkets = ["spot"]\nmax_size = 3\n[snapshot]\n'
+                   f"every_s = {SNAPSHOT_EVERY_S}\n")
+    return cfg
+
+
+class Watch:
+    """Samples the live workers: how many at once, and each one's threads."""
+
+    def __init__(self, run: Any, max_size: int) -> None:
+        self.run, self.max_size = run, max_size
+        self.duplicates = 0
+        self.seen: dict[int, float] = {}  # pid -> when first seen
+        self.first: dict[int, int] = {}  # pid -> threads once it settled (trained a while)
+        self.last: dict[int, int] = {}
+
+    def sample(self) -> list[dict[str, Any]]:
+        live = self.run.workers()
+        self.duplicates = max(self.duplicates, len(live) - self.max_size)
+        now = time.monotonic()
+        for r in live:
+            pid = int(r["pid"])
+            self.seen.setdefault(pid, now)
+            n = _threads(pid)
+            if n is not None and now - self.seen[pid] >= SETTLE_S:  # past its boot
+                self.first.setdefault(pid, n)
+                self.last[pid] = n
+        return live
+
+
+def chaos_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run with ``args.kills`` SIGKILLs (see the module docstring)."""
+    from tests.fakes.local_run import RunProcess
+
+    rng = random.Random(args.seed)
+    run = RunProcess(root / "w", *_flags(args), config=_config(root))
+    watch = Watch(run, args.max_size)
+    kills = {"daemon": 0, "worker": 0}
+    starts = 1
+    try:
+        run.start()
+        if not _wait(lambda: run.training(1, 1), args.timeout_s):
+            raise RuntimeError(f"no ring formed: {run.log()[-2000:]}")
+        while sum(kills.values()) < args.kills and run.poll() is None:
+            step = int(run.ring().get("step") or 0)
+            _wait(lambda: int(run.ring().get("step") or 0) > step or run.poll() is not None,
+                  args.timeout_s)
+            pause = rng.uniform(0.0, args.max_gap_s)
+            end = time.monotonic() + pause
+            while time.monotonic() < end and run.poll() is None:
+                watch.sample()
+                time.sleep(0.2)
+            if run.poll() is not None:
+                break
+            live = watch.sample()
+            victims = ["daemon"] + [int(r["pid"]) for r in live]
+            victim = rng.choice(victims)
+            if victim == "daemon":
+                run.send(signal.SIGKILL)
+                run.wait(30)
+                kills["daemon"] += 1
+                time.sleep(args.down_s)
+                starts += 1
+                run.start(f"run{starts}.log")
+            else:
+                try:
+                    os.killpg(int(victim), signal.SIGKILL)
+                    kills["worker"] += 1
+                except ProcessLookupError:
+                    pass
+            log.info("kill %d: %s", sum(kills.values()), victim)
+        while run.poll() is None:  # to the end of the run, no more faults
+            watch.sample()
+            if not _wait(lambda: run.poll() is not None, 2.0):
+                continue
+        code = run.wait(30)
+        time.sleep(1.0)
+        orphans = len(run.workers())
+        fig = run.report()
+        trained_twice = _trained_twice(run)
+    finally:
+        run.close()
+    growth = [watch.last[p] - watch.first[p] for p in watch.first]
+    n = sum(kills.values())
+    return {"kills": n, "kills_daemon": kills["daemon"], "kills_worker": kills["worker"],
+            "exit_code": code, "outcome": fig.get("outcome"),
+            "duplicates": max(0, watch.duplicates), "orphans": orphans,
+            "threads_per_worker_first": sorted(watch.first.values()),
+            "threads_per_worker_last": sorted(watch.last.values()),
+            "threads_growth_max": max(growth, default=0),
+            "runs_lost": int(fig.get("outcome") == "lost"),
+            "runs_trained_twice": trained_twice,
+            "steps_lost": fig.get("steps_lost"), "resumed_from": fig.get("resumed_from"),
+            "steps_redone_per_kill": round(float(fig.get("steps_lost") or 0) / max(1, n), 3),
+            "spend_usd": fig.get("spend_usd"), "daemon_restarts": fig.get("daemon_restarts")}
+
+
+def _trained_twice(run: Any) -> int:
+    """1 when the ring committed step 1 again after it had passed a snapshot interval: it
+    started over instead of resuming (the member logs: one line per committed step)."""
+    firsts: list[float] = []
+    passed = 0
+    for f in (run.workdir / "workers").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if int(rec.get("step", 0)) == 1:
+                firsts.append(float(rec["t"]))
+            passed = max(passed, int(rec.get("step", 0)))
+    firsts.sort()
+    # members of one generation log step 1 within a second of each other
+    restarts = [t for a, t in zip(firsts, firsts[1:]) if t - a > 5.0]
+    return int(bool(restarts) and passed > 0)
+
+
+def baseline_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same job with no fault: its spend and steps."""
+    from tests.fakes.local_run import RunProcess
+
+    run = RunProcess(root / "b", *_flags(args), config=_config(root), log_name="baseline.log")
+    try:
+        run.start()
+        code = run.wait(args.timeout_s * 4)
+        fig = run.report()
+    finally:
+        run.close()
+    return {"baseline_exit_code": code, "baseline_outcome": fig.get("outcome"),
+            "baseline_spend_usd": fig.get("spend_usd"),
+            "baseline_steps_lost": fig.get("steps_lost")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=100, help="SIGKILLs through the run")
+    parser.add_argument("--epochs", type=int, default=40, help="the run's --until-epochs")
+    parser.add_argument("--max-size", type=int, default=3, help="the fleet's size")
+    parser.add_argument("--max-gap-s", type=float, default=3.0,
+                        help="the longest pause before a kill (real seconds)")
+    parser.add_argument("--down-s", type=float, default=1.0,
+                        help="seconds a killed daemon stays down")
+    parser.add_argument("--timeout-s", type=float, default=240.0,
+                        help="how long the ring may take to move on after a kill")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the runs' work directories under this folder")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    for name, v in (("--kills", args.kills), ("--epochs", args.epochs),
+                    ("--max-size", args.max_size)):
+        if v < 1:
+            parser.error(f"{name} {v}: must be at least 1")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        stream=sys.stderr)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="spotring-chaos-") as tmp:
+        root = Path(tmp) if args.keep is None else args.keep
+        root.mkdir(parents=True, exist_ok=True)
+        figures = chaos_run(root, args)
+        figures.update(baseline_run(root, args))
+    base = figures.get("baseline_spend_usd") or 0.0
+    figures["spend_ratio"] = round(figures["spend_usd"] / base, 3) if base else None
+    figures["snapshot_interval_s"] = SNAPSHOT_EVERY_S
+    figures["seconds"] = round(time.monotonic() - t0, 1)
+    print(json.dumps(figures, sort_keys=True), flush=True)
+    bad = figures["duplicates"] + figures["orphans"] + figures["runs_lost"] \
+        + figures["runs_trained_twice"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
