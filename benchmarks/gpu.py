@@ -155,7 +155,7 @@ def quick(device: str, dry: bool, join_pin: str, workdir: Path) -> dict[str, Any
               if dry else ["--group-timeout", "4", "--probe-s", "10"])
     # a CPU shared with other work may take minutes to start the probes' children
     got = run({"figure": "probes", "argv": probe}, workdir,
-              300.0 if dry else QUICK_TIMEOUT_S["probes"])
+              900.0 if dry else QUICK_TIMEOUT_S["probes"])
     probes = got.get("result", got)
     line["probes"] = probes
     line["met"]["probes"] = probes_met(probes) if "result" in got else None

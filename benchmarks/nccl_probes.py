@@ -150,8 +150,9 @@ def _run(argv: list[str], timeout: float) -> tuple[int, dict[str, Any]]:
 
 
 def probe_f1(backend: str, group_timeout: float) -> dict[str, Any]:
-    code_new, new = _run(["child-f1", backend, "new", str(group_timeout)], 60 + 4 * group_timeout)
-    code_old, old = _run(["child-f1", backend, "old", str(group_timeout)], 60 + 4 * group_timeout)
+    limit = 180 + 4 * group_timeout  # a loaded CPU may take a minute to import torch
+    code_new, new = _run(["child-f1", backend, "new", str(group_timeout)], limit)
+    code_old, old = _run(["child-f1", backend, "old", str(group_timeout)], limit)
     return {**new, "new_path_exit": code_new, "old_path_exit": code_old,
             "old_path_alive": bool(old.get("old_path_alive")),
             "group_timeout_s": group_timeout}
@@ -169,7 +170,7 @@ def probe_f3(backend: str, probe_s: float) -> dict[str, Any]:
     store.set("exception_dump", "0")  # a failed generation of an earlier process left it
     out: dict[str, Any] = {"probe_s": probe_s}
     for how in ("prefix", "namespaced"):
-        code, got = _run(["child-f3", backend, str(port), how, str(probe_s)], 60 + 2 * probe_s)
+        code, got = _run(["child-f3", backend, str(port), how, str(probe_s)], 180 + 2 * probe_s)
         out[f"{how}_alive"] = bool(got.get("alive")) and code == 0
         out[f"{how}_exit"] = code
     return out

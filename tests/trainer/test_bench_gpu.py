@@ -130,7 +130,7 @@ def test_dry_runs_the_quick_device_check_on_the_cpu_and_prints_one_line(tmp_path
     namespaced store; one gradient copy at a switch); the figures' commands parse."""
     out = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--dry", "--workdir",
                           str(tmp_path)], capture_output=True, text=True, check=False,
-                         cwd=REPO, timeout=400).stdout
+                         cwd=REPO, timeout=1000).stdout
     (line,) = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert line["quick"] and line["dry"], line
     assert line["met"] == {"probes": True}, line["probes"]
