@@ -136,12 +136,11 @@ def test_the_replacement_takes_its_stage_from_the_same_stage_of_the_other_worker
     log = (story["tmp"] / "e.log").read_text()
     got = re.search(r"received layers (\d+)\.\.(\d+) from rank \d+ \(slot \((\d), (\d)\)\)", log)
     assert got, log
-    # the generation it received them in: the last one it formed before (on a loaded machine
-    # it may have formed an earlier generation, in another layout, that broke before a step)
-    formed = None
-    for formed in re.finditer(r"formed generation \d+ as rank \d+/4: slot \((\d), (\d)\), "
-                              r"layers (\d+)\.\.(\d+)", log[:got.start()]):
-        pass
+    # the generation it received them in: the one it formed right after (the stage is
+    # received while the generation forms; on a loaded machine an earlier generation, in
+    # another layout, may have broken before that)
+    formed = re.compile(r"formed generation \d+ as rank \d+/4: slot \((\d), (\d)\), "
+                        r"layers (\d+)\.\.(\d+)").search(log, got.end())
     assert formed, log
     vw, stage, lo, hi = map(int, formed.groups())
     assert (int(got[1]), int(got[2])) == (lo, hi)
