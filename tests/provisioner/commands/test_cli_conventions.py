@@ -201,9 +201,12 @@ def test_ctrl_c_during_simulate_exits_130_and_prints_nothing(shared_data):
     # the program has the trace open (past its imports, inside the command), however long a
     # loaded machine took to get there
     trace = gcp_trace(shared_data)
+    # the program as a terminal starts it: SIGINT at its default even when this test runs in
+    # a background job (whose SIG_IGN a child inherits, and Python then keeps ignoring it)
     proc = subprocess.Popen([*PROVISION, "simulate", "--trace", str(trace),
                              "--work", "1e10", "--json"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def reading_the_trace() -> bool:
         try:
