@@ -162,9 +162,10 @@ class WriteAheadActuator:
 
     def join_backstop(self, deadline_s: float, speed: float = 1.0) -> list[str]:
         """Terminate each live instance none of whose workers joined the ring within the
-        run's join deadline (:func:`provisioner.timing.join_deadline`: ``deadline_s``, or
-        3x the slowest boot measured, at least 5 real minutes at ``speed``) of its launch: a boot that failed or a worker that
-        cannot reach the coordinator is not paid for until the run ends. Its offering is
+        run's join deadline (:func:`provisioner.timing.join_deadline`: ``deadline_s``, or 3x
+        the slowest boot measured, at least 5 real minutes at ``speed``) of its launch: a
+        boot that failed or a worker that cannot reach the coordinator is not paid for until
+        the run ends. Its offering is
         skipped for ``capacity_ttl_s`` and counted as failed, so the planner launches
         elsewhere. Returns the ids terminated (none without a coordinator to ask)."""
         if self.coordinator is None or self.stopping.is_set():
@@ -175,7 +176,7 @@ class WriteAheadActuator:
         for e in self.state.events(kinds=["ring-join"]):
             if e.instance_id:
                 first.setdefault(instance_of(e.instance_id), e.t)
-        joined = set(first) | {instance_of(m.name) for m in self.coordinator.members()}
+        joined = set(first) | set(by_instance(m.name for m in self.coordinator.members()))
         launched = {r.id: r.launched_at for r in self.state.instances()}
         boots = [first[i] - launched[i] for i in first
                  if i in launched and first[i] >= launched[i]]
