@@ -36,7 +36,8 @@ from provisioner.daemon.run.session import Found, Parts
 from provisioner.daemon.run.target import cloud_target
 from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide_start
 from provisioner.daemon.state import State
-from provisioner.daemon.wiring import cloud_parts, make_coordinator, ring_token, snapshot_url
+from provisioner.daemon.wiring import (cloud_parts, make_coordinator, ring_token, snapshot_url,
+                                       with_recorded_end)
 from provisioner.drivers.artifacts import ship
 from provisioner.errors import UserError
 
@@ -84,8 +85,15 @@ class CloudEnvironment:
                            f"cloud {s.cloud.driver}", self.options.until_steps)
 
     def decide(self, found: Found) -> Start:
+        """Continue, finish or refuse, from the state and the ring's end its coordinator
+        recorded beside the snapshots (a daemon killed right after the ring finished did not
+        record it itself: the run is finished, not trained again)."""
+        ring = found.get("ring")
+        url = snapshot_url(self.options.settings, self._snapshots())
+        if found.run and url:
+            ring = with_recorded_end(ring, self.options.settings, url, self._token)
         start = decide_start(found.run, found.has_state, self.identity(), self.target.what,
-                            found.get("ring"))
+                            ring)
         if start.kind is StartKind.NEXT:
             raise UserError(f"{self.target.what}: holds job {self.options.settings.job.id}, "
                             f"which finished; give another job.id (or daemon.state_path) to "
@@ -111,11 +119,15 @@ class CloudEnvironment:
                                 f"workers dial {prev['host']}:{prev['port']}; set "
                                 f"{prev['port']} (or 0) to go on with them")
             port = int(prev["port"])
-        default = self.target.state.parent / "snapshots" / s.job.id
+        default = self._snapshots()
         if s.snapshot.url is None:
             created.mkdirs(default)
         return make_coordinator(host, port, self._token, snapshot=s.snapshot,
                                 snapshot_url=snapshot_url(s, default))
+
+    def _snapshots(self) -> Path:
+        """The snapshots' folder on this host when ``snapshot.url`` is unset."""
+        return self.target.state.parent / "snapshots" / self.options.settings.job.id
 
     def commit(self, start: Start, run_id: str) -> list[str]:
         return []
