@@ -11,7 +11,11 @@ daemon on the address a previous daemon of this state used (kept in the state, s
 the fleet (:mod:`provisioner.daemon.loop.recovery`) and the workers' ring goes on. Snapshots go
 to ``[snapshot] url`` (default ``snapshots/<job.id>`` beside the state file). Every launch
 carries the job (``SPOTRING_JOB``: AWS tag ``spotring:env:SPOTRING_JOB``, GCP metadata
-``spotring-env-SPOTRING_JOB``).
+``spotring-env-SPOTRING_JOB``). A job file travels with its code (``job.code``: ``--code``,
+else the file's folder): packed once at the start (:func:`provisioner.drivers.code.pack`),
+shipped beside the wheel (:func:`provisioner.drivers.artifacts.ship`), and every launch
+carries ``SPOTRING_CODE``/``SPOTRING_CODE_SHA256`` and the job's path inside the code as
+``SPOTRING_JOB``.
 
 A state file holds one job's run: a start on a state whose job finished is refused (its
 snapshots, keyed by ``job.id``, would train the finished job again); give another
@@ -23,6 +27,7 @@ one environment serves one session.
 
 from __future__ import annotations
 
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +43,7 @@ from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide
 from provisioner.daemon.state import State
 from provisioner.daemon.wiring import cloud_parts, make_coordinator, ring_token, snapshot_url
 from provisioner.drivers.artifacts import ship
+from provisioner.drivers.code import pack
 from provisioner.errors import UserError
 
 
@@ -62,14 +68,22 @@ class CloudEnvironment:
         self._shipped: dict[str, str] = {}
 
     def check(self) -> list[str]:
-        """The driver, the source and the token; the wheel this daemon runs, stored with the
-        run (``[cloud] artifacts``) before anything starts: its URL and SHA-256 go with every
-        launch (:mod:`provisioner.drivers.artifacts`)."""
+        """The driver, the source and the token; the wheel this daemon runs, and the job's
+        code when it travels, stored with the run (``[cloud] artifacts``) before anything
+        starts: their URLs and SHA-256s go with every launch
+        (:mod:`provisioner.drivers.artifacts`)."""
         s = self.options.settings
         self._parts = cloud_parts(s, list(self.options.traces) or None)
         self._token = ring_token(s)
-        self._shipped = ship(s)
-        return []
+        if s.job.code is None:
+            self._shipped = ship(s)
+            return []
+        with tempfile.TemporaryDirectory(prefix="spotring-code-") as tmp:
+            packed = pack(Path(s.job.code), Path(self.options.job), Path(tmp),
+                          max_mb=s.job.code_max_mb)
+            self._shipped = ship(s, packed)
+        return [f"code: {packed.files} files ({packed.size / 1e6:.1f} MB) of {s.job.code}, "
+                f"sha256 {packed.sha256[:12]}, job {packed.job}"]
 
     def build_job(self) -> list[str]:
         """Nothing: a cloud job is a module of the workers' image (``provision check --job
@@ -128,7 +142,8 @@ class CloudEnvironment:
         assert self._parts is not None, "check() first"
         driver, source = self._parts
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB,
-        # with the wheel this daemon runs, pinned by its SHA-256
+        # with the wheel this daemon runs, pinned by its SHA-256; a job file travelling with
+        # its code is its path inside the code (SPOTRING_JOB from ship)
         return Parts(driver, source, {"SPOTRING_JOB": self.options.job, **self._shipped,
                                       **limit_env(self.options.until_epochs,
                                                   self.options.until_steps)})
