@@ -18,8 +18,15 @@ refused, naming it: its target is not part of the code. The archive is determini
 (:func:`write_archive`: sorted names, mtime 0, uid/gid 0, modes 0644/0755, gzip mtime 0), so
 one folder gives one SHA-256 and a second run with the same code uploads nothing.
 
-Pure parts (:func:`ignored`, :func:`job_in_code`, :func:`check_size`) take data and return
-data; the I/O (listing, reading, writing) is at the edges of :func:`pack`.
+A git URL and ref (``--code git+https://host/repo@REF``, also ``git+ssh://`` and
+``git+file://``) is resolved by the daemon, never by a worker: :func:`code_root` clones it
+into a temporary folder on the daemon's host (with this host's git credentials, no prompt),
+checks out REF and packs what that commit holds; the job is then a path inside the
+repository (``--job src/train.py``). A branch moves: give a tag or a commit to pin the code.
+
+Pure parts (:func:`ignored`, :func:`job_in_code`, :func:`check_size`, :func:`parse_git`)
+take data and return data; the I/O (listing, reading, writing, cloning) is at the edges of
+:func:`pack` and :func:`code_root`.
 
 Rule for callers: call :func:`pack` once per run with the checked flags; it raises
 :class:`~provisioner.errors.UserError` (one line naming ``--code`` or ``--job``, exit 2) and
@@ -37,8 +44,11 @@ import os
 import re
 import subprocess
 import tarfile
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from provisioner.errors import UserError
 
@@ -290,6 +300,8 @@ def resolve_code(job: str, code: str | None) -> Path | None:
     is given one (the job must be a file inside it)."""
     if code is None:
         return Path(job).resolve().parent if job.endswith(".py") else None
+    if is_git(code):
+        raise UserError(f"--code {code}: a git source is packed by code_root, not a folder")
     folder = Path(code).expanduser()
     if not folder.is_dir():
         raise UserError(f"--code {code}: not a folder; give the folder of your training code "
@@ -322,3 +334,96 @@ def pack(root: Path, job: Path, out_dir: Path, *, max_mb: float = DEFAULT_MAX_MB
     log.info("code: packed %d files (%.1f MB) of %s, sha256 %s", len(entries), size / 1e6,
              root, sha[:12])
     return Packed(out, sha, rel, len(entries), size)
+
+
+# -- a git URL and ref ----------------------------------------------------------------------------
+
+#: How a git source is written: ``git+<url>@<ref>``.
+GIT_PREFIX = "git+"
+_GIT_SCHEMES = ("https", "ssh", "file", "http")
+_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """A repository URL and the ref (tag, branch or commit) to pack."""
+
+    url: str
+    ref: str
+
+
+def is_git(spec: str | None) -> bool:
+    """True when ``spec`` names a git source rather than a folder."""
+    return bool(spec) and spec.startswith(GIT_PREFIX)  # type: ignore[union-attr]
+
+
+def parse_git(spec: str, flag: str = "--code") -> GitSource:
+    """``git+<scheme>://host/path@REF`` -> :class:`GitSource` (the ``@`` of a user in the
+    host part is not the ref's). Raises UserError naming ``flag`` and the fix."""
+    fix = f"write it {GIT_PREFIX}https://host/owner/repo@REF (a tag, branch or commit)"
+    rest = spec[len(GIT_PREFIX):]
+    scheme, sep, tail = rest.partition("://")
+    if not sep or scheme not in _GIT_SCHEMES:
+        raise UserError(f"{flag} {spec}: not a git URL this host can fetch; {fix}")
+    host, slash, path = tail.partition("/")
+    where, at, ref = path.rpartition("@")
+    if (not host and scheme != "file") or not slash or not at or not where:
+        raise UserError(f"{flag} {spec}: no @REF after the repository path; {fix}")
+    if not _REF.match(ref) or ".." in ref:
+        raise UserError(f"{flag} {spec}: the ref {ref!r} is not a tag, branch or commit name; "
+                        f"{fix}")
+    return GitSource(f"{scheme}://{host}/{where}", ref)
+
+
+def _git(args: list[str], spec: str, what: str) -> str:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=600,
+                              env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"--code {spec}: git could not {what} ({exc}); this host needs git "
+                        f"and read access to the repository") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise UserError(f"--code {spec}: git could not {what} ({last}); check the URL, the "
+                        f"ref and this host's access to the repository")
+    return done.stdout.strip()
+
+
+def clone_git(src: GitSource, dest: Path, spec: str) -> str:
+    """Clone ``src`` into ``dest`` (absent) and check out its ref; returns the commit.
+    Raises UserError naming ``--code``."""
+    _git(["clone", "--quiet", "--no-checkout", "--", src.url, str(dest)], spec,
+         f"clone {src.url}")
+    _git(["-C", str(dest), "checkout", "--quiet", "--detach", f"{src.ref}^{{commit}}"], spec,
+         f"check out {src.ref}")
+    return _git(["-C", str(dest), "rev-parse", "HEAD"], spec, "read the commit")
+
+
+def check_git_job(job: str, flag: str = "--job") -> str:
+    """``job`` as a path inside a git source's repository. Raises UserError naming
+    ``flag``."""
+    rel = job.strip().removeprefix("./")
+    if not _JOB_PATH.match(rel):
+        raise UserError(f"{flag} {job}: with --code {GIT_PREFIX}URL@REF the job is the .py "
+                        f"file's path inside the repository, e.g. {flag} src/train.py")
+    return rel
+
+
+@contextmanager
+def code_root(code: str, job: str) -> Iterator[tuple[Path, Path, str]]:
+    """The folder to pack, the job file in it, and a note on where it came from: ``code`` a
+    folder as is; a git source cloned into a temporary folder (removed on exit) with
+    ``job`` a path inside it. Raises UserError naming ``--code`` or ``--job``."""
+    if not is_git(code):
+        yield Path(code), Path(job), str(code)
+        return
+    src = parse_git(code)
+    with tempfile.TemporaryDirectory(prefix="spotring-git-") as tmp:
+        repo = Path(tmp) / "repo"
+        commit = clone_git(src, repo, code)
+        job_file = repo / check_git_job(job)
+        if not job_file.is_file():
+            raise UserError(f"--job {job}: no such file in {src.url} at {src.ref} (commit "
+                            f"{commit[:12]}); give the job's path inside the repository")
+        yield repo, job_file, f"{src.url}@{src.ref} (commit {commit[:12]})"

@@ -193,10 +193,12 @@ def _events(tmp: Path) -> list[str]:
     ("wheel", "[cloud] wheel"),
     ("bucket", "[cloud] artifacts"),
     ("symlink", "src/leak is a symlink to /etc, outside the folder"),
+    ("git", "git could not check out no-such-tag"),
 ])
 def test_a_run_that_cannot_start_says_why_in_one_line(world, tmp_path, setup, says):
     """An AWS profile that does not exist, a wheel that is not there, an artifacts bucket
-    that does not exist, a code folder with a symlink out of it: one line naming it and the fix, exit 2, and nothing started (no
+    that does not exist, a code folder with a symlink out of it, a git ref that is not there:
+    one line naming it and the fix, exit 2, and nothing started (no
     state file, no instance)."""
     cfg = write_inputs(world, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -211,6 +213,10 @@ def test_a_run_that_cannot_start_says_why_in_one_line(world, tmp_path, setup, sa
     if setup == "symlink":
         (tmp_path / "project" / "src" / "leak").symlink_to("/etc")
         job = ["--job", "project/src/train.py", "--code", "project"]
+    if setup == "git":  # resolved on this host, before anything starts
+        subprocess.run(["git", "init", "-q", str(tmp_path / "project")], check=True)
+        job = ["--job", "src/train.py", "--code",
+               f"git+file://{tmp_path / 'project'}@no-such-tag"]
     done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
                            "--trace", str(tmp_path / "prices.csv"), *job], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)

@@ -15,7 +15,8 @@ carries the job (``SPOTRING_JOB``: AWS tag ``spotring:env:SPOTRING_JOB``, GCP me
 else the file's folder): packed once at the start (:func:`provisioner.drivers.code.pack`),
 shipped beside the wheel (:func:`provisioner.drivers.artifacts.ship`), and every launch
 carries ``SPOTRING_CODE``/``SPOTRING_CODE_SHA256`` and the job's path inside the code as
-``SPOTRING_JOB``.
+``SPOTRING_JOB``. A git source (``--code git+URL@REF``) is cloned here, on the daemon's
+host, and packed the same way; no worker clones anything.
 
 A state file holds one job's run: a start on a state whose job finished is refused (its
 snapshots, keyed by ``job.id``, would train the finished job again); give another
@@ -43,7 +44,8 @@ from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide
 from provisioner.daemon.state import State
 from provisioner.daemon.wiring import cloud_parts, make_coordinator, ring_token, snapshot_url
 from provisioner.drivers.artifacts import ship
-from provisioner.drivers.code import pack
+from provisioner.daemon.run.jobspec import check_job
+from provisioner.drivers.code import code_root, is_git, pack
 from provisioner.errors import UserError
 
 
@@ -78,11 +80,13 @@ class CloudEnvironment:
         if s.job.code is None:
             self._shipped = ship(s)
             return []
-        with tempfile.TemporaryDirectory(prefix="spotring-code-") as tmp:
-            packed = pack(Path(s.job.code), Path(self.options.job), Path(tmp),
-                          max_mb=s.job.code_max_mb)
+        with tempfile.TemporaryDirectory(prefix="spotring-code-") as tmp, code_root(
+                s.job.code, self.options.job) as (root, job_file, origin):
+            if is_git(s.job.code):  # the job was a path in the repository: checked now
+                check_job(str(job_file), "--job")
+            packed = pack(root, job_file, Path(tmp), max_mb=s.job.code_max_mb)
             self._shipped = ship(s, packed)
-        return [f"code: {packed.files} files ({packed.size / 1e6:.1f} MB) of {s.job.code}, "
+        return [f"code: {packed.files} files ({packed.size / 1e6:.1f} MB) of {origin}, "
                 f"sha256 {packed.sha256[:12]}, job {packed.job}"]
 
     def build_job(self) -> list[str]:

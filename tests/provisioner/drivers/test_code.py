@@ -5,6 +5,7 @@ flags are one line naming the flag, exit 2, nothing started."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -153,6 +154,10 @@ def test_bad_code_flags_are_one_line_exit_2(tmp_path: Path, capsys) -> None:
           str(tmp_path / "w")], "--code", "a local run"),
         (["check", "--job", str(root / "train.py"), "--code", str(root)], "--code",
          "leak is a symlink to /etc"),
+        (["run", "--config", str(cfg), "--job", "train.py", "--code",
+          "git+https://example.com/repo"], "--code", "no @REF"),
+        (["run", "--config", str(cfg), "--job", "/abs/train.py", "--code",
+          "git+https://example.com/repo@v1"], "--job", "path inside the repository"),
     ]
     for argv, flag, why in cases:
         rc = main(argv)
@@ -181,3 +186,61 @@ def test_check_builds_the_job_from_the_packed_code(tmp_path: Path, capsys) -> No
     (root / ".gitignore").write_text("helper.py\n")
     assert main(["check", "--job", str(root / "train.py"), "--code", str(root)]) == 2
     assert "helper" in capsys.readouterr().err
+
+
+# -- a git URL and ref: resolved and packed by the daemon's host ---------------------------------
+
+def repo_with_tag(root: Path) -> str:
+    """A git repository holding the project, tagged v1; returns the commit."""
+    project(root)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "v1"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_a_git_ref_is_cloned_here_and_packed_as_its_commit_holds(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    commit = repo_with_tag(repo)
+    (repo / "helper.py").write_text("changed after the tag\n")  # not in v1: not packed
+    (repo / "untracked.py").write_text("x = 1\n")
+    for ref in ("v1", commit):
+        with code.code_root(f"git+file://{repo}@{ref}", "train.py") as (root, job, origin):
+            packed = code.pack(root, job, tmp_path)
+            assert commit[:12] in origin
+            clone = root
+        assert not clone.exists()  # the clone is gone after packing
+        members = names(packed)
+        assert "untracked.py" not in members and "train.py" in members
+        with tarfile.open(packed.path) as tar:
+            assert tar.extractfile("helper.py").read() == b"def build(seed):\n    return seed\n"
+
+
+@pytest.mark.parametrize(("spec", "job", "says"), [
+    ("git+https://example.com/repo", "train.py", "no @REF"),
+    ("git+ftp://example.com/repo@v1", "train.py", "not a git URL"),
+    ("git+https://example.com/repo@v1;rm", "train.py", "is not a tag, branch or commit"),
+    ("git+file:///nonexistent/repo@v1", "train.py", "git could not clone"),
+    ("REPO@nope", "train.py", "git could not check out nope"),
+    ("REPO@v1", "missing.py", "no such file in"),
+    ("REPO@v1", "../train.py", "path inside the repository"),
+])
+def test_bad_git_sources_are_one_line(tmp_path: Path, spec: str, job: str, says: str) -> None:
+    repo = tmp_path / "repo"
+    repo_with_tag(repo)
+    spec = spec.replace("REPO", f"git+file://{repo}")
+    with pytest.raises(UserError, match=re.escape(says)) as err:
+        with code.code_root(spec, job):
+            pass
+    assert "\n" not in str(err.value)
+
+
+def test_check_builds_a_job_from_a_git_ref(tmp_path: Path, capsys) -> None:
+    repo = tmp_path / "repo"
+    repo_with_tag(repo)
+    (repo / ".gitignore").unlink()
+    rc = main(["check", "--job", "nope/train.py", "--code", f"git+file://{repo}@v1"])
+    assert rc == 2 and "no such file in" in capsys.readouterr().err
