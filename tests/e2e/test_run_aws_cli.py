@@ -135,6 +135,8 @@ def test_provision_run_against_moto(world, tmp_path):
         assert alive(world) == fleet  # a crash leaves the fleet running...
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
+        # the user edits the code before the restart: the run keeps the code its ring runs
+        (tmp_path / "project" / "src" / "helper.py").write_text("# edited\n")
         second = start(cfg, tmp_path, 2, cwd=elsewhere)
         try:
             time.sleep(0.5)
@@ -153,6 +155,10 @@ def test_provision_run_against_moto(world, tmp_path):
             tokens = [t["Value"] for i in world.instances(JOB, alive_only=False)
                       for t in i.get("Tags", []) if t["Key"] == "spotring:token"]
             assert len(tokens) == 3  # ever launched: the fleet of two, then one replacement
+            (new,) = [i for i in world.instances(JOB) if i["InstanceId"] not in fleet]
+            tags = {t["Key"]: t["Value"] for t in new["Tags"]}
+            assert tags["spotring:env:SPOTRING_CODE_SHA256"] == code.sha256
+            assert "code: changed since this run started" in (tmp_path / "run2.log").read_text()
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(60) == 130, (tmp_path / "run2.log").read_text()  # stopped

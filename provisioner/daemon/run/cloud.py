@@ -16,7 +16,10 @@ else the file's folder): packed once at the start (:func:`provisioner.drivers.co
 shipped beside the wheel (:func:`provisioner.drivers.artifacts.ship`), and every launch
 carries ``SPOTRING_CODE``/``SPOTRING_CODE_SHA256`` and the job's path inside the code as
 ``SPOTRING_JOB``. A git source (``--code git+URL@REF``) is cloned here, on the daemon's
-host, and packed the same way; no worker clones anything.
+host, and packed the same way; no worker clones anything. One run trains one code: the
+state keeps what its launches carry (meta ``code``), and a restarted daemon that finds the
+folder changed launches the run's own code still, and says so (a ring whose members ran two
+codes could not share its weights); another ``job.id`` trains the new code.
 
 A state file holds one job's run: a start on a state whose job finished is refused (its
 snapshots, keyed by ``job.id``, would train the finished job again); give another
@@ -49,6 +52,10 @@ from provisioner.drivers.code import code_root, is_git, pack
 from provisioner.errors import UserError
 
 
+#: The launch values that name a run's code (kept in the state: meta ``code``).
+CODE_KEYS = ("SPOTRING_CODE", "SPOTRING_CODE_SHA256", "SPOTRING_JOB")
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -68,6 +75,7 @@ class CloudEnvironment:
         self._parts: tuple[Any, Any] | None = None
         self._token: bytes | None = None
         self._shipped: dict[str, str] = {}
+        self._run_code: dict[str, str] | None = None  # what a continued run's launches carry
 
     def check(self) -> list[str]:
         """The driver, the source and the token; the wheel this daemon runs, and the job's
@@ -104,6 +112,8 @@ class CloudEnvironment:
     def decide(self, found: Found) -> Start:
         start = decide_start(found.run, found.has_state, self.identity(), self.target.what,
                             found.get("ring"))
+        if start.kind is StartKind.CONTINUE:
+            self._run_code = found.get("code")
         if start.kind is StartKind.NEXT:
             raise UserError(f"{self.target.what}: holds job {self.options.settings.job.id}, "
                             f"which finished; give another job.id (or daemon.state_path) to "
@@ -136,7 +146,15 @@ class CloudEnvironment:
                                 snapshot_url=snapshot_url(s, default))
 
     def commit(self, start: Start, run_id: str) -> list[str]:
-        return []
+        """A continued run keeps its code (the module docstring): the launch values of the
+        code it started with, and a line when the folder changed since."""
+        prev, now = self._run_code, self._shipped.get("SPOTRING_CODE_SHA256")
+        if not prev or now is None or prev.get("SPOTRING_CODE_SHA256") == now:
+            return []
+        self._shipped.update(prev)
+        return [f"code: changed since this run started (sha256 {now[:12]} now); its launches "
+                f"keep the run's code {prev['SPOTRING_CODE_SHA256'][:12]}, which its workers "
+                f"run; give another job.id to train the new code"]
 
     def clock(self, state: State, start: Start, found: Found) -> Callable[[], datetime]:
         return _now
@@ -145,6 +163,9 @@ class CloudEnvironment:
               now: Callable[[], datetime]) -> Parts:
         assert self._parts is not None, "check() first"
         driver, source = self._parts
+        code = {k: v for k, v in self._shipped.items() if k in CODE_KEYS}
+        if code:
+            state.set_meta("code", code)
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB,
         # with the wheel this daemon runs, pinned by its SHA-256; a job file travelling with
         # its code is its path inside the code (SPOTRING_JOB from ship)
