@@ -390,6 +390,8 @@ class Member:
         self._user_step(epoch_end, c.loss)
         if c.quiet:
             return
+        if epoch_end:
+            self.mode.epoch_ended(before.epoch)  # before the head's evaluation: none waits
         head = self.mode.is_head()
         duties = c.duties if c.duties is not None else (
             self.claim_duties(p.step) if head else Duties())

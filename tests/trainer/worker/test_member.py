@@ -37,6 +37,10 @@ class _Mode:
     def __init__(self, member: Member) -> None:
         self.m = member
         self.gathered = 0
+        self.calls: list[str] = []  # epoch ends seen, in order with the evaluations
+
+    def epoch_ended(self, epoch: int) -> None:
+        self.calls.append(f"epoch {epoch} ended")
 
     def is_head(self) -> bool:
         return self.m.rank == 0
@@ -160,12 +164,14 @@ def test_duties_agreed_in_a_reduction_reach_every_member_that_takes_part(
 
 def test_the_evaluation_runs_on_the_head_at_an_epoch_end(store: ControlStore,
                                                          tmp_path: Path) -> None:
-    calls = []
-    m = _member(store, tmp_path, evaluate=lambda model: calls.append(1) or {"acc": 0.75})
+    calls: list[str] = []
+    m = _member(store, tmp_path, evaluate=lambda model: calls.append("evaluate") or {"acc": 0.75})
+    m.mode.calls = calls
     m.commit(Commit(6, 0.1))
     assert not calls
     m.commit(Commit(4, 0.1))  # the epoch (10 samples) ends
-    assert calls == [1] and m.w.state.metrics == {"acc": 0.75}
+    # the members compare their digests first: none waits for the head's evaluation
+    assert calls == ["epoch 0 ended", "evaluate"] and m.w.state.metrics == {"acc": 0.75}
     assert mb.ProgressReport.parse(m.hb.stats).metrics == {"acc": 0.75}
 
 

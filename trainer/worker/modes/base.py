@@ -121,6 +121,13 @@ class Mode(Protocol):
         :class:`trainer.errors.GenerationBroken` and :class:`trainer.errors.JobCodeError`."""
         ...
 
+    def epoch_ended(self, epoch: int) -> None:
+        """Epoch ``epoch`` was just committed (the job's per-epoch scheduler stepped), before
+        the head evaluates: the ring compares every member's digests here, so the others do
+        not wait for the evaluation. Raises :class:`trainer.errors.Diverged` and
+        :class:`trainer.errors.GenerationBroken`."""
+        ...
+
     def whole_model(self) -> AbstractContextManager[bool]:
         """A context in which the whole model and optimiser state are on the head; yields
         whether this member is the head. Entered by every member that takes part."""

@@ -147,6 +147,10 @@ class HybridMode:
     def whole_model(self) -> AbstractContextManager[bool]:
         return self.ring.whole_model()  # every zone holds a whole replica
 
+    def epoch_ended(self, epoch: int) -> None:
+        if self.ring_mode:  # staleness 0: the ring's steps, the ring's comparison
+            self.ring.epoch_ended(epoch)
+
     def describe(self) -> str:
         return ""
 

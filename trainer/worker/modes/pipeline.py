@@ -274,6 +274,9 @@ class PipelineMode:
         self.ccursor, self.stop_at, self.newest = w.state.progress.cursor, None, plan.generation
         return lost
 
+    def epoch_ended(self, epoch: int) -> None:
+        """Nothing: the stages' replicas are compared when a generation forms."""
+
     def describe(self) -> str:
         return f": slot {self.slot}, layers {self.lo}..{self.hi - 1}"
 
