@@ -6,7 +6,10 @@ What a launch says reaches the workers: job, mode, hybrid group, GPUs; one worke
 named ``<instance id>/<gpu>``; spotring is the wheel the daemon shipped, fetched from the run's
 artifacts and installed pinned by its SHA-256. A value the boot cannot use is refused before
 anything is installed, with one line in the instance's log and its own exit code
-(provisioner/drivers/boot.py); Python is checked first of all.
+(provisioner/drivers/boot.py); Python is checked first of all. Every line the boot and the
+workers print is shipped to the run's artifacts (``logs/<instance id>/<unit>/<seq>``), and a
+failed boot or worker unit ships its exit report (``exits/<instance id>/<unit>``,
+provisioner/drivers/shiplog.py), never the token.
 """
 
 from __future__ import annotations
@@ -70,6 +73,19 @@ class AwsBoot:
         self.boxes: list[fi.Sandbox] = []
         self.n = 0
 
+    def shipped(self) -> Any:
+        """The run's shipped logs, read as the daemon reads them (the artifacts store)."""
+        from provisioner.drivers.artifacts import S3Store
+        from provisioner.drivers.shiplog import StoreLogs
+
+        return StoreLogs(S3Store(BUCKET, "artifacts", "us-east-1", self.world.endpoint))
+
+    def every_object(self) -> str:
+        """The text of every object shipped under logs/ and exits/."""
+        store = self.shipped().store
+        return "".join(store.read(k).decode(errors="replace")
+                       for p in ("logs/", "exits/") for k in store.list(p))
+
     def launch_values(self, **values: str) -> dict[str, str]:
         return {"SPOTRING_WHEEL": self.wheel, "SPOTRING_WHEEL_SHA256": self.sha, **values}
 
@@ -110,10 +126,15 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Any:
     boot.close()
 
 
-def refused(box: fi.Sandbox, code: int) -> str:
+def refused(box: fi.Sandbox, code: int, aws: AwsBoot | None = None, iid: str = "") -> str:
     """The one error line of a boot that exited ``code`` having installed and started
-    nothing."""
+    nothing (and, given ``aws``, shipped that line with its exit code before it exited)."""
     assert fi.wait_rc(box, 120) == code, box.log()
+    if aws is not None:
+        [report] = aws.shipped().reports(iid)
+        assert (report.unit, report.code) == ("boot", code), report
+        assert report.lines[-1].startswith("spotring-boot: error:"), report
+        assert report.lines[-1] in [ln for _, ln in aws.shipped().lines(iid, "boot")]
     lines = [ln for ln in box.log().splitlines() if ln.startswith("spotring-boot: error:")]
     assert len(lines) == 1 and lines[0].endswith(f"(exit {code})"), box.log()
     assert not (box.root / "opt" / "spotring").exists(), "installed before refusing"
@@ -156,6 +177,16 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
         gpu = name.split("@")[1].split(".")[0]
         assert f"--device cuda:{gpu}" in box.journal(name)
     assert TOKEN not in box.log() + "".join(box.journal(u) for u in box.units())
+    # shipped: the boot's lines, each worker's, and each failed worker's report (exit 2)
+    logs = aws.shipped()
+    assert wait_for(lambda: {r.unit for r in logs.reports(iid)} == two, 60), logs.reports(iid)
+    assert {r.code for r in logs.reports(iid)} == {2}
+    lines = logs.lines(iid)
+    assert ("boot", box.log().splitlines()[-1]) in lines
+    for name in two:
+        err = next(ln for ln in box.journal(name).splitlines() if ln.startswith("error:"))
+        assert (name, err) in lines
+    assert TOKEN not in aws.every_object()
 
 
 @pytest.mark.parametrize(("env", "gpus", "code", "says"), [
@@ -175,8 +206,8 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
 def test_a_value_the_boot_cannot_use_is_refused_before_anything_runs(
         aws: AwsBoot, env: dict[str, str], gpus: int, code: int, says: str) -> None:
     values = {k: v for k, v in aws.launch_values(**env).items() if v}
-    box, _, _ = aws.boot(values, gpus=gpus)
-    assert says in refused(box, code)
+    box, iid, _ = aws.boot(values, gpus=gpus)
+    assert says in refused(box, code, aws, iid)
 
 
 def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
@@ -190,10 +221,12 @@ def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
 @pytest.mark.skipif(not PY310.is_dir(), reason=f"no Python 3.10 at {PY310}")
 def test_an_image_with_python_310_is_refused_first(aws: AwsBoot) -> None:
     image = fi.Image(PY310, aws.image.site)
-    box, _, server = aws.boot(aws.launch_values(), image=image)
-    line = refused(box, BootExit.PYTHON)
+    box, iid, server = aws.boot(aws.launch_values(), image=image)
+    line = refused(box, BootExit.PYTHON, aws, iid)
     assert "Python 3.10" in line and ">= 3.11" in line
-    assert server.requests == []  # before anything else: not even the metadata service
+    # before anything else: of the metadata service, only the instance id its exit report needs
+    assert [path for _, path in server.requests] == ["/latest/api/token",
+                                                     "/latest/meta-data/instance-id"]
 
 
 def test_an_image_without_torch_is_refused(aws: AwsBoot, tmp_path: Path) -> None:
