@@ -61,6 +61,13 @@ def test_a_failed_boot_is_terminated_at_once_and_reported(world, tmp_path: Path)
     assert late.detail.endswith("last lines of its boot log:\nspotring-boot: pip install "
                                 "(slow mirror)")
     assert (store.root / chunk_key(bad, "boot", 0)).is_file()  # nothing deleted
+    # provision status shows both, with the failed boot's last error line
+    from provisioner.daemon.view.status import summary
+    from provisioner.daemon.view.tables import status_lines
+
+    text = "\n".join(status_lines(summary(st), 400))
+    assert f"{bad} boot-failed: boot exit 22: `SPOTRING_ZONE` is not a group name" in text
+    assert f"             boot: {REFUSAL}" in text and f"{slow} join-deadline" in text
 
 
 def test_a_job_error_stops_launching_and_ends_the_run(world, tmp_path: Path) -> None:  # noqa: F811
