@@ -210,6 +210,36 @@ def test_a_value_the_boot_cannot_use_is_refused_before_anything_runs(
     assert says in refused(box, code, aws, iid)
 
 
+def test_the_daemon_ends_a_failed_boot_from_what_it_shipped(aws: AwsBoot, tmp_path: Path) -> None:
+    """The real boot fails on a launch value and ships its report to (moto) S3; the daemon's
+    boot watch reads it there, terminates the EC2 instance at once through the AWS driver,
+    and records the exit code, its docs line and the boot's last lines."""
+    import time
+
+    from pricing.model import Offering
+    from provisioner.daemon.loop.actuator import WriteAheadActuator
+    from provisioner.daemon.state import State
+    from provisioner.drivers.aws import AwsDriver
+    from provisioner.timing import Intervals
+
+    box, iid, _ = aws.boot(aws.launch_values(SPOTRING_MODE="pipeline"))
+    assert fi.wait_rc(box, 120) == BootExit.MODE, box.log()
+    state = State(tmp_path / "state.sqlite")
+    offering = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge")
+    state.begin_launch("t1", offering, 1, 0.0)
+    state.finish_launch("t1", [(iid, offering)], 0.0)
+    act = WriteAheadActuator("boot", AwsDriver(aws.world.settings("boot").aws), state,
+                             time.time, Intervals(), logs=aws.shipped())
+    assert act.watch_boots() == [iid]
+    (ev,) = state.events(kinds=["boot-failed"])
+    assert ev.detail.startswith("boot exit 21: `SPOTRING_MODE` is not `ring` or `hybrid`")
+    assert "SPOTRING_MODE=pipeline is not usable" in ev.detail.splitlines()[-1]
+    assert offering in act.unavailable.members() and act.job_error is None
+    assert aws.world.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0][
+        "Instances"][0]["State"]["Name"] in ("shutting-down", "terminated")
+    state.close()
+
+
 def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
     box, _, _ = aws.boot(aws.launch_values(), token_parameter="/spotring/none/ring-token")
     assert fi.wait_rc(box, 180) == BootExit.TOKEN, box.log()
