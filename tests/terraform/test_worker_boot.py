@@ -346,3 +346,43 @@ def test_docs_list_every_boot_exit_code() -> None:
     table = text.split("### Boot exit codes", 1)[1].split("###", 1)[0]
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
     assert listed == {int(c) for c in BootExit}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_shipper_drops_every_line_holding_the_token(cloud: str, tmp_path: Path) -> None:
+    """Whatever a worker prints, a line holding the ring token is never shipped: the
+    shipper's filter (the rendered script's own function) with the token file in place."""
+    import shutil
+    import subprocess
+
+    if shutil.which("terraform") is None:
+        pytest.skip("terraform not installed (it renders the boot scripts)")
+    token = tmp_path / "ring-token"
+    token.write_text(TOKEN + "\n")
+    script = fi.render(cloud, _values(cloud, token_path=str(token)))
+    clean = re.search(r"^ship_clean\(\) \{.*?^\}$", script, flags=re.M | re.S)
+    assert clean is not None, "the shipper's filter is gone"
+    lines = f"step 1\nloaded token {TOKEN} from the file\nstep 2\n{TOKEN}\n"
+    out = subprocess.run(["bash", "-c", f"set -euo pipefail\n{clean[0]}\nship_clean"],
+                         input=lines, capture_output=True, text=True, check=True).stdout
+    assert out == "step 1\nstep 2\n"
+    token.write_text("")  # no token yet (before the boot fetched it): every line goes
+    out = subprocess.run(["bash", "-c", f"{clean[0]}\nship_clean"], input="a\nb\n",
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "a\nb\n"
+
+
+def test_both_scripts_ship_alike() -> None:
+    """The log-shipping block is the same in both boot scripts but for the cloud's copy
+    command and how it finds its instance id when the boot failed before reading it."""
+    def block(cloud: str) -> list[str]:
+        text = fi.TEMPLATES[cloud].read_text()
+        body = text.split("# --- log shipping", 1)[1].split("# --- end of log shipping", 1)[0]
+        return [ln for ln in body.splitlines()
+                if "aws s3 cp" not in ln and "gcloud storage cp" not in ln]
+    def parts(lines: list[str]) -> tuple[list[str], list[str]]:  # before ship_id, from ship_exit
+        at = [next(i for i, ln in enumerate(lines) if ln.startswith(f"{f}()"))
+              for f in ("ship_id", "ship_exit")]
+        return lines[:at[0]], lines[at[1]:]
+    aws, gcp = parts(block("aws")), parts(block("gcp"))
+    assert aws == gcp and len(aws[0]) > 40
