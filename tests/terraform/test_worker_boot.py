@@ -322,6 +322,14 @@ def test_gcp_boot_names_each_worker_after_the_drivers_id(tmp_path: Path) -> None
                                                              "spotring-worker@1.service"}, 60)
                 token = box.root / "etc" / "spotring" / "ring-token"
                 assert token.read_text() == TOKEN and token.stat().st_mode & 0o777 == 0o600
+                # its lines are shipped to GCS under the driver's id <zone>/<vm name>
+                from provisioner.drivers.artifacts import GcsStore
+                from provisioner.drivers.shiplog import StoreLogs
+
+                logs = StoreLogs(GcsStore(BUCKET, "artifacts", gcs.endpoint))
+                last = ("boot", box.log().splitlines()[-1])
+                assert wait_for(lambda: last in logs.lines(launched.id), 30), \
+                    logs.lines(launched.id)
             finally:
                 box.kill()
     fi.shutil.rmtree(image.site, ignore_errors=True)
