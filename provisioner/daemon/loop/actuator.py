@@ -19,6 +19,7 @@ more launches.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -34,6 +35,8 @@ from provisioner.drivers.shiplog import Failure, ShippedLogs, explain, last_erro
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache, join_deadline
+
+log = logging.getLogger(__name__)
 
 
 class WriteAheadActuator:
@@ -231,7 +234,11 @@ class WriteAheadActuator:
         for r in self.state.live_instances():
             if r.draining_since is not None or r.id in members:
                 continue
-            reports = self.logs.reports(r.id)
+            try:
+                reports = self.logs.reports(r.id)
+            except Exception as exc:  # noqa: BLE001 - the store's own errors: the round goes
+                log.warning("exit reports of %s unreadable now: %s", r.id, exc)  # on
+                continue
             if not reports:
                 continue
             lines = [f"{rep.unit}: {ln}" for rep in reports for ln in rep.lines]

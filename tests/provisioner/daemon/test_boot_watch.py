@@ -100,3 +100,23 @@ def test_a_job_error_stops_launching_and_ends_the_run(world, tmp_path: Path) -> 
                     duration_s=None, job_error=ev.detail)
         assert (v.outcome, v.exit_code, v.job_over) == ("job-error", 2, True)
         assert v.failure == ev.detail
+
+
+class _Unreachable:
+    """A store that is down: every read raises, as boto3 does without a network."""
+
+    def reports(self, instance_id: str) -> list:
+        raise OSError("connection refused")
+
+    def tail(self, instance_id: str, unit: str = "boot", n: int = 20) -> list:
+        raise OSError("connection refused")
+
+
+def test_an_unreachable_store_does_not_stop_the_round(world) -> None:  # noqa: F811
+    d, clock, drv, st = world(coordinator=FakeRing(), logs=_Unreachable())
+    d.poll_prices(); d.plan_and_reconcile()
+    first = {r.id for r in st.live_instances()}
+    clock.advance(30)
+    d.plan_and_reconcile()  # the reports cannot be read: the round still plans
+    assert len(first) == 3 and {r.id for r in st.live_instances()} == first
+    assert st.events(kinds=["error"]) == [] and d.errors == []
