@@ -250,6 +250,8 @@ def describe(e: Event) -> str:
         return f"the job trains in the {mode} mode" + (f" ({why})" if why else "")
     if kind == EventKind.NO_CAPACITY:
         return f"no capacity in {where or d}"
+    if kind == EventKind.JOIN_DEADLINE:  # its first line; the boot's lines: failed_boots
+        return f"{who} terminated: {d.splitlines()[0] if d else 'join deadline'}"
     if kind == EventKind.BOOT_FAILED:
         return f"{who} failed: {d.splitlines()[0] if d else 'an exit report'}; terminated"
     if kind == EventKind.JOB_ERROR:

@@ -65,7 +65,9 @@ def test_a_failed_boot_is_terminated_at_once_and_reported(world, tmp_path: Path)
     from provisioner.daemon.view.status import summary
     from provisioner.daemon.view.tables import status_lines
 
-    text = "\n".join(status_lines(summary(st), 400))
+    shown = status_lines(summary(st, events=50), 400)
+    assert all("\n" not in ln for ln in shown)  # one line each; the boot's lines below them
+    text = "\n".join(shown)
     assert f"{bad} boot-failed: boot exit 22: `SPOTRING_ZONE` is not a group name" in text
     assert f"             boot: {REFUSAL}" in text and f"{slow} join-deadline" in text
 
