@@ -240,6 +240,14 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             assert wait_for(lambda: run.step() >= 5, 60)
 
             victim = sorted(fleet)[0]
+            # its workers' lines reach the run's artifacts (each 5 s: the VM vanishes at once
+            # here, with no shutdown to ship the last ones)
+            from provisioner.daemon.wiring import shipped_logs
+
+            logs = shipped_logs(settings)
+            assert wait_for(lambda: {u for u, _ in logs.lines(victim)} >= {
+                "boot", "spotring-worker@0.service", "spotring-worker@1.service"}, 60), \
+                logs.lines(victim)
             vms.views[victim].interrupt()  # the metadata path...
             world.interrupt(victim)  # ...and EventBridge -> SQS
             assert wait_for(lambda: victim not in run.live(), 60), run.members_of()
