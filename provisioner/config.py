@@ -51,6 +51,13 @@ class JobSettings(_Section):
     job_file: str = Field("spotring_examples.digits", description="the trainer job: a module "
                           "or a .py path defining make_job(seed) (`provision run --job` "
                           "overrides); default: the packaged examples/digits.py")
+    code: str | None = Field(None, min_length=1, description="a cloud run: the folder of the "
+                             "job's code, packed and shipped with the run to every worker "
+                             "(`provision run --code` overrides); default: the job file's "
+                             "folder when job_file is a .py path (provisioner/drivers/code.py)")
+    code_max_mb: float = Field(100.0, gt=0, le=10_000, description="the most MB of files the "
+                               "code folder may hold (code, not data: data goes in a bucket or "
+                               ".gitignore)")
     model_mb: float = Field(50.0, ge=0, le=1_000_000,
                             description="gradient size all-reduced each step, in MB (0: the "
                             "all-reduce is not priced, e.g. a tiny model)")

@@ -10,7 +10,8 @@ Rule: bad flags are a UserError (one line, exit 2) before anything starts: every
 finite and within a bound that names the flag and the fix (:func:`check_flags`, with
 :func:`provisioner.clio.bounded`); the job
 (``--job``, else ``job.job_file``) is checked without importing it
-(:func:`provisioner.daemon.run.jobspec.check_job`) and handed on as ``job.job_file``; the metrics
+(:func:`provisioner.daemon.run.jobspec.check_job`) and handed on as ``job.job_file``, with
+the code folder that travels with a cloud run as ``job.code`` (:func:`code_folder`); the metrics
 address is decided once (:func:`metrics_endpoint`). ``--detach`` re-runs the same command
 line in its own session (:mod:`provisioner.daemon.run.detach`).
 
@@ -56,6 +57,12 @@ def register(sub: Any) -> None:
     p.add_argument("--job", metavar="FILE|MODULE", help="the job to train: a .py file or a "
                    "module defining make_job(seed) (default job.job_file, the packaged "
                    "spotring_examples.digits); a cloud run's workers import it by module name")
+    p.add_argument("--code", metavar="DIR|git+URL@REF", help="a cloud run: the folder of your "
+                   "code, packed (as git would commit it, or honouring its .gitignore), shipped "
+                   "with the run and unpacked on every worker, its requirements.txt installed; "
+                   "--job is a .py file inside it (default job.code, else the job file's "
+                   "folder); git+https://host/repo@REF: this host clones REF and packs it "
+                   "(--job: the path inside the repository)")
     p.add_argument("--detach", "-d", action="store_true", help="start in the background (own "
                    "session, output to WORKDIR/daemon.log, or STATE_PATH.log for a cloud "
                    "run); prints the pid and how to follow it")
@@ -131,8 +138,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from provisioner.daemon.run.jobspec import check_job
-
     check_flags(args)
     duration = parse_duration(args.duration) if args.duration else None
     if args.config is None:
@@ -145,10 +150,9 @@ def _run(args: argparse.Namespace) -> int:
             settings = parse_settings({**settings.model_dump(exclude={"fleet"}),
                                        "fleet": fleet}, origin=f"{args.config} with --max-size")
     cloud = settings.cloud.driver != "local"
-    job = (check_job(args.job, "--job", cloud=cloud) if args.job is not None
-           else check_job(settings.job.job_file, "job.job_file", cloud=cloud))
+    job, code = job_and_code(args, settings, cloud)
     settings = settings.model_copy(update={"job": settings.job.model_copy(
-        update={"job_file": job})})
+        update={"job_file": job, "code": code})})
     options = options_from(args, settings, duration)
     if args.detach and not os.environ.get(DETACHED_ENV):
         from provisioner.daemon.run.detach import detach
@@ -161,6 +165,45 @@ def _run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr if done.code else sys.stdout, flush=True)
         return done.code
     return run_session(options, dashboard=not args.no_dashboard)
+
+
+def job_and_code(args: argparse.Namespace, settings: Any, cloud: bool) -> tuple[str, str | None]:
+    """The job (``--job``, else ``job.job_file``) checked, and the code that travels with it
+    (:func:`code_folder`). With a git source (``--code git+URL@REF``, a cloud run) the job is
+    its path inside the repository, checked when the daemon clones it. Raises UserError
+    naming the flag or setting."""
+    from provisioner.daemon.run.jobspec import check_job
+    from provisioner.drivers.code import check_git_job, is_git, parse_git
+
+    spec, flag = ((args.job, "--job") if args.job is not None
+                  else (settings.job.job_file, "job.job_file"))
+    given, name = ((args.code, "--code") if args.code is not None
+                   else (settings.job.code, "job.code"))
+    if cloud and is_git(given):
+        parse_git(given, name)
+        return check_git_job(spec, flag), given
+    job = check_job(spec, flag, cloud=cloud)
+    return job, code_folder(job, args.code, settings, cloud)
+
+
+def code_folder(job: str, flag: str | None, settings: Any, cloud: bool) -> str | None:
+    """The code folder that travels with the run (``--code``, else ``job.code``, else the
+    job file's folder on a cloud run), absolute; None when nothing travels. Raises UserError
+    naming the flag or setting: a local run's workers read the job on this host, so there
+    ``--code`` is refused."""
+    from provisioner.drivers.code import resolve_code
+
+    given, name = (flag, "--code") if flag is not None else (settings.job.code, "job.code")
+    if not cloud:
+        if given is not None:
+            raise UserError(f"{name} {given}: a local run's workers read the job on this host; "
+                            f"--code is for a cloud run ([cloud] driver aws or gcp): drop it")
+        return None
+    try:
+        folder = resolve_code(job, given)
+    except UserError as exc:
+        raise UserError(str(exc).replace("--code", name, 1)) from None
+    return str(folder) if folder is not None else None
 
 
 #: Loggers whose warnings are the run's ordinary news (a member lost on a kill, a coalesced

@@ -1,5 +1,5 @@
-"""The run's artifacts: the exact spotring wheel the daemon runs, stored where its workers
-fetch it, and the launch values that pin it.
+"""The run's artifacts: the exact spotring wheel the daemon runs, and the user's code, stored
+where its workers fetch them, and the launch values that pin them.
 
 Design: nothing a cloud worker installs comes from a package index by name (issue 32). At its
 start the daemon locates the wheel of the code it runs (:func:`locate_wheel`: ``[cloud]
@@ -8,7 +8,10 @@ checkout), stores it content-addressed under ``[cloud] artifacts`` (``<artifacts
 <file>``: a stored wheel is never overwritten, and one already there is not uploaded again)
 and returns ``SPOTRING_WHEEL`` (its URL) and ``SPOTRING_WHEEL_SHA256`` for every launch
 (:mod:`provisioner.drivers.boot`). The worker's boot script fetches the URL, checks the
-SHA-256 and installs it with ``pip --require-hashes --no-deps``. Stores: a folder
+SHA-256 and installs it with ``pip --require-hashes --no-deps``. The user's code, packed by
+:mod:`provisioner.drivers.code`, goes the same way (``<artifacts>/<sha256>/code.tar.gz``) as
+``SPOTRING_CODE`` and ``SPOTRING_CODE_SHA256``, with ``SPOTRING_JOB`` the job's path inside
+it. Stores: a folder
 (``file://`` or a path: the local cloud, tests), S3 and GCS, behind :class:`ArtifactStore`,
 with only the calls below (S3 ``head_object``/``put_object``/``list_objects_v2``/
 ``get_object``; GCS ``blob.exists``/``upload_from_filename``/``list_blobs``/
@@ -18,7 +21,8 @@ with only the calls below (S3 ``head_object``/``put_object``/``list_objects_v2``
 Rule for callers: call :func:`ship` once before the first launch; it raises
 :class:`~provisioner.errors.ConfigError` naming ``[cloud] artifacts`` or ``[cloud] wheel``
 (one line, exit 2) when it cannot ship, and returns ``{}`` when ``[cloud] artifacts`` is unset
-(the boot scripts then install the wheel terraform uploaded, or the pinned index opt-in).
+and no code travels (the boot scripts then install the wheel terraform uploaded, or the
+pinned index opt-in); code needs ``[cloud] artifacts``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from provisioner.drivers.code import Packed
+
 from provisioner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,7 +52,7 @@ SOURCES = ("pyproject.toml", "README.md", "pricing", "provisioner", "trainer", "
 
 @dataclass(frozen=True)
 class Wheel:
-    """A wheel file and its SHA-256 (hex)."""
+    """A wheel file (or any artifact) and its SHA-256 (hex)."""
 
     path: Path
     sha256: str
@@ -112,6 +118,11 @@ def locate_wheel(configured: str | None, workdir: Path) -> Wheel:
                           "not run from a checkout; name that wheel file there")
     path = build_wheel(src, workdir)
     return Wheel(path, sha256_of(path))
+
+
+def content_type(key: str) -> str:
+    """The MIME type of an artifact by its name (a wheel is a zip; the code a gzip'd tar)."""
+    return "application/gzip" if key.endswith(".gz") else "application/zip"
 
 
 class ArtifactStore(Protocol):
@@ -197,7 +208,7 @@ class S3Store:
     def put(self, key: str, path: Path) -> None:
         with open(path, "rb") as fh:
             self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=fh,
-                                ContentType="application/zip")
+                                ContentType=content_type(key))
 
     def list(self, prefix: str) -> list[str]:
         full, cut = self._key(prefix), len(self._key(""))
@@ -244,7 +255,7 @@ class GcsStore:
 
     def put(self, key: str, path: Path) -> None:
         self._bucket.blob(self._key(key)).upload_from_filename(str(path),
-                                                               content_type="application/zip")
+                                                               content_type=content_type(key))
 
     def list(self, prefix: str) -> list[str]:
         cut = len(self._key(""))
@@ -279,7 +290,8 @@ def open_store(url: str, settings: "Settings") -> ArtifactStore:
 
 
 def store_wheel(wheel: Wheel, store: ArtifactStore) -> str:
-    """Put ``wheel`` at ``<sha256>/<file name>`` unless it is there; returns its URL."""
+    """Put ``wheel`` (any artifact) at ``<sha256>/<file name>`` unless it is there; returns
+    its URL."""
     key = f"{wheel.sha256}/{wheel.path.name}"
     if store.exists(key):
         log.info("artifacts: %s already stored", store.url(key))
@@ -289,25 +301,41 @@ def store_wheel(wheel: Wheel, store: ArtifactStore) -> str:
     return store.url(key)
 
 
-def ship(settings: "Settings") -> dict[str, str]:
-    """Store the daemon's wheel with the run; the launch values that pin it (see the module
-    docstring). A wheel built from the checkout lives in a temporary folder until stored.
+def ship(settings: "Settings", code: Packed | None = None) -> dict[str, str]:
+    """Store the daemon's wheel, and ``code`` when given (:func:`provisioner.drivers.code.
+    pack`), with the run; the launch values that pin them (see the module docstring). A wheel
+    built from the checkout lives in a temporary folder until stored.
 
     Raises ConfigError (one line naming the setting) when the wheel cannot be located or
-    stored; returns ``{}`` when ``[cloud] artifacts`` is unset.
+    stored, or when code travels without ``[cloud] artifacts``; returns ``{}`` when
+    ``[cloud] artifacts`` is unset and no code travels.
     """
     url = settings.cloud.artifacts
     if not url:
+        if code is not None:
+            raise ConfigError(f"[cloud] artifacts: unset, and the job {code.job} travels with "
+                              f"its code (--code), which the workers fetch from there; set it "
+                              f"(s3://bucket/prefix or gs://bucket/prefix, the terraform "
+                              f"module's artifacts output)")
         return {}
     with tempfile.TemporaryDirectory(prefix="spotring-wheel-") as tmp:
         wheel = locate_wheel(settings.cloud.wheel, Path(tmp))
+        what = "the wheel"
         try:
-            where = store_wheel(wheel, open_store(url, settings))
+            store = open_store(url, settings)
+            where = store_wheel(wheel, store)
+            if code is not None:
+                what = "the code"
+                code_url = store_wheel(Wheel(code.path, code.sha256), store)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - the SDKs' own errors, translated here
             first = (str(exc).splitlines() or [""])[0][:160]
-            raise ConfigError(f"[cloud] artifacts = {url!r}: cannot store the wheel there "
+            raise ConfigError(f"[cloud] artifacts = {url!r}: cannot store {what} there "
                               f"({type(exc).__name__}: {first}); check the bucket and this "
                               f"host's credentials") from None
-    return {"SPOTRING_WHEEL": where, "SPOTRING_WHEEL_SHA256": wheel.sha256}
+    out = {"SPOTRING_WHEEL": where, "SPOTRING_WHEEL_SHA256": wheel.sha256}
+    if code is not None:
+        out.update(SPOTRING_CODE=code_url, SPOTRING_CODE_SHA256=code.sha256,
+                   SPOTRING_JOB=code.job)
+    return out

@@ -41,6 +41,9 @@ class BootExit(IntEnum):
     TOKEN = 26  # the ring token could not be read from SSM / Secret Manager
     DEPS = 27  # the package installed but its dependencies (torch) are not on the image
     INDEX = 28  # pip install from the index (the opt-in) failed
+    CODE = 30  # SPOTRING_CODE outside the run's artifacts, unfetchable, not unpacked, no job in it
+    CODE_SHA256 = 31  # the code's SHA-256 differs from SPOTRING_CODE_SHA256
+    REQUIREMENTS = 32  # pip could not install the code's requirements.txt
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,10 @@ class LaunchValue:
 #: Every launch value a worker boot reads. The patterns are anchored and hold no character a
 #: shell or a systemd unit would interpret, so a checked value goes into the unit as is.
 LAUNCH_VALUES: dict[str, LaunchValue] = {
-    "SPOTRING_JOB": LaunchValue(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
-                                "the job module (make_job), importable on the worker",
-                                BootExit.JOB),
+    "SPOTRING_JOB": LaunchValue(r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*|"
+                                r"([A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*"
+                                r"\.py)$", "the job: a module (make_job) importable on the "
+                                "worker, or a .py path inside SPOTRING_CODE", BootExit.JOB),
     "SPOTRING_MODE": LaunchValue(r"^(ring|hybrid)$", "the training mode the run chose",
                                  BootExit.MODE),
     "SPOTRING_ZONE": LaunchValue(r"^[a-z0-9][a-z0-9/._-]{0,126}$", "the hybrid group the run "
@@ -73,6 +77,11 @@ LAUNCH_VALUES: dict[str, LaunchValue] = {
                                   "artifacts", BootExit.WHEEL),
     "SPOTRING_WHEEL_SHA256": LaunchValue(r"^[0-9a-f]{64}$", "the wheel's SHA-256",
                                          BootExit.WHEEL),
+    "SPOTRING_CODE": LaunchValue(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,62}/[A-Za-z0-9._/+-]{1,900}"
+                                 r"\.tar\.gz$", "the user's code (provisioner/drivers/code.py), "
+                                 "in the run's artifacts", BootExit.CODE),
+    "SPOTRING_CODE_SHA256": LaunchValue(r"^[0-9a-f]{64}$", "the code's SHA-256",
+                                        BootExit.CODE),
 }
 
 

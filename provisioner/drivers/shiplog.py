@@ -71,17 +71,23 @@ BOOT_EXITS: dict[int, tuple[str, str]] = {
     27: ("the image's Python has no torch (or no pip)", "an image with PyTorch and pip"),
     28: ("the index opt-in (`spotring_index_requirement`) failed",
          "the pinned version and hashes"),
+    30: ("`SPOTRING_CODE` is not in this deployment's artifacts, cannot be fetched or unpacked, "
+         "or the job is not a file of it", "`[cloud] artifacts`, the role's read grant"),
+    31: ("the code's SHA-256 is not `SPOTRING_CODE_SHA256` (changed after the daemon shipped it)",
+         "run again: the daemon packs and ships it anew"),
+    32: ("pip could not install the code's `requirements.txt`",
+         "the requirements (pinned versions the workers can reach)"),
 }
-#: Boot codes that say the job (the user's input), not the offering or its image, is wrong:
-#: launching elsewhere cannot help.
-JOB_BOOT_EXITS = frozenset({20})
+#: Boot codes that say the run's job or code (the user's input), not the offering or its
+#: image, is wrong: launching elsewhere cannot help.
+JOB_BOOT_EXITS = frozenset({20, 30, 31, 32})
 
 
 class Failure(str, Enum):
     """What an exit report means for the run."""
 
     BOOT = "boot"  # the instance or its image: try another offering (the capacity path)
-    JOB = "job"  # the user's job: no launch can succeed until it is fixed
+    JOB = "job"  # the user's job or code: no launch can succeed until it is fixed
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class ExitReport:
 
     @property
     def failure(self) -> Failure:
-        """:attr:`Failure.JOB` for a job error (a worker's exit 2, a boot's 20)."""
+        """:attr:`Failure.JOB` for a job error (a worker's exit 2, a boot's 20, 30-32)."""
         if self.unit == BOOT:
             return Failure.JOB if self.code in JOB_BOOT_EXITS else Failure.BOOT
         return Failure.JOB if self.code == WORKER_JOB_EXIT else Failure.BOOT

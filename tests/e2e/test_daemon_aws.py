@@ -173,7 +173,9 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
     """The daemon launches from a launch template holding the rendered worker user data; each
     moto instance boots it for real (tests/fakes/instances.py): the wheel the daemon shipped to
     the run's artifacts, pinned by SHA-256, the token from SSM, one worker per GPU (two here,
-    on the CPU) named ``<instance id>/<gpu>``, which join the real coordinator and train.
+    on the CPU) named ``<instance id>/<gpu>``, which join the real coordinator and train
+    the user's code (``--code``: a job with a helper beside it and a requirements.txt naming
+    a local wheel), which the daemon packed and shipped through S3 with the run.
     An interruption through both paths (spot/instance-action on IMDS, and EventBridge -> SQS)
     drains both workers of the instance at a step boundary; the daemon terminates it as soon
     as they left (not after the drain timeout) and its replacement boots and joins. A notice
@@ -188,7 +190,9 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
     from provisioner.drivers.aws import AwsDriver
     from tests.fakes import instances as fi
     from tests.fakes.aws_world import REGION, TEMPLATE, market
+    from provisioner.drivers.code import pack
     from tests.fakes.cloud_run import CloudRun, free_port, new_token
+    from tests.fakes.user_code import make_project, tiny_wheel_dir
 
     why = fi.unavailable()
     if why:
@@ -216,12 +220,15 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
     settings = parse_settings({**base, "cloud": {"driver": "aws", "wheel": str(wheel),
                                                  "artifacts": f"s3://{bucket}/artifacts"}})
     image = fi.make_image()
+    # the user's code: `provision run --job project/src/train.py --code project`
+    code = pack(tmp_path / "project", make_project(tmp_path / "project"), tmp_path)
+    pip = {"PIP_FIND_LINKS": str(tiny_wheel_dir(tmp_path / "wheels")), "PIP_NO_INDEX": "1"}
     try:
-        with fi.AwsInstances(world, job, tmp_path / "vms", image) as vms, CloudRun(
+        with fi.AwsInstances(world, job, tmp_path / "vms", image, env=pip) as vms, CloudRun(
                 settings, AwsDriver(settings.aws), TraceSource([], snapshot=market()),
                 tmp_path / "state.sqlite", port=port, token=token,
                 launch_env={"SPOTRING_JOB": "spotring_boot_job", "SPOTRING_DEVICE": "cpu",
-                            "SPOTRING_GPUS": "2"}) as run:
+                            "SPOTRING_GPUS": "2"}, code=code) as run:
             d = run.daemon
 
             def booted() -> str | None:  # a boot that failed says so at once
@@ -236,6 +243,14 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
                                                               vms.boxes.items()})
             tags = {t["Key"]: t["Value"] for t in world.instances(job)[0]["Tags"]}
             assert tags["spotring:env:SPOTRING_WHEEL"].startswith(f"s3://{bucket}/artifacts/{sha}/")
+            # the code arrived through S3 and the workers run it
+            assert tags["spotring:env:SPOTRING_CODE"] == \
+                f"s3://{bucket}/artifacts/{code.sha256}/code.tar.gz"
+            assert tags["spotring:env:SPOTRING_JOB"] == "src/train.py"
+            for iid in fleet:
+                src = vms.boxes[iid].root / "var-lib" / "spotring" / "code" / code.sha256 / "src"
+                marks = [p.read_text().split() for p in src.glob("imported-*.txt")]
+                assert len(marks) >= 2 and all(m[2] == "42" for m in marks), marks
             assert {w.phase for w in d.status().instances} == {"active"}  # matched by id
             assert wait_for(lambda: run.step() >= 5, 60)
 

@@ -3,7 +3,8 @@ it launches the fleet; a second daemon on the same state is refused; SIGKILLed a
 again from another directory (the config's relative ``state_path`` is read from the config
 file's folder) it adopts the fleet (no orphan, no duplicate, nothing terminated); an
 interruption through EventBridge -> SQS is replaced; SIGTERM with ``--on-exit terminate``
-drains, exits 130 (as Ctrl-C) and leaves nothing running."""
+drains, exits 130 (as Ctrl-C) and leaves nothing running. The job is a file of the user's
+(``--job .../src/train.py``, no ``--code``): its folder travels with every launch."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def write_inputs(world: AwsWorld, tmp: Path) -> Path:
         rows.append(f"{now.isoformat()},aws,us-east-1,{zone},g4dn.xlarge,spot,{price},0.526,")
     (tmp / "prices.csv").write_text("\n".join(rows) + "\n")
     (tmp / "ring-token").write_text("a-test-token\n")  # the daemon runs the coordinator
+    from tests.fakes.user_code import make_project
+
+    make_project(tmp / "project")
     import boto3
 
     from tests.fakes.instances import test_wheel
@@ -84,7 +88,8 @@ def start(cfg: Path, tmp: Path, n: int, cwd: Path = REPO) -> subprocess.Popen:
     log = open(tmp / f"run{n}.log", "w")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
-                             "--trace", str(tmp / "prices.csv"), "--on-exit", "terminate"],
+                             "--trace", str(tmp / "prices.csv"), "--on-exit", "terminate",
+                             "--job", str(tmp / "project" / "src" / "train.py")],
                             cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -104,13 +109,22 @@ def test_provision_run_against_moto(world, tmp_path):
         from provisioner.drivers.artifacts import sha256_of
         from tests.fakes.instances import test_wheel
 
+        from provisioner.drivers.code import pack
+
         wheel, sha = test_wheel()
         assert sha == sha256_of(wheel)
+        code = pack(tmp_path / "project" / "src", tmp_path / "project" / "src" / "train.py",
+                    tmp_path)
         for inst in world.instances(JOB):
             tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
             assert tags["spotring:env:SPOTRING_WHEEL"] == \
                 f"s3://{BUCKET}/artifacts/{sha}/{wheel.name}"
             assert tags["spotring:env:SPOTRING_WHEEL_SHA256"] == sha
+            # and the job's folder (--code's default), packed as the packer packs it
+            assert tags["spotring:env:SPOTRING_JOB"] == "train.py"
+            assert tags["spotring:env:SPOTRING_CODE"] == \
+                f"s3://{BUCKET}/artifacts/{code.sha256}/code.tar.gz"
+            assert tags["spotring:env:SPOTRING_CODE_SHA256"] == code.sha256
         coordinator = _meta(tmp_path, "coordinator")
         assert coordinator and coordinator["port"] > 0
         busy = start(cfg, tmp_path, 9)
@@ -121,6 +135,8 @@ def test_provision_run_against_moto(world, tmp_path):
         assert alive(world) == fleet  # a crash leaves the fleet running...
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
+        # the user edits the code before the restart: the run keeps the code its ring runs
+        (tmp_path / "project" / "src" / "helper.py").write_text("# edited\n")
         second = start(cfg, tmp_path, 2, cwd=elsewhere)
         try:
             time.sleep(0.5)
@@ -139,6 +155,10 @@ def test_provision_run_against_moto(world, tmp_path):
             tokens = [t["Value"] for i in world.instances(JOB, alive_only=False)
                       for t in i.get("Tags", []) if t["Key"] == "spotring:token"]
             assert len(tokens) == 3  # ever launched: the fleet of two, then one replacement
+            (new,) = [i for i in world.instances(JOB) if i["InstanceId"] not in fleet]
+            tags = {t["Key"]: t["Value"] for t in new["Tags"]}
+            assert tags["spotring:env:SPOTRING_CODE_SHA256"] == code.sha256
+            assert "code: changed since this run started" in (tmp_path / "run2.log").read_text()
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(60) == 130, (tmp_path / "run2.log").read_text()  # stopped
@@ -178,10 +198,13 @@ def _events(tmp: Path) -> list[str]:
     ("profile", "AWS_PROFILE"),
     ("wheel", "[cloud] wheel"),
     ("bucket", "[cloud] artifacts"),
+    ("symlink", "src/leak is a symlink to /etc, outside the folder"),
+    ("git", "git could not check out no-such-tag"),
 ])
 def test_a_run_that_cannot_start_says_why_in_one_line(world, tmp_path, setup, says):
     """An AWS profile that does not exist, a wheel that is not there, an artifacts bucket
-    that does not exist: one line naming it and the fix, exit 2, and nothing started (no
+    that does not exist, a code folder with a symlink out of it, a git ref that is not there:
+    one line naming it and the fix, exit 2, and nothing started (no
     state file, no instance)."""
     cfg = write_inputs(world, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -190,10 +213,18 @@ def test_a_run_that_cannot_start_says_why_in_one_line(world, tmp_path, setup, sa
         env["AWS_CONFIG_FILE"] = str(tmp_path / "no-aws-config")
     elif setup == "wheel":
         cfg.write_text(cfg.read_text().replace('wheel = "', 'wheel = "/nonexistent/'))
-    else:
+    elif setup == "bucket":
         cfg.write_text(cfg.read_text().replace(f"s3://{BUCKET}/", "s3://no-such-bucket-x/"))
+    job: list[str] = []
+    if setup == "symlink":
+        (tmp_path / "project" / "src" / "leak").symlink_to("/etc")
+        job = ["--job", "project/src/train.py", "--code", "project"]
+    if setup == "git":  # resolved on this host, before anything starts
+        subprocess.run(["git", "init", "-q", str(tmp_path / "project")], check=True)
+        job = ["--job", "src/train.py", "--code",
+               f"git+file://{tmp_path / 'project'}@no-such-tag"]
     done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
-                           "--trace", str(tmp_path / "prices.csv")], cwd=tmp_path, env=env,
+                           "--trace", str(tmp_path / "prices.csv"), *job], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]

@@ -3,7 +3,8 @@ emulated cloud (moto or the GCP fake), and fake instances booting the rendered b
 (tests/fakes/instances.py), whose workers join the real ring and train.
 
 Design: :class:`CloudRun` is what ``provision run`` assembles for a cloud (the coordinator on
-a fixed port the boot script names, the wheel shipped to the run's artifacts by
+a fixed port the boot script names, the wheel (and the user's code, when given) shipped to
+the run's artifacts by
 :func:`provisioner.drivers.artifacts.ship`, the daemon from
 :func:`provisioner.daemon.wiring.build_daemon` with the run's launch values) plus the
 questions a test asks the ring: its members by instance (:meth:`members_of`), whether a worker
@@ -34,8 +35,10 @@ class CloudRun:
     """The daemon and coordinator of one job over an emulated cloud (see the module docstring)."""
 
     def __init__(self, settings: Any, driver: Any, source: Any, state_path: Path, *,
-                 port: int, token: str, launch_env: Mapping[str, str]) -> None:
+                 port: int, token: str, launch_env: Mapping[str, str],
+                 code: Any = None) -> None:
         self.settings, self.driver, self.source = settings, driver, source
+        self.code = code  # a provisioner.drivers.code.Packed shipped with the run, or None
         self.state_path, self.port, self.token = state_path, port, token
         self.launch_env = dict(launch_env)
         self.coordinator: Any = None
@@ -47,7 +50,7 @@ class CloudRun:
         from provisioner.drivers.artifacts import ship
         from tests.fakes.aws_world import real_clock
 
-        shipped = ship(self.settings)
+        shipped = ship(self.settings, self.code)
         self.coordinator = make_coordinator("127.0.0.1", self.port, self.token.encode(),
                                             heartbeat_timeout_s=5.0)
         self.daemon = build_daemon(self.settings, self.driver, self.source,

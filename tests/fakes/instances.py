@@ -285,8 +285,10 @@ class _Instances:
     """Boots a :class:`Sandbox` for each instance of a job that appears in an emulated cloud
     and kills it when the instance is gone (a thread polls every 0.2 s)."""
 
-    def __init__(self, base: Path, image: Image, *, gpus: int = 0) -> None:
+    def __init__(self, base: Path, image: Image, *, gpus: int = 0,
+                 env: Mapping[str, str] | None = None) -> None:
         self.base, self.image, self.gpus = base, image, gpus
+        self.env = dict(env or {})  # added to every boot's (e.g. PIP_FIND_LINKS)
         self.boxes: dict[str, Sandbox] = {}
         self.servers: dict[str, MetadataServer] = {}
         self.gone: set[str] = set()
@@ -329,7 +331,7 @@ class _Instances:
                     script, server, env = self._boot(iid, raw)
                     self.servers[iid] = server
                     root = self.base / hashlib.sha1(iid.encode()).hexdigest()[:12]
-                    self.boxes[iid] = Sandbox(root, script, self.image, env,
+                    self.boxes[iid] = Sandbox(root, script, self.image, {**env, **self.env},
                                               gpus=self.gpus).start()
             for iid, box in self.boxes.items():
                 if iid not in alive and iid not in self.gone:

@@ -4,8 +4,10 @@ answers from the instance's moto tags or fake-GCP metadata).
 
 What a launch says reaches the workers: job, mode, hybrid group, GPUs; one worker per GPU,
 named ``<instance id>/<gpu>``; spotring is the wheel the daemon shipped, fetched from the run's
-artifacts and installed pinned by its SHA-256. A value the boot cannot use is refused before
-anything is installed, with one line in the instance's log and its own exit code
+artifacts and installed pinned by its SHA-256; the user's code (``--code``) fetched, checked
+by its SHA-256, unpacked, its requirements.txt installed, and the job run from it. A value the
+boot cannot use is refused before anything is installed (the code: before any worker
+starts), with one line in the instance's log and its own exit code
 (provisioner/drivers/boot.py); Python is checked first of all. Every line the boot and the
 workers print is shipped to the run's artifacts (``logs/<instance id>/<unit>/<seq>``), and a
 failed boot or worker unit ships its exit report (``exits/<instance id>/<unit>``,
@@ -274,54 +276,101 @@ def test_an_image_without_torch_is_refused(aws: AwsBoot, tmp_path: Path) -> None
 
 # -- GCP -----------------------------------------------------------------------------------------
 
-def test_gcp_boot_names_each_worker_after_the_drivers_id(tmp_path: Path) -> None:
+def test_gcp_boot_names_each_worker_after_the_drivers_id_and_runs_the_users_code(
+        tmp_path: Path) -> None:
     """A VM launched by the real GCP driver (its metadata carries the launch values) boots:
-    the token from Secret Manager, the wheel from GCS, and each worker named
-    ``<zone>/<vm name>/<gpu>``: the driver's instance id, which the daemon matches."""
+    the token from Secret Manager, the wheel and the user's code from GCS, and each worker
+    named ``<zone>/<vm name>/<gpu>``: the driver's instance id, which the daemon matches. The
+    code (``provision run --job src/train.py --code DIR``, packed by the daemon's packer) is
+    checked, unpacked, its requirements.txt installed into the workers' venv from a local
+    folder of wheels; both workers import ``helper`` beside the job and ``tinypkg``, join a
+    real coordinator and train."""
     if WHY:
         pytest.skip(WHY)
     pytest.importorskip("google.cloud.storage")
     from pricing.model import Offering
+    from provisioner.daemon.wiring import make_coordinator
     from provisioner.drivers.base import LaunchRequest
+    from provisioner.drivers.code import pack
+    from tests.fakes.cloud_run import free_port
     from tests.fakes.gcp_world import PROJECT, GcpWorld
     from tests.fakes.gcs_fake import GcsFake
+    from tests.fakes.user_code import make_project, tiny_wheel_dir
 
     wheel, sha = fi.test_wheel()
     image = fi.make_image()
-    script = fi.render("gcp", _values("gcp"))
+    job_file = make_project(tmp_path / "project")
+    (tmp_path / "packed").mkdir()
+    code = pack(tmp_path / "project", job_file, tmp_path / "packed")
+    wheels = tiny_wheel_dir(tmp_path / "wheels")
+    port = free_port()
+    script = fi.render("gcp", _values("gcp", coordinator=f"127.0.0.1:{port}",
+                                      extra_args="--connect-timeout 60"))
+    coord = make_coordinator("127.0.0.1", port, TOKEN.encode(), heartbeat_timeout_s=5.0)
     with GcpWorld() as world, GcsFake(buckets=[BUCKET]) as gcs:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        storage.Client(project="x", credentials=AnonymousCredentials(), client_options={
-            "api_endpoint": gcs.endpoint}).bucket(BUCKET).blob(
-            f"artifacts/{sha}/{wheel.name}").upload_from_filename(str(wheel))
+        bucket = storage.Client(project="x", credentials=AnonymousCredentials(), client_options={
+            "api_endpoint": gcs.endpoint}).bucket(BUCKET)
+        bucket.blob(f"artifacts/{sha}/{wheel.name}").upload_from_filename(str(wheel))
+        bucket.blob(f"artifacts/{code.sha256}/code.tar.gz").upload_from_filename(str(code.path))
         world.fake.set_secret(PROJECT, "spotring-boot-ring-token", TOKEN)
         settings = world.settings("boot-gcp")
         launched = world.driver(settings).launch(LaunchRequest(
             Offering("gcp", "us-central1", "us-central1-a", "g2-standard-8"), 1, "boot-gcp",
-            "tok-1", {"SPOTRING_JOB": "spotring_boot_job", "SPOTRING_DEVICE": "cpu",
+            "tok-1", {"SPOTRING_JOB": code.job, "SPOTRING_DEVICE": "cpu",
                       "SPOTRING_GPUS": "2", "SPOTRING_WHEEL":
                       f"gs://{BUCKET}/artifacts/{sha}/{wheel.name}",
-                      "SPOTRING_WHEEL_SHA256": sha})).instances[0]
+                      "SPOTRING_WHEEL_SHA256": sha,
+                      "SPOTRING_CODE": f"gs://{BUCKET}/artifacts/{code.sha256}/code.tar.gz",
+                      "SPOTRING_CODE_SHA256": code.sha256})).instances[0]
         zone, _, name = launched.id.partition("/")
         with MetadataServer(GcpView(world.fake, PROJECT, zone, name)) as server:
             box = fi.Sandbox(tmp_path / "vm", script, image, {
                 "http_proxy": server.endpoint,
                 "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": world.endpoint + "/",
-                "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": gcs.endpoint + "/"}).start()
+                "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": gcs.endpoint + "/",
+                "PIP_FIND_LINKS": str(wheels), "PIP_NO_INDEX": "1"}).start()
             try:
                 assert fi.wait_rc(box, 180) == 0, box.log()
-                start = next(ln for ln in box.unit_file("spotring-worker@.service").splitlines()
-                             if ln.startswith("ExecStart="))
+                unit = box.unit_file("spotring-worker@.service").splitlines()
+                start = next(ln for ln in unit if ln.startswith("ExecStart="))
                 assert f"--name {launched.id}/%i --device cpu" in start
                 assert "--zone us-central1-a " in start and "--mode" not in start
                 assert "--notice-url http://metadata.google.internal/computeMetadata/v1/" \
                        "instance/preempted" in start
+                # the job from the code's own folder, started in its folder
+                code_dir = f"/var/lib/spotring/code/{code.sha256}"
+                assert f"--job {code_dir}/src/train.py " in start
+                assert f"WorkingDirectory={code_dir}/src" in unit
                 assert wait_for(lambda: set(box.units()) == {"spotring-worker@0.service",
                                                              "spotring-worker@1.service"}, 60)
                 token = box.root / "etc" / "spotring" / "ring-token"
                 assert token.read_text() == TOKEN and token.stat().st_mode & 0o777 == 0o600
+                # both workers joined the real ring and trained
+                members = {f"{launched.id}/0", f"{launched.id}/1"}
+
+                def stopped() -> str | None:
+                    done = {u: s["runs"] for u, s in box.units().items()
+                            if s["runs"] and s["runs"][-1]["rc"] is not None}
+                    return f"a worker ended: {done} {box.journal(next(iter(done)))}" \
+                        if done else None
+
+                assert wait_for(lambda: {m.name for m in coord.members()
+                                         if m.state == "active"} == members
+                                and int(coord.stats().get("step") or 0) >= 3, 150,
+                                abort=stopped), (coord.members(), coord.stats())
+                # each imported helper from the unpacked code and tinypkg from the venv
+                unpacked = box.root / "var-lib" / "spotring" / "code" / code.sha256
+                marks = [p.read_text().splitlines() for p in
+                         (unpacked / "src").glob("imported-*.txt")]
+                assert len(marks) >= 2, box.journal("spotring-worker@0.service")
+                for helper, tiny, value in marks:
+                    assert helper == f"{code_dir}/src/helper.py"
+                    assert tiny.startswith("/opt/spotring/lib/") and value == "42"
+                assert not (unpacked / "data").exists()  # .gitignore'd: not shipped
+                assert (unpacked / "requirements.txt").is_file()
                 # its lines are shipped to GCS under the driver's id <zone>/<vm name>
                 from provisioner.drivers.artifacts import GcsStore
                 from provisioner.drivers.shiplog import StoreLogs
@@ -332,7 +381,37 @@ def test_gcp_boot_names_each_worker_after_the_drivers_id(tmp_path: Path) -> None
                     logs.lines(launched.id)
             finally:
                 box.kill()
+                coord.stop()
     fi.shutil.rmtree(image.site, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("code_sha", "job", "code", "says"), [
+    ("0" * 64, "src/train.py", BootExit.CODE_SHA256, "its SHA-256 is not"),
+    (None, "train.py", BootExit.JOB, "carries no code"),
+], ids=["code-sha-differs", "file-job-without-code"])
+def test_code_that_does_not_match_its_hash_fails_the_boot_with_its_code(
+        aws: AwsBoot, tmp_path: Path, code_sha: str | None, job: str, code: int,
+        says: str) -> None:
+    from provisioner.drivers.code import pack
+    from tests.fakes.user_code import make_project
+
+    job_file = make_project(tmp_path / "project")
+    packed = pack(tmp_path / "project", job_file, tmp_path)
+    key = f"artifacts/{packed.sha256}/code.tar.gz"
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1", endpoint_url=aws.world.endpoint).upload_file(
+        str(packed.path), BUCKET, key)
+    env = aws.launch_values(SPOTRING_JOB=job)
+    if code_sha is not None:
+        env.update(SPOTRING_CODE=f"s3://{BUCKET}/{key}", SPOTRING_CODE_SHA256=code_sha)
+    box, _, _ = aws.boot(env)
+    assert fi.wait_rc(box, 180) == code, box.log()
+    lines = [ln for ln in box.log().splitlines() if ln.startswith("spotring-boot: error:")]
+    assert len(lines) == 1 and lines[0].endswith(f"(exit {int(code)})") and says in lines[0], \
+        box.log()
+    assert box.units() == {}  # no worker started
+    assert not (box.root / "var-lib" / "spotring" / "code" / packed.sha256).exists()
 
 
 # -- one contract: the patterns and exit codes of boot.py are the scripts' ----------------------

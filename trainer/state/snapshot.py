@@ -459,9 +459,15 @@ def host_copy(tree: Any) -> Any:
     return tree
 
 
+RETRY_S = 2.0  # a failed snapshot is taken again after this, doubling while it fails
+
+
 class Snapshotter:
     """Rank 0's snapshots: :meth:`due` asked for each step, :meth:`take` at its commit, the
-    upload on a thread."""
+    upload on a thread. An upload that failed (the coordinator restarting, the store away)
+    is taken again after :data:`RETRY_S`, doubling while it keeps failing up to the
+    interval, not a whole interval later: a restarted daemon gets a fresh snapshot as soon
+    as it answers, so a kill that follows does not send the ring back an interval more."""
 
     def __init__(self, connect: Callable[[], Any], every_steps: int, every_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -475,13 +481,17 @@ class Snapshotter:
         self.skipped = 0
         self.copy_s = 0.0  # time spent on the step path (the host copies)
         self.failed: str | None = None
+        self._failures = 0  # uploads failed in a row
+        self._retry_at: float | None = None  # a failed upload is taken again from then
 
     def due(self, step: int) -> bool:
         """Is a snapshot due once ``step`` is committed: an interval passed since the last
         one and no upload is in flight? (One that is due while an upload runs is counted
         in :attr:`skipped` and asked again at the next step.)"""
-        if not due(step, self._clock(), self._last_step, self._last_time, self.every_steps,
-                   self.every_s):
+        now = self._clock()
+        retry = self._retry_at is not None and now >= self._retry_at and step > self._last_step
+        if not retry and not due(step, now, self._last_step, self._last_time, self.every_steps,
+                                 self.every_s):
             return False
         if self._thread is not None and self._thread.is_alive():
             self.skipped += 1
@@ -521,11 +531,14 @@ class Snapshotter:
             finally:
                 conn.close()
             self.taken += 1
-            self.failed = None
-        except Exception as e:  # noqa: BLE001 - the next one retries; training goes on
+            self.failed, self._failures, self._retry_at = None, 0, None
+        except Exception as e:  # noqa: BLE001 - taken again soon; training goes on
             self.failed = f"{type(e).__name__}: {str(e)[:200]}"
-            log.warning("snapshot of step %d failed: %s (training goes on; the next one "
-                        "retries)", step, self.failed)
+            self._failures += 1
+            wait = min(RETRY_S * 2 ** (self._failures - 1), max(RETRY_S, self.every_s))
+            self._retry_at = self._clock() + wait
+            log.warning("snapshot of step %d failed: %s (training goes on; taken again in "
+                        "%.0f s)", step, self.failed, wait)
 
     def wait(self, timeout: float = 60.0) -> None:
         """Wait for an upload in flight (at the end of a run)."""

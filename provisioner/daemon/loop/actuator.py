@@ -223,7 +223,7 @@ class WriteAheadActuator:
         lines, then terminated. A boot failure of the offering's image or capacity counts as
         a refusal for capacity (:attr:`unavailable` for ``capacity_ttl_s``, :attr:`failed`:
         the planner's blocked-offering path); a job error (the user's code: a worker's exit 2,
-        a boot's exit 20) sets :attr:`job_error` and a ``job-error`` event: no more launches.
+        a boot's exit 20 or 30-32) sets :attr:`job_error` and a ``job-error`` event: no more launches.
         Returns the ids terminated."""
         if self.logs is None or self.stopping.is_set():
             return []

@@ -11,7 +11,15 @@ daemon on the address a previous daemon of this state used (kept in the state, s
 the fleet (:mod:`provisioner.daemon.loop.recovery`) and the workers' ring goes on. Snapshots go
 to ``[snapshot] url`` (default ``snapshots/<job.id>`` beside the state file). Every launch
 carries the job (``SPOTRING_JOB``: AWS tag ``spotring:env:SPOTRING_JOB``, GCP metadata
-``spotring-env-SPOTRING_JOB``).
+``spotring-env-SPOTRING_JOB``). A job file travels with its code (``job.code``: ``--code``,
+else the file's folder): packed once at the start (:func:`provisioner.drivers.code.pack`),
+shipped beside the wheel (:func:`provisioner.drivers.artifacts.ship`), and every launch
+carries ``SPOTRING_CODE``/``SPOTRING_CODE_SHA256`` and the job's path inside the code as
+``SPOTRING_JOB``. A git source (``--code git+URL@REF``) is cloned here, on the daemon's
+host, and packed the same way; no worker clones anything. One run trains one code: the
+state keeps what its launches carry (meta ``code``), and a restarted daemon that finds the
+folder changed launches the run's own code still, and says so (a ring whose members ran two
+codes could not share its weights); another ``job.id`` trains the new code.
 
 A state file holds one job's run: a start on a state whose job finished is refused (its
 snapshots, keyed by ``job.id``, would train the finished job again); give another
@@ -23,6 +31,7 @@ one environment serves one session.
 
 from __future__ import annotations
 
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +39,7 @@ from typing import Any, Callable
 from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.ports import RingCoordinator
 from provisioner.daemon.run.jobcheck import limit_env
+from provisioner.daemon.run.jobspec import check_job
 from provisioner.daemon.run.lock import Created
 from provisioner.daemon.run.options import RunOptions
 from provisioner.daemon.run.session import Found, Parts
@@ -37,9 +47,14 @@ from provisioner.daemon.run.target import cloud_target
 from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide_start
 from provisioner.daemon.state import State
 from provisioner.daemon.wiring import (cloud_parts, make_coordinator, ring_token, shipped_logs,
-                                       snapshot_url)
+                                       snapshot_url, with_recorded_end)
 from provisioner.drivers.artifacts import ship
+from provisioner.drivers.code import code_root, is_git, pack
 from provisioner.errors import UserError
+
+
+#: The launch values that name a run's code (kept in the state: meta ``code``).
+CODE_KEYS = ("SPOTRING_CODE", "SPOTRING_CODE_SHA256", "SPOTRING_JOB")
 
 
 def _now() -> datetime:
@@ -61,16 +76,27 @@ class CloudEnvironment:
         self._parts: tuple[Any, Any] | None = None
         self._token: bytes | None = None
         self._shipped: dict[str, str] = {}
+        self._run_code: dict[str, str] | None = None  # what a continued run's launches carry
 
     def check(self) -> list[str]:
-        """The driver, the source and the token; the wheel this daemon runs, stored with the
-        run (``[cloud] artifacts``) before anything starts: its URL and SHA-256 go with every
-        launch (:mod:`provisioner.drivers.artifacts`)."""
+        """The driver, the source and the token; the wheel this daemon runs, and the job's
+        code when it travels, stored with the run (``[cloud] artifacts``) before anything
+        starts: their URLs and SHA-256s go with every launch
+        (:mod:`provisioner.drivers.artifacts`)."""
         s = self.options.settings
         self._parts = cloud_parts(s, list(self.options.traces) or None)
         self._token = ring_token(s)
-        self._shipped = ship(s)
-        return []
+        if s.job.code is None:
+            self._shipped = ship(s)
+            return []
+        with tempfile.TemporaryDirectory(prefix="spotring-code-") as tmp, code_root(
+                s.job.code, self.options.job) as (root, job_file, origin):
+            if is_git(s.job.code):  # the job was a path in the repository: checked now
+                check_job(str(job_file), "--job")
+            packed = pack(root, job_file, Path(tmp), max_mb=s.job.code_max_mb)
+            self._shipped = ship(s, packed)
+        return [f"code: {packed.files} files ({packed.size / 1e6:.1f} MB) of {origin}, "
+                f"sha256 {packed.sha256[:12]}, job {packed.job}"]
 
     def build_job(self) -> list[str]:
         """Nothing: a cloud job is a module of the workers' image (``provision check --job
@@ -85,8 +111,17 @@ class CloudEnvironment:
                            f"cloud {s.cloud.driver}", self.options.until_steps)
 
     def decide(self, found: Found) -> Start:
+        """Continue, finish or refuse, from the state and the ring's end its coordinator
+        recorded beside the snapshots (a daemon killed right after the ring finished did not
+        record it itself: the run is finished, not trained again)."""
+        ring = found.get("ring")
+        url = snapshot_url(self.options.settings, self._snapshots())
+        if found.run and url:
+            ring = with_recorded_end(ring, self.options.settings, url, self._token)
         start = decide_start(found.run, found.has_state, self.identity(), self.target.what,
-                            found.get("ring"))
+                            ring)
+        if start.kind is StartKind.CONTINUE:
+            self._run_code = found.get("code")
         if start.kind is StartKind.NEXT:
             raise UserError(f"{self.target.what}: holds job {self.options.settings.job.id}, "
                             f"which finished; give another job.id (or daemon.state_path) to "
@@ -112,14 +147,26 @@ class CloudEnvironment:
                                 f"workers dial {prev['host']}:{prev['port']}; set "
                                 f"{prev['port']} (or 0) to go on with them")
             port = int(prev["port"])
-        default = self.target.state.parent / "snapshots" / s.job.id
+        default = self._snapshots()
         if s.snapshot.url is None:
             created.mkdirs(default)
         return make_coordinator(host, port, self._token, snapshot=s.snapshot,
                                 snapshot_url=snapshot_url(s, default))
 
+    def _snapshots(self) -> Path:
+        """The snapshots' folder on this host when ``snapshot.url`` is unset."""
+        return self.target.state.parent / "snapshots" / self.options.settings.job.id
+
     def commit(self, start: Start, run_id: str) -> list[str]:
-        return []
+        """A continued run keeps its code (the module docstring): the launch values of the
+        code it started with, and a line when the folder changed since."""
+        prev, now = self._run_code, self._shipped.get("SPOTRING_CODE_SHA256")
+        if not prev or now is None or prev.get("SPOTRING_CODE_SHA256") == now:
+            return []
+        self._shipped.update(prev)
+        return [f"code: changed since this run started (sha256 {now[:12]} now); its launches "
+                f"keep the run's code {prev['SPOTRING_CODE_SHA256'][:12]}, which its workers "
+                f"run; give another job.id to train the new code"]
 
     def clock(self, state: State, start: Start, found: Found) -> Callable[[], datetime]:
         return _now
@@ -128,8 +175,12 @@ class CloudEnvironment:
               now: Callable[[], datetime]) -> Parts:
         assert self._parts is not None, "check() first"
         driver, source = self._parts
+        code = {k: v for k, v in self._shipped.items() if k in CODE_KEYS}
+        if code:
+            state.set_meta("code", code)
         # the workers' job, job.job_file (or --job), goes with each launch as SPOTRING_JOB,
-        # with the wheel this daemon runs, pinned by its SHA-256
+        # with the wheel this daemon runs, pinned by its SHA-256; a job file travelling with
+        # its code is its path inside the code (SPOTRING_JOB from ship)
         return Parts(driver, source, {"SPOTRING_JOB": self.options.job, **self._shipped,
                                       **limit_env(self.options.until_epochs,
                                                   self.options.until_steps)},

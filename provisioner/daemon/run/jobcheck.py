@@ -83,12 +83,14 @@ class JobFacts:
 
 
 def build(spec: str, env: Mapping[str, str], *, flag: str = "--job", seed: int = 0,
-          python: str | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> JobFacts:
-    """Build ``spec`` in a child process with ``env`` added to this one's. Raises UserError
-    naming ``flag``, the job and the cause."""
+          python: str | None = None, timeout_s: float = BUILD_TIMEOUT_S,
+          cwd: str | None = None) -> JobFacts:
+    """Build ``spec`` in a child process with ``env`` added to this one's, started in ``cwd``
+    (first on its import path, as a cloud worker's job folder is). Raises UserError naming
+    ``flag``, the job and the cause."""
     try:
         done = subprocess.run([python or sys.executable, "-m", "provisioner.daemon.run.jobcheck",
-                               spec, str(seed)], env={**os.environ, **env},
+                               spec, str(seed)], env={**os.environ, **env}, cwd=cwd,
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise UserError(f"{flag} {spec}: building the job took more than {timeout_s:g} s "

@@ -11,9 +11,10 @@ fix, before the work directory, the lock or a port is touched. An error inside
 workers keep failing before they join, naming the log).
 
 A path is resolved to an absolute one (the workers start in their own sessions, from any
-folder); a module name stays a name. A cloud worker runs on another machine: there the job
-must be a module installed on the workers' image, so a path is refused, and a name that
-this host cannot import is accepted (the daemon host need not install it).
+folder); a module name stays a name. A cloud worker runs on another machine: a path there is
+a file of the code that travels with the run (``--code``, default the file's folder:
+:mod:`provisioner.drivers.code`), and a module name that this host cannot import is accepted
+(a module of the workers' image; the daemon host need not install it).
 
 Rule for callers: call :func:`check_job` once, with the flag or setting the value came from,
 and pass on what it returns.
@@ -84,11 +85,6 @@ def check_job(spec: str, flag: str, *, cloud: bool = False) -> str:
     if not spec:
         raise UserError(f"{flag}: empty; {_FIX}")
     if is_path(spec):
-        if cloud:
-            raise UserError(f"{flag} {spec}: a cloud worker imports its job by module name "
-                            f"(a path on this host means nothing there); install your job's "
-                            f"package on the workers' image and give its module, e.g. "
-                            f"{flag} mypkg.myjob")
         path = Path(spec).expanduser()
         if not path.is_file():
             raise UserError(f"{flag} {spec}: no such file (from {Path.cwd()}); {_FIX}")

@@ -79,7 +79,7 @@ LIMIT_GRACE_S = 30.0
 #: How often the end of a run is tried again while the disk is full.
 DISK_RETRY_S = 1.0
 #: The state meta a start reads from the run found there (read-only, before the lock's run).
-FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at", "ring")
+FOUND_KEYS = ("run", "coordinator", "clock", "finished", "started_at", "ring", "code")
 
 
 @dataclass(frozen=True)

@@ -62,11 +62,13 @@ def test_good_job_is_resolved_without_importing_it(tmp_path, monkeypatch):
     assert check_job(str(REPO / "examples" / "digits.py"), "--job").endswith("digits.py")
 
 
-def test_cloud_job_must_be_a_module(tmp_path):
+def test_cloud_job_is_a_file_of_its_code_or_a_module_of_the_image(tmp_path):
     job = tmp_path / "myjob.py"
     job.write_text("def make_job(seed):\n    return None\n")
-    with pytest.raises(UserError, match="module name"):
-        check_job(str(job), "--job", cloud=True)
+    # a file travels with its code (--code, default its folder): checked as on a local run
+    assert check_job(str(job), "--job", cloud=True) == str(job.resolve())
+    with pytest.raises(UserError, match="no such file"):
+        check_job(str(tmp_path / "nope.py"), "--job", cloud=True)
     # a module the daemon host does not have is fine: the workers' image has it
     assert check_job("mypkg.myjob", "--job", cloud=True) == "mypkg.myjob"
 

@@ -49,3 +49,22 @@ def test_a_forged_or_missing_marker_changes_nothing(tmp_path: Path) -> None:
     assert with_recorded_end(running, settings, folder.as_uri(), TOKEN) == running
     (folder / snap.END).write_text("[" * 100_000)
     assert with_recorded_end(running, settings, folder.as_uri(), TOKEN) == running
+
+
+def test_a_cloud_daemon_reads_the_recorded_end_too(tmp_path: Path) -> None:
+    from provisioner.config import parse_settings
+    from provisioner.daemon.run.cloud import CloudEnvironment
+    from provisioner.daemon.run.options import RunOptions
+    from provisioner.daemon.run.session import Found
+
+    settings = parse_settings({"cloud": {"driver": "aws"}, "job": {"id": "job"},
+                               "daemon": {"state_path": str(tmp_path / "state.sqlite")}})
+    env = CloudEnvironment(RunOptions(settings=settings))
+    env._token = TOKEN  # what check() reads from daemon.token_path
+    identity = env.identity()
+    found = Found(True, {"run": {**RUN, "identity": identity.as_meta()},
+                         "ring": {"outcome": "running", "step": 680}})
+    assert env.decide(found).kind is StartKind.CONTINUE  # no marker: the run goes on
+    _marker(tmp_path / "snapshots" / "job", TOKEN)  # where the cloud coordinator snapshots
+    start = env.decide(found)
+    assert start.kind is StartKind.FINISH and start.ring["step"] == 690

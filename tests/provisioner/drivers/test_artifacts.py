@@ -67,6 +67,34 @@ def test_s3_store_on_moto(tmp_path: Path) -> None:
             artifacts.ship(missing)
 
 
+def test_the_code_travels_beside_the_wheel_content_addressed(tmp_path: Path) -> None:
+    from provisioner.drivers.code import pack
+
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    wheel = fake_wheel(tmp_path)
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    job = tmp_path / "proj" / "sub" / "train.py"
+    job.write_text("def make_job(seed):\n    return None\n")
+    packed = pack(tmp_path / "proj", job, tmp_path)
+    with pytest.raises(ConfigError, match=r"^\[cloud\] artifacts: unset, and the job "
+                                          r"sub/train.py travels with its code"):
+        artifacts.ship(settings(wheel=str(wheel)), packed)
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="runs")
+        s = settings(artifacts="s3://runs/jobs/a", wheel=str(wheel))
+        env = artifacts.ship(s, packed)
+        assert env["SPOTRING_CODE"] == f"s3://runs/jobs/a/{packed.sha256}/code.tar.gz"
+        assert env["SPOTRING_CODE_SHA256"] == packed.sha256 and env["SPOTRING_JOB"] == \
+            "sub/train.py"
+        got = s3.get_object(Bucket="runs", Key=f"jobs/a/{packed.sha256}/code.tar.gz")
+        assert got["Body"].read() == packed.path.read_bytes()
+        assert got["ContentType"] == "application/gzip"
+        assert artifacts.ship(s, packed) == env  # found, not stored again
+
+
 def test_gcs_store_on_the_fake(tmp_path: Path) -> None:
     pytest.importorskip("google.cloud.storage")
     from tests.fakes.gcs_fake import GcsFake

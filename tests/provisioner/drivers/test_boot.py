@@ -28,6 +28,10 @@ def test_the_gpu_count_of_an_instance_type_goes_with_its_launch() -> None:
     ("SPOTRING_GPUS", "8"), ("SPOTRING_DEVICE", "cpu"),
     ("SPOTRING_WHEEL", "s3://bucket/artifacts/" + "a" * 64 + "/spotring-0.1.0-py3-none-any.whl"),
     ("SPOTRING_WHEEL_SHA256", "a" * 64), ("OMP_NUM_THREADS", "anything: the user's own"),
+    # a job file inside the code that travels with the run (provisioner/drivers/code.py)
+    ("SPOTRING_JOB", "train.py"), ("SPOTRING_JOB", "src/my-job/train_v2.py"),
+    ("SPOTRING_CODE", "gs://bucket/artifacts/" + "b" * 64 + "/code.tar.gz"),
+    ("SPOTRING_CODE_SHA256", "b" * 64),
 ])
 def test_values_a_boot_accepts_pass(key: str, value: str) -> None:
     assert check(key, value) == value
@@ -37,6 +41,10 @@ def test_values_a_boot_accepts_pass(key: str, value: str) -> None:
     ("SPOTRING_JOB", "train.py x"), ("SPOTRING_JOB", "x; reboot"), ("SPOTRING_MODE", "pipeline"),
     ("SPOTRING_ZONE", "Zone A"), ("SPOTRING_ZONE", "a\nb"), ("SPOTRING_GPUS", "100"),
     ("SPOTRING_WHEEL", "file:///tmp/spotring.whl"), ("SPOTRING_WHEEL_SHA256", "A" * 64),
+    ("SPOTRING_JOB", "../train.py"), ("SPOTRING_JOB", "/abs/train.py"),
+    ("SPOTRING_JOB", ".hidden/train.py"), ("SPOTRING_JOB", "a b.py"),
+    ("SPOTRING_CODE", "s3://bucket/code.tar.gz;reboot"), ("SPOTRING_CODE", "/tmp/code.tar.gz"),
+    ("SPOTRING_CODE_SHA256", "x" * 64),
 ])
 def test_values_a_boot_refuses_are_never_sent(key: str, value: str) -> None:
     with pytest.raises(DriverError, match=rf"{key}.*exit {int(LAUNCH_VALUES[key].code)}"):

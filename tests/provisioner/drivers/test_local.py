@@ -181,8 +181,10 @@ def test_an_instance_runs_one_worker_per_gpu(tmp_path):
               "out, name = sys.argv[1], sys.argv[2]\n"
               "signal.signal(signal.SIGTERM, lambda *a: (open(os.path.join(out, name + '.noticed'),"
               " 'w').close(), sys.exit(0)))\n"
-              "open(os.path.join(out, name + '.started'), 'w').write("
+              "tmp = os.path.join(out, name + '.tmp')\n"
+              "open(tmp, 'w').write("
               "os.environ['SPOTRING_LOCAL_RANK'] + ' ' + os.environ['SPOTRING_INSTANCE_ID'])\n"
+              "os.rename(tmp, os.path.join(out, name + '.started'))\n"  # whole, or not there
               "while True: time.sleep(0.05)\n")
     names = []
 
@@ -194,7 +196,7 @@ def test_an_instance_runs_one_worker_per_gpu(tmp_path):
                     gpus_per_instance=2)
     ids = [i.id for i in d.launch(LaunchRequest(V, 2, "job", "tok-1")).instances]
     assert sorted(names) == sorted(f"{i}/{k}" for i in ids for k in (0, 1))
-    assert wait_for(lambda: len(list(out.glob("*.started"))) == 4, 10.0)
+    assert wait_for(lambda: len(list(out.glob("*.started"))) == 4, 60.0)
     for iid in ids:
         for k in (0, 1):
             assert (out / f"{iid}+{k}.started").read_text() == f"{k} {iid}"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer.ringutil import REPO, TOKEN, Ring
 from trainer.control.coordinator import Coordinator
@@ -80,6 +81,50 @@ def test_due_by_steps_and_by_time() -> None:
     assert snap.due(3, 400.0, 0, 50.0, 0, 300.0)
     assert not snap.due(3, 100.0, 0, 50.0, 0, 300.0)
     assert not snap.due(5, 999.0, 5, 0.0, 1, 1.0)  # never twice for the same step
+
+
+def test_a_failed_upload_is_taken_again_soon_not_an_interval_later() -> None:
+    """The coordinator away (a daemon restarting): the snapshot fails; it is taken again
+    after RETRY_S (doubling while it fails, never past the interval) instead of a whole
+    interval later, and once one lands the interval counts again."""
+    now = [0.0]
+    up = [False]
+    blobs: list[str] = []
+
+    class Conn:
+        def blob_put(self, name: str, off: int, data: memoryview) -> None:
+            if not up[0]:
+                raise ConnectionError("the coordinator does not answer")
+
+        def blob_commit(self, name: str, manifest: bytes) -> None:
+            blobs.append(name)
+
+        def close(self) -> None:
+            pass
+
+    s = snap.Snapshotter(Conn, every_steps=100, every_s=3600.0, clock=lambda: now[0])
+    state = {"w": torch.ones(3)}
+
+    def take(step: int) -> None:
+        s.take(step, lambda: state, "job", 0, step)
+        s.wait()
+
+    assert s.due(100)
+    take(100)
+    assert s.failed and not blobs
+    assert not s.due(101)  # not at once: the coordinator is away
+    now[0] += snap.RETRY_S
+    assert s.due(102)
+    take(102)  # still away: the next try waits twice as long
+    now[0] += snap.RETRY_S
+    assert not s.due(103)
+    now[0] += snap.RETRY_S
+    assert s.due(104)
+    up[0] = True
+    take(104)
+    assert s.failed is None and len(blobs) == 1 and blobs[0].startswith("step-0000000104-")
+    now[0] += 10 * snap.RETRY_S
+    assert not s.due(150) and s.due(204)  # the interval again, from the one that landed
 
 
 def test_bad_snapshot_settings_name_the_field() -> None:
