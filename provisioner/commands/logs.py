@@ -2,8 +2,11 @@
 like ``sky logs`` and ``docker logs``.
 
 Design: the files are the run's own (:mod:`provisioner.daemon.run.target`: ``WORKDIR/daemon.log``
-of a detached run, ``WORKDIR/cloud/logs/<ID>.log`` of a local worker); this command only
-reads them. ``-f`` follows while the run's daemon holds its lock
+of a detached run, ``WORKDIR/cloud/logs/<ID>.log`` of a local worker); a cloud worker's lines
+are the chunks its boot's shipper put in the run's artifacts (``[cloud] artifacts`` of the
+run's ``--config``: ``logs/<instance id>/<unit>/<seq>``, :mod:`provisioner.drivers.shiplog`),
+kept after the instance was revoked or terminated, each line prefixed with its unit (``boot``,
+``spotring-worker@<gpu>.service``). This command only reads them. ``-f`` follows while the run's daemon holds its lock
 (:func:`provisioner.daemon.run.lock.held_by`, read from ``/proc/locks``: following never takes the
 lock) and ends, after printing what is left, when the daemon exits, as ``sky logs`` ends with
 its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
@@ -23,6 +26,9 @@ from provisioner.errors import UserError
 
 #: How often ``-f`` looks for new lines (a person reading; cheap on a busy machine).
 FOLLOW_POLL_S = 0.25
+#: How often ``-f`` lists a cloud worker's shipped chunks (its shipper sends one every
+#: :data:`provisioner.drivers.shiplog.SHIP_S` seconds; a listing is a paid request).
+SHIPPED_POLL_S = 5.0
 
 
 def register(sub: Any) -> None:
@@ -33,8 +39,9 @@ def register(sub: Any) -> None:
     add_run_flags(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until "
                    "the daemon exits (Ctrl-C to stop)")
-    p.add_argument("--worker", metavar="ID", help="also (with --worker only: just) this local "
-                   "worker's log (ids: `provision status`)")
+    p.add_argument("--worker", metavar="ID", help="also (with --no-daemon: just) this worker's "
+                   "log: a local worker's file, or a cloud instance's shipped lines, also after "
+                   "it was revoked or terminated (ids: `provision status`)")
     p.add_argument("--no-daemon", action="store_true", help="with --worker: only the worker's "
                    "log")
     p.add_argument("-n", "--lines", type=int, metavar="N", help="start with the last N lines "
@@ -49,10 +56,10 @@ def _files(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Path]]]:
     files: list[tuple[str, Path]] = []
     if not args.no_daemon:
         files.append(("daemon", target.log))
-    if args.worker:
-        if not target.local:
-            raise UserError(f"--worker {args.worker}: a cloud worker's log is on its VM "
-                            f"(journalctl -u spotring-worker there; see docs/deploy.md)")
+    if args.worker and not target.local:  # its shipped lines (_Shipped), after the daemon's
+        if args.no_daemon or not target.log.exists():
+            files.clear()
+    elif args.worker:
         wlog = target.workers_logs / f"{Path(args.worker).name}.log"
         if not wlog.is_file():
             known = sorted(p.stem for p in target.workers_logs.glob("*.log"))
@@ -62,7 +69,7 @@ def _files(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Path]]]:
         files.append((args.worker, wlog))
     elif args.no_daemon:
         raise UserError("--no-daemon: give --worker ID too (the log to print instead)")
-    if not any(p.exists() for _, p in files):
+    if files and not any(p.exists() for _, p in files):
         raise UserError(f"{target.log}: no daemon log; a run writes one when started with "
                         f"`provision run --detach` (a foreground run's output is in its "
                         f"terminal); --worker ID prints a worker's")
@@ -95,20 +102,27 @@ def run(args: argparse.Namespace) -> int:
 
     whole("--lines", args.lines, 0, 10_000_000, "e.g. -n 50 (the last 50 lines)")
     target, files = _files(args)
-    prefix = len(files) > 1
+    shipped = _Shipped(target, args.worker) if args.worker and not target.local else None
+    prefix = len(files) > 1 or shipped is not None
     offsets: dict[Path, int] = {}
     for name, path in files:
         text, offsets[path] = _tail(path, args.lines)
         _emit(sys.stdout, name, text, prefix)
+    if shipped is not None:
+        shipped.emit(args.lines)
     if not args.follow:
         return 0
     if held_by(target.lock) is None:
         print(f"(no daemon runs {target.what}: nothing to follow)", file=sys.stderr)
         return 0
+    last = time.monotonic()
     while True:
         running = held_by(target.lock) is not None
         for name, path in files:
             offsets[path] = _more(path, offsets.get(path, 0), name, prefix)
+        if shipped is not None and (not running or time.monotonic() - last >= SHIPPED_POLL_S):
+            shipped.emit(None)
+            last = time.monotonic()
         if not running:
             return 0  # the daemon exited: its last lines are printed
         time.sleep(FOLLOW_POLL_S)
@@ -126,3 +140,66 @@ def _more(path: Path, offset: int, name: str, prefix: bool) -> int:
     if end:
         _emit(sys.stdout, name, data[:end].decode(errors="replace"), prefix)
     return offset + end
+
+
+class _Shipped:
+    """A cloud worker's shipped lines (see the module docstring); :meth:`emit` prints the
+    chunks not printed before."""
+
+    def __init__(self, target: Any, worker: str) -> None:
+        from provisioner.config import load_settings
+        from provisioner.daemon.wiring import shipped_logs
+
+        if target.config is None:
+            raise UserError(f"--worker {worker}: a cloud worker's lines are in the run's "
+                            f"artifacts; name the run with --config FILE (its [cloud] "
+                            f"artifacts)")
+        settings = load_settings(target.config)
+        logs = shipped_logs(settings)
+        if logs is None:
+            raise UserError(f"--worker {worker}: [cloud] artifacts is unset in "
+                            f"{target.config}, so no worker ships its lines; set it "
+                            f"(docs/deploy.md, Logs and failed boots)")
+        self.logs, self.target = logs, target
+        self.iid = worker.rstrip("/")
+        self.seen: set[str] = set()
+        if not self.logs.units(self.iid):  # a worker name <instance id>/<gpu>: its instance
+            head, _, tail = self.iid.rpartition("/")
+            if head and tail.isdigit() and self.logs.units(head):
+                self.iid = head
+            else:
+                raise UserError(f"--worker {worker}: no lines shipped by that instance in "
+                                f"{settings.cloud.artifacts}" + self._known())
+
+    def _known(self) -> str:
+        from provisioner.daemon.state import State
+
+        try:
+            state = State.read_only(self.target.state)
+        except Exception:  # noqa: BLE001 - only a hint
+            return ""
+        try:
+            ids = [r.id for r in state.instances()]
+        finally:
+            state.close()
+        return f" (the run's instances: {', '.join(ids[-5:])})" if ids else ""
+
+    def emit(self, lines: int | None) -> None:
+        """Print the chunks not printed yet (the last ``lines`` lines of each unit first)."""
+        out: list[str] = []
+        for unit, keys in sorted(self.logs.units(self.iid).items(),
+                                 key=lambda kv: (kv[0] != "boot", kv[0])):
+            new = [k for k in keys if k not in self.seen]
+            text: list[str] = []
+            for key in new:
+                try:
+                    text += self.logs.store.read(key).decode(errors="replace").splitlines()
+                except KeyError:
+                    continue
+                self.seen.add(key)
+            if lines is not None:
+                text = text[-lines:] if lines > 0 else []
+            out += [f"[{self.iid} {unit}] {ln}\n" for ln in text]
+        if out:
+            sys.stdout.write("".join(out))
+            sys.stdout.flush()

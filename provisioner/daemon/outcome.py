@@ -55,6 +55,7 @@ class Verdict:
 
     reason: str
     outcome: str  # done | lost | failed | interrupted | limit | duration | workers-failing
+    # | job-error
     exit_code: int
     job_over: bool
     failure: str | None = None  # the one line for stderr when the run did not succeed
@@ -62,12 +63,18 @@ class Verdict:
 
 def verdict(stats: Mapping[str, Any], *, interrupted: bool, crash_loop: str | None,
             until_epochs: int | None, elapsed_s: float, duration_s: float | None,
-            duration_text: str | None = None, until_steps: int | None = None) -> Verdict | None:
+            duration_text: str | None = None, until_steps: int | None = None,
+            job_error: str | None = None) -> Verdict | None:
     """The run's end, or None while it should go on (see the module docstring). A limit
     that cuts the run (``until_epochs``, ``until_steps``: the job did not end there by
-    itself; ``duration_s``) says "stopped at the limit"."""
+    itself; ``duration_s``) says "stopped at the limit". ``job_error``: a cloud worker
+    reported that the job itself fails (its ``job-error`` event): the run launches no more
+    and ends, outcome ``job-error``, exit 2 (bad input: the job must be fixed)."""
     if interrupted:
         return Verdict("interrupted", "interrupted", EXIT_INTERRUPTED, False)
+    if job_error:
+        return Verdict("the job failed on a worker", "job-error", EXIT_BAD_INPUT, True,
+                       job_error)
     if crash_loop:
         return Verdict("workers failing", "workers-failing", EXIT_BAD_INPUT, True, crash_loop)
     outcome = str(stats.get("outcome") or ("done" if stats.get("finished") else "running"))
@@ -114,7 +121,7 @@ def recorded(ended: Mapping[str, Any]) -> Verdict:
     outcome = str(ended.get("outcome") or "done")
     over = ended.get("job_over")
     if over is None:
-        over = outcome in ("done", "lost", "failed", "workers-failing")
+        over = outcome in ("done", "lost", "failed", "workers-failing", "job-error")
     return Verdict(str(ended.get("reason") or outcome), outcome,
                    int(ended.get("exit_code") or 0), bool(over), ended.get("failure"))
 

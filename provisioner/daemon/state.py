@@ -137,6 +137,8 @@ class EventKind(StrEnum):
     EXITED = "exited"
     REBALANCE = "rebalance"
     JOIN_DEADLINE = "join-deadline"  # none of its workers joined the ring in time
+    BOOT_FAILED = "boot-failed"  # its boot or a worker unit shipped an exit report
+    JOB_ERROR = "job-error"  # the job failed on a worker: the run launches no more
     ADOPTED = "adopted"
     CONTINUED = "continued"  # a daemon started again on a run's state: adopting its fleet
     GONE = "gone"

@@ -44,8 +44,11 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
                  coordinator: RingCoordinator | None = None,
                  throughput: ThroughputModel | None = None,
                  metrics: MetricsSink | None = None,
-                 launch_env: Mapping[str, str] | None = None) -> Daemon:
-    """A :class:`Daemon` of ``settings.job`` over these edges (nothing started yet)."""
+                 launch_env: Mapping[str, str] | None = None,
+                 logs: Any = None) -> Daemon:
+    """A :class:`Daemon` of ``settings.job`` over these edges (nothing started yet).
+    ``logs``: the cloud workers' shipped logs (:func:`shipped_logs`; None: the local cloud,
+    or no ``[cloud] artifacts``)."""
     iv = intervals or intervals_from(settings)
     stopping = threading.Event()
 
@@ -58,11 +61,25 @@ def build_daemon(settings: Settings, driver: CloudDriver, source: PriceFeed, sta
     market = Market(source, driver, timedelta(hours=settings.optimizer.max_quote_age_hours),
                     horizon_h=settings.fleet.churn_horizon_hours)
     actuator = WriteAheadActuator(job.id, driver, state, clock, iv, coordinator=coordinator,
-                                  metrics=metrics, launch_env=launch_env, stopping=stopping)
+                                  metrics=metrics, launch_env=launch_env, stopping=stopping,
+                                  logs=logs)
     telemetry = Telemetry(state, model, coordinator=coordinator, metrics=metrics, speed=speed)
     return Daemon(settings, driver, source, state, now=now, speed=speed, intervals=iv,
                   market=market, planner=Planner.of(planner_input(settings)), actuator=actuator,
                   telemetry=telemetry, coordinator=coordinator, stopping=stopping)
+
+
+def shipped_logs(settings: Settings) -> Any:
+    """The cloud workers' shipped logs and exit reports in ``[cloud] artifacts``
+    (:class:`provisioner.drivers.shiplog.StoreLogs`), or None when it is unset or the run
+    is local (its workers' logs are files of the run)."""
+    url = settings.cloud.artifacts
+    if not url or settings.cloud.driver == "local":
+        return None
+    from provisioner.drivers.artifacts import open_store
+    from provisioner.drivers.shiplog import StoreLogs
+
+    return StoreLogs(open_store(url, settings))
 
 
 def snapshot_url(settings: Settings, default_dir: Path) -> str | None:

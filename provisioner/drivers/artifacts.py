@@ -13,8 +13,10 @@ SHA-256 and installs it with ``pip --require-hashes --no-deps``. The user's code
 ``SPOTRING_CODE`` and ``SPOTRING_CODE_SHA256``, with ``SPOTRING_JOB`` the job's path inside
 it. Stores: a folder
 (``file://`` or a path: the local cloud, tests), S3 and GCS, behind :class:`ArtifactStore`,
-with only the calls below (S3 ``head_object``/``put_object``; GCS ``blob.exists``/
-``upload_from_filename``).
+with only the calls below (S3 ``head_object``/``put_object``/``list_objects_v2``/
+``get_object``; GCS ``blob.exists``/``upload_from_filename``/``list_blobs``/
+``download_as_bytes``). ``list`` and ``read`` serve the workers' shipped logs
+(:mod:`provisioner.drivers.shiplog`).
 
 Rule for callers: call :func:`ship` once before the first launch; it raises
 :class:`~provisioner.errors.ConfigError` naming ``[cloud] artifacts`` or ``[cloud] wheel``
@@ -134,6 +136,14 @@ class ArtifactStore(Protocol):
 
     def put(self, key: str, path: Path) -> None: ...
 
+    def list(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (a ``/``-ended folder of keys), sorted."""
+        ...
+
+    def read(self, key: str) -> bytes:
+        """The bytes of ``key``; raises KeyError when there is none."""
+        ...
+
 
 class DirStore:
     """A folder (``file:///abs`` or a path): the local cloud's and the tests'."""
@@ -153,6 +163,19 @@ class DirStore:
         tmp = dest.with_name(f".{dest.name}.tmp")
         shutil.copyfile(path, tmp)
         tmp.replace(dest)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))
+
+    def read(self, key: str) -> bytes:
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(key) from None
 
 
 class S3Store:
@@ -187,6 +210,24 @@ class S3Store:
             self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=fh,
                                 ContentType=content_type(key))
 
+    def list(self, prefix: str) -> list[str]:
+        full, cut = self._key(prefix), len(self._key(""))
+        keys: list[str] = []
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                        Prefix=full):
+            keys.extend(o["Key"][cut:] for o in page.get("Contents", []))
+        return sorted(keys)
+
+    def read(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise KeyError(key) from None
+            raise
+
 
 class GcsStore:
     """``gs://bucket/prefix`` (google-cloud-storage; ``api_endpoint``: a fake)."""
@@ -215,6 +256,19 @@ class GcsStore:
     def put(self, key: str, path: Path) -> None:
         self._bucket.blob(self._key(key)).upload_from_filename(str(path),
                                                                content_type=content_type(key))
+
+    def list(self, prefix: str) -> list[str]:
+        cut = len(self._key(""))
+        return sorted(b.name[cut:] for b in self._bucket.client.list_blobs(
+            self._bucket, prefix=self._key(prefix)))
+
+    def read(self, key: str) -> bytes:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._bucket.blob(self._key(key)).download_as_bytes()
+        except NotFound:
+            raise KeyError(key) from None
 
 
 def open_store(url: str, settings: "Settings") -> ArtifactStore:

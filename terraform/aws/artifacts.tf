@@ -104,13 +104,22 @@ resource "aws_s3_object" "wheel" {
   depends_on = [aws_s3_bucket_server_side_encryption_configuration.artifacts]
 }
 
-# Workers read the artifacts (their wheel) and nothing else of the bucket.
+# Workers read the artifacts (their wheel) and nothing else of the bucket; they write only
+# their shipped log chunks and exit reports (logs/, exits/: the boot's log shipping,
+# provisioner/drivers/shiplog.py), and list nothing.
 data "aws_iam_policy_document" "read_artifacts" {
   statement {
     sid       = "ReadRunArtifacts"
     effect    = "Allow"
     actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.artifacts.arn}/${local.artifacts_prefix}/*"]
+  }
+  statement {
+    sid     = "ShipWorkerLogs"
+    effect  = "Allow"
+    actions = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.artifacts.arn}/${local.artifacts_prefix}/logs/*",
+    "${aws_s3_bucket.artifacts.arn}/${local.artifacts_prefix}/exits/*"]
   }
 }
 

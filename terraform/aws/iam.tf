@@ -131,6 +131,20 @@ data "aws_iam_policy_document" "daemon_api" {
     resources = ["${aws_s3_bucket.artifacts.arn}/${local.artifacts_prefix}/*"]
   }
 
+  # provisioner/drivers/shiplog.py: the workers' shipped logs and exit reports
+  # (<artifacts>/logs/, <artifacts>/exits/), listed and read (GetObject above).
+  statement {
+    sid       = "ListWorkersLogs"
+    effect    = "Allow"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.artifacts.arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${local.artifacts_prefix}/logs/*", "${local.artifacts_prefix}/exits/*"]
+    }
+  }
+
   statement {
     sid       = "ReadSpotNotices"
     effect    = "Allow"

@@ -43,13 +43,16 @@ resource "google_storage_bucket_object" "wheel" {
   content_type = "application/zip"
 }
 
-# The daemon stores the wheel it runs (objects.create) and checks what is there (objects.get);
-# the workers only read.
+# The daemon stores the wheel it runs (objects.create) and checks what is there (objects.get),
+# and lists and reads the workers' shipped logs; the workers read, and create their log chunks
+# and exit reports (logs/, exits/: provisioner/drivers/shiplog.py). objectCreator cannot
+# overwrite or delete an object, so a worker cannot replace the wheel or another's lines.
 resource "google_storage_bucket_iam_member" "artifacts" {
   for_each = {
     daemon-create = { role = "roles/storage.objectCreator", member = google_service_account.daemon.email }
     daemon-read   = { role = "roles/storage.objectViewer", member = google_service_account.daemon.email }
     worker-read   = { role = "roles/storage.objectViewer", member = google_service_account.worker.email }
+    worker-ship   = { role = "roles/storage.objectCreator", member = google_service_account.worker.email }
   }
 
   bucket = google_storage_bucket.artifacts.name

@@ -29,6 +29,23 @@ def world():
 
 
 
+def _logs(tmp_path, settings, worker: str) -> str:
+    """``provision logs --config FILE --worker ID --no-daemon``, run as the user runs it."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "logs.toml"
+    cfg.write_text(f'[cloud]\ndriver = "aws"\nartifacts = "{settings.cloud.artifacts}"\n'
+                   f'[aws]\nregion = "{settings.aws.region}"\n'
+                   f'endpoint_url = "{settings.aws.endpoint_url}"\n'
+                   f'[daemon]\nstate_path = "{tmp_path / "state.sqlite"}"\n')
+    done = subprocess.run([sys.executable, "-m", "provisioner", "logs", "--config", str(cfg),
+                           "--worker", worker, "--no-daemon"], capture_output=True, text=True,
+                          timeout=120)  # the moto credentials: AwsWorld put them in the env
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _alone_in_its_zone(live: dict) -> str:
     zones = Counter(r.offering.zone for r in live.values())
     return sorted(i for i, r in live.items() if zones[r.offering.zone] == 1)[0]
@@ -238,6 +255,14 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             assert wait_for(lambda: run.step() >= 5, 60)
 
             victim = sorted(fleet)[0]
+            # its workers' lines reach the run's artifacts (each 5 s: the VM vanishes at once
+            # here, with no shutdown to ship the last ones)
+            from provisioner.daemon.wiring import shipped_logs
+
+            logs = shipped_logs(settings)
+            assert wait_for(lambda: {u for u, _ in logs.lines(victim)} >= {
+                "boot", "spotring-worker@0.service", "spotring-worker@1.service"}, 60), \
+                logs.lines(victim)
             vms.views[victim].interrupt()  # the metadata path...
             world.interrupt(victim)  # ...and EventBridge -> SQS
             assert wait_for(lambda: victim not in run.live(), 60), run.members_of()
@@ -245,6 +270,13 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             assert ended.end_reason == "its workers left the ring"  # not the drain timeout
             left = {e["name"] for e in run.events("leave")}
             assert {f"{victim}/0", f"{victim}/1"} <= left
+            # its lines stay with the run's artifacts: `provision logs --worker` reads them
+            # from S3 after the instance was terminated
+            assert victim not in {i["InstanceId"] for i in world.instances(job)}
+            out = _logs(tmp_path, settings, victim)
+            assert f"[{victim} boot] spotring-boot: started 2 worker(s) of {victim}" in out, out
+            assert f"[{victim} spotring-worker@1.service] " in out, out
+            assert token not in out
             assert wait_for(lambda: len(set(run.live()) - fleet) == 1, 60), run.live()
             (new,) = set(run.live()) - fleet
             assert wait_for(lambda: run.members_of().get(new) == [f"{new}/0", f"{new}/1"]

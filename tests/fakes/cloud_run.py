@@ -46,7 +46,7 @@ class CloudRun:
 
     def __enter__(self) -> "CloudRun":
         from provisioner.daemon.state import State
-        from provisioner.daemon.wiring import build_daemon, make_coordinator
+        from provisioner.daemon.wiring import build_daemon, make_coordinator, shipped_logs
         from provisioner.drivers.artifacts import ship
         from tests.fakes.aws_world import real_clock
 
@@ -56,7 +56,8 @@ class CloudRun:
         self.daemon = build_daemon(self.settings, self.driver, self.source,
                                    State(self.state_path), now=real_clock(),
                                    coordinator=self.coordinator,
-                                   launch_env={**self.launch_env, **shipped})
+                                   launch_env={**self.launch_env, **shipped},
+                                   logs=shipped_logs(self.settings))
         self.daemon.start()
         return self
 

@@ -5,8 +5,9 @@ Design: a fake instance is a process tree of its own: ``unshare`` gives it a mou
 file and the systemd units land in a temporary root, never in the real /etc) and a PID
 namespace (killing its pid 1 kills everything it started, as a VM's processes go with the
 VM). Its environment is a VM's: ``PATH`` shims (tests/fakes/boot_shims: ``systemctl`` runs a
-unit's ExecStart as its User=, ``aws``/``gcloud`` read the token and the wheel from the moto
-server and the GCP fakes, ``nvidia-smi`` lists fake GPUs), and its metadata service through
+unit's ExecStart as its User=, ``journalctl`` reads its output, ``aws``/``gcloud`` read the
+token and the wheel from the moto server and the GCP fakes and ship the log chunks there,
+``nvidia-smi`` lists fake GPUs), and its metadata service through
 ``http_proxy`` (:mod:`tests.fakes.metadata`, answering from the instance's moto tags or
 fake-GCP metadata). Nothing of the boot script is changed: it is rendered by terraform's own
 ``templatefile`` (:func:`render`) from terraform/aws or terraform/gcp and run by bash as root.
@@ -207,7 +208,8 @@ class Sandbox:
         (r / "etc" / "ld.so.conf.d").mkdir(exist_ok=True)
         (r / "etc" / "ld.so.conf.d" / "opt-python.conf").write_text("/opt/python/lib\n")
         for name, target in (("systemctl", "systemctl.py"), ("aws", "aws.py"),
-                             ("gcloud", "gcloud.py"), ("nvidia-smi", "nvidia_smi.py")):
+                             ("gcloud", "gcloud.py"), ("nvidia-smi", "nvidia_smi.py"),
+                             ("journalctl", "journalctl.py")):
             shim = r / "shims" / name
             shim.write_text(f'#!/bin/sh\nexec {sys.executable} {SHIMS / target} "$@"\n')
             shim.chmod(0o755)

@@ -27,6 +27,7 @@ ACTION_NAME = {
     "sqs:SendMessageBatch": "sqs:SendMessage",
     "sqs:ChangeMessageVisibilityBatch": "sqs:ChangeMessageVisibility",
     "s3:HeadObject": "s3:GetObject",  # S3 authorises HEAD as a read of the object
+    "s3:ListObjectsV2": "s3:ListBucket",  # a listing is authorised on the bucket
 }
 
 #: Further actions a call needs (AWS EC2 docs: "Grant permission to tag resources during

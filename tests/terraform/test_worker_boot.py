@@ -8,7 +8,10 @@ artifacts and installed pinned by its SHA-256; the user's code (``--code``) fetc
 by its SHA-256, unpacked, its requirements.txt installed, and the job run from it. A value the
 boot cannot use is refused before anything is installed (the code: before any worker
 starts), with one line in the instance's log and its own exit code
-(provisioner/drivers/boot.py); Python is checked first of all.
+(provisioner/drivers/boot.py); Python is checked first of all. Every line the boot and the
+workers print is shipped to the run's artifacts (``logs/<instance id>/<unit>/<seq>``), and a
+failed boot or worker unit ships its exit report (``exits/<instance id>/<unit>``,
+provisioner/drivers/shiplog.py), never the token.
 """
 
 from __future__ import annotations
@@ -72,6 +75,19 @@ class AwsBoot:
         self.boxes: list[fi.Sandbox] = []
         self.n = 0
 
+    def shipped(self) -> Any:
+        """The run's shipped logs, read as the daemon reads them (the artifacts store)."""
+        from provisioner.drivers.artifacts import S3Store
+        from provisioner.drivers.shiplog import StoreLogs
+
+        return StoreLogs(S3Store(BUCKET, "artifacts", "us-east-1", self.world.endpoint))
+
+    def every_object(self) -> str:
+        """The text of every object shipped under logs/ and exits/."""
+        store = self.shipped().store
+        return "".join(store.read(k).decode(errors="replace")
+                       for p in ("logs/", "exits/") for k in store.list(p))
+
     def launch_values(self, **values: str) -> dict[str, str]:
         return {"SPOTRING_WHEEL": self.wheel, "SPOTRING_WHEEL_SHA256": self.sha, **values}
 
@@ -112,10 +128,15 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Any:
     boot.close()
 
 
-def refused(box: fi.Sandbox, code: int) -> str:
+def refused(box: fi.Sandbox, code: int, aws: AwsBoot | None = None, iid: str = "") -> str:
     """The one error line of a boot that exited ``code`` having installed and started
-    nothing."""
+    nothing (and, given ``aws``, shipped that line with its exit code before it exited)."""
     assert fi.wait_rc(box, 120) == code, box.log()
+    if aws is not None:
+        [report] = aws.shipped().reports(iid)
+        assert (report.unit, report.code) == ("boot", code), report
+        assert report.lines[-1].startswith("spotring-boot: error:"), report
+        assert report.lines[-1] in [ln for _, ln in aws.shipped().lines(iid, "boot")]
     lines = [ln for ln in box.log().splitlines() if ln.startswith("spotring-boot: error:")]
     assert len(lines) == 1 and lines[0].endswith(f"(exit {code})"), box.log()
     assert not (box.root / "opt" / "spotring").exists(), "installed before refusing"
@@ -158,6 +179,16 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
         gpu = name.split("@")[1].split(".")[0]
         assert f"--device cuda:{gpu}" in box.journal(name)
     assert TOKEN not in box.log() + "".join(box.journal(u) for u in box.units())
+    # shipped: the boot's lines, each worker's, and each failed worker's report (exit 2)
+    logs = aws.shipped()
+    assert wait_for(lambda: {r.unit for r in logs.reports(iid)} == two, 60), logs.reports(iid)
+    assert {r.code for r in logs.reports(iid)} == {2}
+    lines = logs.lines(iid)
+    assert ("boot", box.log().splitlines()[-1]) in lines
+    for name in two:
+        err = next(ln for ln in box.journal(name).splitlines() if ln.startswith("error:"))
+        assert (name, err) in lines
+    assert TOKEN not in aws.every_object()
 
 
 @pytest.mark.parametrize(("env", "gpus", "code", "says"), [
@@ -177,8 +208,38 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
 def test_a_value_the_boot_cannot_use_is_refused_before_anything_runs(
         aws: AwsBoot, env: dict[str, str], gpus: int, code: int, says: str) -> None:
     values = {k: v for k, v in aws.launch_values(**env).items() if v}
-    box, _, _ = aws.boot(values, gpus=gpus)
-    assert says in refused(box, code)
+    box, iid, _ = aws.boot(values, gpus=gpus)
+    assert says in refused(box, code, aws, iid)
+
+
+def test_the_daemon_ends_a_failed_boot_from_what_it_shipped(aws: AwsBoot, tmp_path: Path) -> None:
+    """The real boot fails on a launch value and ships its report to (moto) S3; the daemon's
+    boot watch reads it there, terminates the EC2 instance at once through the AWS driver,
+    and records the exit code, its docs line and the boot's last lines."""
+    import time
+
+    from pricing.model import Offering
+    from provisioner.daemon.loop.actuator import WriteAheadActuator
+    from provisioner.daemon.state import State
+    from provisioner.drivers.aws import AwsDriver
+    from provisioner.timing import Intervals
+
+    box, iid, _ = aws.boot(aws.launch_values(SPOTRING_MODE="pipeline"))
+    assert fi.wait_rc(box, 120) == BootExit.MODE, box.log()
+    state = State(tmp_path / "state.sqlite")
+    offering = Offering("aws", "us-east-1", "us-east-1a", "g4dn.xlarge")
+    state.begin_launch("t1", offering, 1, 0.0)
+    state.finish_launch("t1", [(iid, offering)], 0.0)
+    act = WriteAheadActuator("boot", AwsDriver(aws.world.settings("boot").aws), state,
+                             time.time, Intervals(), logs=aws.shipped())
+    assert act.watch_boots() == [iid]
+    (ev,) = state.events(kinds=["boot-failed"])
+    assert ev.detail.startswith("boot exit 21: `SPOTRING_MODE` is not `ring` or `hybrid`")
+    assert "SPOTRING_MODE=pipeline is not usable" in ev.detail.splitlines()[-1]
+    assert offering in act.unavailable.members() and act.job_error is None
+    assert aws.world.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0][
+        "Instances"][0]["State"]["Name"] in ("shutting-down", "terminated")
+    state.close()
 
 
 def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
@@ -192,10 +253,12 @@ def test_the_token_parameter_must_be_readable(aws: AwsBoot) -> None:
 @pytest.mark.skipif(not PY310.is_dir(), reason=f"no Python 3.10 at {PY310}")
 def test_an_image_with_python_310_is_refused_first(aws: AwsBoot) -> None:
     image = fi.Image(PY310, aws.image.site)
-    box, _, server = aws.boot(aws.launch_values(), image=image)
-    line = refused(box, BootExit.PYTHON)
+    box, iid, server = aws.boot(aws.launch_values(), image=image)
+    line = refused(box, BootExit.PYTHON, aws, iid)
     assert "Python 3.10" in line and ">= 3.11" in line
-    assert server.requests == []  # before anything else: not even the metadata service
+    # before anything else: of the metadata service, only the instance id its exit report needs
+    assert [path for _, path in server.requests] == ["/latest/api/token",
+                                                     "/latest/meta-data/instance-id"]
 
 
 def test_an_image_without_torch_is_refused(aws: AwsBoot, tmp_path: Path) -> None:
@@ -308,6 +371,14 @@ def test_gcp_boot_names_each_worker_after_the_drivers_id_and_runs_the_users_code
                     assert tiny.startswith("/opt/spotring/lib/") and value == "42"
                 assert not (unpacked / "data").exists()  # .gitignore'd: not shipped
                 assert (unpacked / "requirements.txt").is_file()
+                # its lines are shipped to GCS under the driver's id <zone>/<vm name>
+                from provisioner.drivers.artifacts import GcsStore
+                from provisioner.drivers.shiplog import StoreLogs
+
+                logs = StoreLogs(GcsStore(BUCKET, "artifacts", gcs.endpoint))
+                last = ("boot", box.log().splitlines()[-1])
+                assert wait_for(lambda: last in logs.lines(launched.id), 30), \
+                    logs.lines(launched.id)
             finally:
                 box.kill()
                 coord.stop()
@@ -362,3 +433,43 @@ def test_docs_list_every_boot_exit_code() -> None:
     table = text.split("### Boot exit codes", 1)[1].split("###", 1)[0]
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
     assert listed == {int(c) for c in BootExit}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_shipper_drops_every_line_holding_the_token(cloud: str, tmp_path: Path) -> None:
+    """Whatever a worker prints, a line holding the ring token is never shipped: the
+    shipper's filter (the rendered script's own function) with the token file in place."""
+    import shutil
+    import subprocess
+
+    if shutil.which("terraform") is None:
+        pytest.skip("terraform not installed (it renders the boot scripts)")
+    token = tmp_path / "ring-token"
+    token.write_text(TOKEN + "\n")
+    script = fi.render(cloud, _values(cloud, token_path=str(token)))
+    clean = re.search(r"^ship_clean\(\) \{.*?^\}$", script, flags=re.M | re.S)
+    assert clean is not None, "the shipper's filter is gone"
+    lines = f"step 1\nloaded token {TOKEN} from the file\nstep 2\n{TOKEN}\n"
+    out = subprocess.run(["bash", "-c", f"set -euo pipefail\n{clean[0]}\nship_clean"],
+                         input=lines, capture_output=True, text=True, check=True).stdout
+    assert out == "step 1\nstep 2\n"
+    token.write_text("")  # no token yet (before the boot fetched it): every line goes
+    out = subprocess.run(["bash", "-c", f"{clean[0]}\nship_clean"], input="a\nb\n",
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "a\nb\n"
+
+
+def test_both_scripts_ship_alike() -> None:
+    """The log-shipping block is the same in both boot scripts but for the cloud's copy
+    command and how it finds its instance id when the boot failed before reading it."""
+    def block(cloud: str) -> list[str]:
+        text = fi.TEMPLATES[cloud].read_text()
+        body = text.split("# --- log shipping", 1)[1].split("# --- end of log shipping", 1)[0]
+        return [ln for ln in body.splitlines()
+                if "aws s3 cp" not in ln and "gcloud storage cp" not in ln]
+    def parts(lines: list[str]) -> tuple[list[str], list[str]]:  # before ship_id, from ship_exit
+        at = [next(i for i, ln in enumerate(lines) if ln.startswith(f"{f}()"))
+              for f in ("ship_id", "ship_exit")]
+        return lines[:at[0]], lines[at[1]:]
+    aws, gcp = parts(block("aws")), parts(block("gcp"))
+    assert aws == gcp and len(aws[0]) > 40

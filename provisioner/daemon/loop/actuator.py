@@ -8,7 +8,10 @@ loses nothing (:mod:`provisioner.daemon.loop.recovery` finishes what it finds op
 answers notices: an interruption marks the instance draining, asks the ring to drain it and
 avoids its zone; a preemption ends it. Offerings refused for capacity go into
 :attr:`WriteAheadActuator.unavailable`, zones that revoked into :attr:`avoid` (TTL caches
-whose periods live in :mod:`provisioner.timing`).
+whose periods live in :mod:`provisioner.timing`). Cloud workers' exit reports (a failed boot,
+a worker unit that failed: :mod:`provisioner.drivers.shiplog`) end their instance at once
+(:meth:`WriteAheadActuator.watch_boots`): a boot failure counts against its offering as a
+refusal for capacity does; a job error stops every launch of the run (:attr:`job_error`).
 
 Rule: call from the scheduler's jobs under the daemon's lock; ``stopping`` set means no
 more launches.
@@ -16,6 +19,7 @@ more launches.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -27,9 +31,12 @@ from provisioner.daemon.state import EventKind, State
 from provisioner.drivers.base import CloudDriver, LaunchRequest, Notice, NoticeKind
 from provisioner.drivers.identity import (by_instance, drain_instance, formed_names,
                                           holds_the_ring_alone, instance_of, left)
+from provisioner.drivers.shiplog import Failure, ShippedLogs, explain, last_error
 from provisioner.errors import CapacityError, DriverError
 from provisioner.plan.reconcile import Launch, Removal, zone_of
 from provisioner.timing import Intervals, TtlCache, join_deadline
+
+log = logging.getLogger(__name__)
 
 
 class WriteAheadActuator:
@@ -39,7 +46,8 @@ class WriteAheadActuator:
                  intervals: Intervals, *, coordinator: RingCoordinator | None = None,
                  metrics: MetricsSink | None = None,
                  launch_env: Mapping[str, str] | None = None,
-                 stopping: threading.Event | None = None) -> None:
+                 stopping: threading.Event | None = None,
+                 logs: ShippedLogs | None = None) -> None:
         self.job_id = job_id
         self.driver = driver
         self.state = state
@@ -55,6 +63,8 @@ class WriteAheadActuator:
         self.prices: Mapping[Offering, float] = {}  # set by the scheduler before a round
         self.notice_to_launch_s: list[float] = []  # real seconds, notice seen -> launch call
         self._pending_notice: float | None = None
+        self.logs = logs  # the cloud workers' shipped lines and exit reports (None: local)
+        self.job_error: str | None = None  # set by watch_boots: no launch succeeds until fixed
 
     def env_for(self, offering: Offering) -> dict[str, str]:
         """The environment of a launch of ``offering``: the run's, and its hybrid group."""
@@ -65,7 +75,7 @@ class WriteAheadActuator:
     def launch(self, launch: Launch) -> bool:
         """Launch with a write-ahead intent; False when refused for capacity (the offering
         joins :attr:`unavailable`)."""
-        if self.stopping.is_set():
+        if self.stopping.is_set() or self.job_error is not None:
             return True
         offering = launch.offering
         token = f"{self.job_id}-{uuid.uuid4().hex[:16]}"
@@ -185,14 +195,69 @@ class WriteAheadActuator:
         for r in late:
             self.state.record_event(t, EventKind.JOIN_DEADLINE, r.id, r.offering,
                                     f"none of its workers joined the ring within {deadline:.0f} s "
-                                    f"of its launch (daemon.join_deadline_s); its boot log is on "
-                                    f"the instance")
+                                    f"of its launch (daemon.join_deadline_s); "
+                                    + self._boot_tail(r.id))
             self.unavailable.add(r.offering)
             self.failed[r.offering] = t
         if late:
             self.terminate_ids([r.id for r in late],
                                f"never joined the ring within {deadline:.0f} s")
         return [r.id for r in late]
+
+    def _boot_tail(self, instance_id: str) -> str:
+        """The last lines its boot shipped, for an event (or where its boot log is)."""
+        lines: list[str] = []
+        if self.logs is not None:
+            try:
+                lines = self.logs.tail(instance_id)
+            except Exception as exc:  # noqa: BLE001 - the store's own errors: said, not fatal
+                return f"its shipped boot log could not be read ({type(exc).__name__}: {exc})"
+        if not lines:
+            return "no boot log lines were shipped (its boot log is on the instance)"
+        return "last lines of its boot log:\n" + "\n".join(lines)
+
+    def watch_boots(self) -> list[str]:
+        """Read the exit reports of the live instances whose workers have not all joined
+        (:mod:`provisioner.drivers.shiplog`) and end each instance that shipped one at once:
+        a ``boot-failed`` event with the exit code, its line of the docs table and the last
+        lines, then terminated. A boot failure of the offering's image or capacity counts as
+        a refusal for capacity (:attr:`unavailable` for ``capacity_ttl_s``, :attr:`failed`:
+        the planner's blocked-offering path); a job error (the user's code: a worker's exit 2,
+        a boot's exit 20 or 30-32) sets :attr:`job_error` and a ``job-error`` event: no more launches.
+        Returns the ids terminated."""
+        if self.logs is None or self.stopping.is_set():
+            return []
+        t = self.clock()
+        members = set(by_instance(m.name for m in self.coordinator.members())
+                      ) if self.coordinator is not None else set()
+        ended: list[str] = []
+        for r in self.state.live_instances():
+            if r.draining_since is not None or r.id in members:
+                continue
+            try:
+                reports = self.logs.reports(r.id)
+            except Exception as exc:  # noqa: BLE001 - the store's own errors: the round goes
+                log.warning("exit reports of %s unreadable now: %s", r.id, exc)  # on
+                continue
+            if not reports:
+                continue
+            lines = [f"{rep.unit}: {ln}" for rep in reports for ln in rep.lines]
+            detail = "; ".join(explain(rep) for rep in reports)
+            self.state.record_event(t, EventKind.BOOT_FAILED, r.id, r.offering,
+                                    f"{detail}; last lines:\n" + "\n".join(lines[-20:]))
+            if any(rep.failure is Failure.JOB for rep in reports):
+                if self.job_error is None:
+                    self.job_error = (f"the job failed on {r.id} ({detail}): "
+                                      f"{last_error([ln for rep in reports for ln in rep.lines])}"
+                                      f"; no more launches: fix the job and start the run again")
+                    self.state.record_event(t, EventKind.JOB_ERROR, r.id, r.offering,
+                                            self.job_error)
+            else:
+                self.unavailable.add(r.offering)
+                self.failed[r.offering] = t
+            ended.append(r.id)
+            self.terminate_ids([r.id], detail.split(";")[0])
+        return ended
 
     def on_notice(self, n: Notice) -> bool:
         """Handle one notice: drain first, the replacement planned in parallel. True when

@@ -8,7 +8,8 @@ the composition root (:func:`provisioner.daemon.wiring.build_daemon`) gave it:
 - :class:`~provisioner.daemon.loop.market.Market`: the last good prices and availability;
 - :class:`~provisioner.plan.pipeline.Planner`: THE decision, the same the simulator runs;
 - :class:`~provisioner.daemon.loop.actuator.WriteAheadActuator`: every cloud call behind an
-  intent, notices, the capacity and zone caches; the plan is carried out by
+  intent, notices, the capacity and zone caches, the cloud workers' exit reports (each round,
+  before the join deadline's backstop: a failed boot ends at once); the plan is carried out by
   :func:`provisioner.plan.reconcile.apply_round` (launches first, nothing removed while a
   replacement is refused; a refusal plans again at once, up to :data:`CAPACITY_REPLANS`);
 - :func:`~provisioner.daemon.loop.recovery.recover`: what a restart finishes and adopts;
@@ -254,7 +255,10 @@ class Daemon:
             return
         with self._lock:
             self.actuator.drain_backstop(self.intervals.drain_timeout_s)
+            self.actuator.watch_boots()  # failed boots and job errors: ended before they bill
             self.actuator.join_backstop(self.intervals.join_deadline_s, self.speed)
+            if self.actuator.job_error is not None:
+                return  # the job fails on every worker: nothing to launch (the run ends)
             decided: list[tuple[str, dict[Offering, int]]] = []
 
             def plan(attempt: int) -> RoundInput | None:

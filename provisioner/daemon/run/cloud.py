@@ -46,8 +46,8 @@ from provisioner.daemon.run.session import Found, Parts
 from provisioner.daemon.run.target import cloud_target
 from provisioner.daemon.run.workdir import RunIdentity, Start, StartKind, decide_start
 from provisioner.daemon.state import State
-from provisioner.daemon.wiring import (cloud_parts, make_coordinator, ring_token, snapshot_url,
-                                       with_recorded_end)
+from provisioner.daemon.wiring import (cloud_parts, make_coordinator, ring_token, shipped_logs,
+                                       snapshot_url, with_recorded_end)
 from provisioner.drivers.artifacts import ship
 from provisioner.drivers.code import code_root, is_git, pack
 from provisioner.errors import UserError
@@ -183,7 +183,8 @@ class CloudEnvironment:
         # its code is its path inside the code (SPOTRING_JOB from ship)
         return Parts(driver, source, {"SPOTRING_JOB": self.options.job, **self._shipped,
                                       **limit_env(self.options.until_epochs,
-                                                  self.options.until_steps)})
+                                                  self.options.until_steps)},
+                     logs=shipped_logs(self.options.settings))
 
     def fleet_driver(self, now: Callable[[], datetime]) -> Any:
         assert self._parts is not None, "check() first"

@@ -113,6 +113,12 @@ class Found:
         return self.meta.get(key)
 
 
+def _job_error(state: State) -> str | None:
+    """The job error a worker reported (the daemon's ``job-error`` event), or None."""
+    found = state.events(limit=1, kinds=[EventKind.JOB_ERROR])
+    return found[-1].detail if found else None
+
+
 @dataclass(frozen=True)
 class Parts:
     """The edges a daemon is built over (:func:`provisioner.daemon.wiring.build_daemon`)."""
@@ -120,6 +126,7 @@ class Parts:
     driver: CloudDriver
     source: PriceFeed
     launch_env: Mapping[str, str]
+    logs: Any = None  # a cloud's shipped worker logs (provisioner.drivers.shiplog), or None
 
 
 class Environment(Protocol):
@@ -348,7 +355,7 @@ class RunSession:
             parts = env.parts(state, coordinator, now)
             daemon = build_daemon(o.settings, parts.driver, parts.source, state, now=now,
                                   speed=env.speed, coordinator=coordinator, metrics=metrics,
-                                  launch_env=parts.launch_env)
+                                  launch_env=parts.launch_env, logs=parts.logs)
             self.daemon = daemon
             env.begin(daemon)
             self._install_signals()
@@ -392,6 +399,7 @@ class RunSession:
                 stats = daemon.state.get_meta("ring") or {}
                 v = verdict(stats, interrupted=self.stop.is_set(),
                             crash_loop=self.env.crash_loop(daemon.state),
+                            job_error=_job_error(daemon.state),
                             until_epochs=self._epochs_limit(stats),
                             elapsed_s=daemon.now().timestamp() - t0,
                             duration_s=o.duration_s, duration_text=o.duration_text,

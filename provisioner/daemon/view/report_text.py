@@ -73,7 +73,8 @@ FIELDS: dict[str, tuple[str, Callable[[Any], str], str]] = {
     "outcome": ("outcome", _text, "done: the job finished; limit: stopped at --until-steps; "
                 "lost: every member holding the state and every snapshot gone; failed: the "
                 "job's own error; interrupted: Ctrl-C or provision stop; duration: --duration "
-                "reached; workers-failing: workers exited before any joined"),
+                "reached; workers-failing: workers exited before any joined; job-error: a cloud "
+                "worker reported the job's own error (not relaunched)"),
     "outcome_text": ("why it stopped", _text, "the run's end in words"),
     "failure": ("failure", _text, "why the job did not succeed (none when it did)"),
     "simulated_hours": ("length", _hours, "the run's time from its first start to its end "
@@ -133,7 +134,8 @@ def summary(fig: Mapping[str, Any]) -> str:
     said = {"done": "The job finished", "lost": "The job was LOST",
             "failed": "The job FAILED", "limit": "The run stopped at its limit",
             "interrupted": "The run was interrupted", "duration": "The run reached --duration",
-            "workers-failing": "The workers kept failing"}.get(outcome, f"Outcome {outcome}")
+            "workers-failing": "The workers kept failing",
+            "job-error": "The job failed on a worker"}.get(outcome, f"Outcome {outcome}")
     out = (f"{said} ({fig.get('outcome_text') or outcome}) after {_hours(fig.get('simulated_hours'))}"
            f": {_count(fig.get('samples'))} samples, {_count(fig.get('epochs'))} epochs"
            + (f", {metrics_text(fig['job_metrics']['values'])}" if fig.get("job_metrics")

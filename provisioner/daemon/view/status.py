@@ -164,7 +164,28 @@ def summary(state: State, events: int = 12) -> dict[str, Any]:
         "events": [{"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
                     "instance": e.instance_id, "detail": e.detail, "text": describe(e)}
                    for e in recent],
+        "failed_boots": failed_boots(state, t0),
     }
+
+
+#: The events of an instance that failed to boot or to run its job (all of them are shown).
+FAILED_KINDS = (EventKind.BOOT_FAILED, EventKind.JOB_ERROR, EventKind.JOIN_DEADLINE)
+
+
+def failed_boots(state: State, t0: float, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest ``limit`` instances that failed to boot, to import their job, or to join
+    in time: what it was (the event's first line: the exit code and its docs line) and the
+    last error line the instance shipped."""
+    from provisioner.drivers.shiplog import last_error
+
+    out = []
+    for e in state.events(limit=limit, kinds=list(FAILED_KINDS)):
+        first, _, rest = (e.detail or "").partition("\n")
+        lines = [ln for ln in rest.splitlines() if ln.strip()]
+        out.append({"hours": round((e.t - t0) / 3600.0, 4), "kind": e.kind,
+                    "instance": e.instance_id, "what": first.rstrip(":; "),
+                    "last_error": last_error(lines), "lines": lines})
+    return out
 
 
 def short_offering(key: str | None) -> str:
@@ -229,6 +250,12 @@ def describe(e: Event) -> str:
         return f"the job trains in the {mode} mode" + (f" ({why})" if why else "")
     if kind == EventKind.NO_CAPACITY:
         return f"no capacity in {where or d}"
+    if kind == EventKind.JOIN_DEADLINE:  # its first line; the boot's lines: failed_boots
+        return f"{who} terminated: {d.splitlines()[0] if d else 'join deadline'}"
+    if kind == EventKind.BOOT_FAILED:
+        return f"{who} failed: {d.splitlines()[0] if d else 'an exit report'}; terminated"
+    if kind == EventKind.JOB_ERROR:
+        return d.splitlines()[0] if d else "the job failed on a worker"
     names = [n for n in who.split(",") if n]
     if kind.startswith("ring-") and not names and kind not in ("ring-generation",
                                                                "ring-formed",

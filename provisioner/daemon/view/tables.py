@@ -95,6 +95,14 @@ def status_lines(doc: Mapping[str, Any], width: int) -> list[str]:
     for r in fleet:
         lines.append(f"  {r['id']:<{idw}}  {r.get('where') or r['offering']:<22}  "
                      f"{r['state']:<9} {r['hours']:6.2f} h")
+    failed = doc.get("failed_boots") or []
+    if failed:
+        lines.append(f"failed boots ({len(failed)})")
+        for f in failed:
+            lines.append(f"  {f['hours']:7.3f} h  {f['instance'] or '-'} {f['kind']}: "
+                         f"{f['what']}")
+            if f.get("last_error"):
+                lines.append(f"             {f['last_error']}")
     events = doc.get("events") or []
     if events:
         lines.append(f"events (last {len(events)})")

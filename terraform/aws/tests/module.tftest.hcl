@@ -117,8 +117,13 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
-    condition     = [for s in data.aws_iam_policy_document.read_artifacts.statement : s.actions] == [toset(["s3:GetObject"])]
-    error_message = "workers may only read the artifacts"
+    condition     = [for s in data.aws_iam_policy_document.read_artifacts.statement : s.actions] == [toset(["s3:GetObject"]), toset(["s3:PutObject"])]
+    error_message = "workers may only read the artifacts, and put their shipped logs"
+  }
+
+  assert {
+    condition     = alltrue([for r in data.aws_iam_policy_document.read_artifacts.statement[1].resources : endswith(r, "/artifacts/logs/*") || endswith(r, "/artifacts/exits/*")])
+    error_message = "workers may put objects under artifacts/logs/ and artifacts/exits/ only (their shipped log chunks and exit reports)"
   }
 
   assert {

@@ -1,5 +1,6 @@
-"""``aws`` of a fake instance: ``ssm get-parameter`` and ``s3 cp`` against $AWS_ENDPOINT_URL (a
-moto server), with the instance's credentials from the environment; anything else exits 2."""
+"""``aws`` of a fake instance: ``ssm get-parameter`` and ``s3 cp`` (a download, or ``-`` for
+stdin to an object) against $AWS_ENDPOINT_URL (a moto server), with the instance's credentials
+from the environment; anything else exits 2."""
 
 import sys
 
@@ -29,9 +30,13 @@ def main(argv: list[str]) -> int:
             elif not a.startswith("--"):
                 args.append(a)
         src, dst = args
-        bucket, _, key = src.removeprefix("s3://").partition("/")
         s3 = boto3.client("s3", region_name=region, endpoint_url=endpoint)
         try:
+            if src == "-":
+                bucket, _, key = dst.removeprefix("s3://").partition("/")
+                s3.put_object(Bucket=bucket, Key=key, Body=sys.stdin.buffer.read())
+                return 0
+            bucket, _, key = src.removeprefix("s3://").partition("/")
             s3.download_file(bucket, key, dst)
         except Exception as exc:  # noqa: BLE001 - as the CLI: one line, exit 1
             print(f"fatal error: {exc}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """``gcloud`` of a fake instance: ``secrets versions access latest`` against
-$CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER and ``storage cp gs://...`` against
+$CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER and ``storage cp`` (``gs://...`` to a file, or
+``-`` for stdin to an object) against
 $CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE (the tests' fakes); anything else exits 2."""
 
 import base64
@@ -31,12 +32,15 @@ def main(argv: list[str]) -> int:
         from google.cloud import storage
 
         src, dst = [a for a in argv[2:] if not a.startswith("--")]
-        bucket, _, name = src.removeprefix("gs://").partition("/")
+        bucket, _, name = (dst if src == "-" else src).removeprefix("gs://").partition("/")
         client = storage.Client(project="fake", credentials=AnonymousCredentials(),
                                 client_options={"api_endpoint": os.environ[
                                     "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE"].rstrip("/")})
         try:
-            client.bucket(bucket).blob(name).download_to_filename(dst)
+            if src == "-":
+                client.bucket(bucket).blob(name).upload_from_string(sys.stdin.buffer.read())
+            else:
+                client.bucket(bucket).blob(name).download_to_filename(dst)
         except Exception as exc:  # noqa: BLE001 - as the CLI: one line, exit 1
             print(f"ERROR: (gcloud.storage.cp) {exc}", file=sys.stderr)
             return 1

@@ -1,4 +1,6 @@
-"""``systemctl`` of a fake instance: ``daemon-reload`` and ``enable --now UNIT...`` only.
+"""``systemctl`` of a fake instance: ``daemon-reload``, ``enable --now UNIT...``, and
+``is-failed --quiet UNIT`` / ``show -p ExecMainStatus --value UNIT`` (from the supervisor's
+record: failed once it ended with a non-zero code it does not restart) only.
 
 ``enable --now`` reads each unit from /etc/systemd/system (a template ``name@.service`` for
 ``name@i.service``, with ``%i``/``%I``/``%%`` replaced), and starts a supervisor
@@ -40,8 +42,32 @@ def parse(unit: str) -> dict:
     return keys
 
 
+def last_run(unit: str) -> tuple[dict | None, dict]:
+    """The unit's last run ({pid, rc, started}; None before any) and its spec."""
+    units = Path(os.environ["SPOTRING_SANDBOX"]) / "units"
+    try:
+        runs = json.loads((units / f"{unit}.json").read_text())["runs"]
+        spec = json.loads((units / f"{unit}.spec.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return None, {}
+    return (runs[-1] if runs else None), spec
+
+
+def failed(unit: str) -> bool:
+    run, spec = last_run(unit)
+    if run is None or run["rc"] in (None, 0):
+        return False
+    return spec.get("restart") != "on-failure" or run["rc"] in spec.get("prevent", [])
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["daemon-reload"]:
+        return 0
+    if argv[:1] == ["is-failed"]:
+        return 0 if failed(argv[-1]) else 1
+    if argv[:1] == ["show"] and "ExecMainStatus" in argv:
+        run, _ = last_run(argv[-1])
+        print(run["rc"] if run and run["rc"] is not None else 0)
         return 0
     if argv[:2] != ["enable", "--now"]:
         print(f"systemctl (fake): unsupported: {' '.join(argv)}", file=sys.stderr)

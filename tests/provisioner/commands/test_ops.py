@@ -133,3 +133,31 @@ def test_down_is_refused_while_a_daemon_holds_the_run(tmp_path, capsys):
     finally:
         release.touch()
         proc.wait(timeout=60)
+
+
+def test_logs_of_a_cloud_worker_are_its_shipped_lines(tmp_path, capsys):
+    """On a cloud run, --worker reads the lines the instance's boot shipped to the run's
+    artifacts (provisioner/drivers/shiplog.py), kept after the instance is gone; a worker's
+    ring name (<instance id>/<gpu>) names its instance."""
+    from provisioner.drivers.artifacts import DirStore
+    from provisioner.drivers.shiplog import chunk_key
+
+    art = tmp_path / "artifacts"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'[cloud]\ndriver = "aws"\nartifacts = "{art}"\n'
+                   f'[daemon]\nstate_path = "{tmp_path / "state.sqlite"}"\n')
+    store, chunk = DirStore(art), tmp_path / "chunk"
+    for unit, seq, text in (("boot", 0, "spotring-boot: started 1 worker(s)\n"),
+                            ("spotring-worker@0.service", 0, "joined at step 0\n"),
+                            ("spotring-worker@0.service", 1, "left at step 9\n")):
+        chunk.write_text(text)
+        store.put(chunk_key("i-0abc", unit, seq), chunk)
+    code, out, err = cli(capsys, "logs", "--config", str(cfg), "--worker", "i-0abc")
+    assert code == 0, err
+    assert out.splitlines() == ["[i-0abc boot] spotring-boot: started 1 worker(s)",
+                                "[i-0abc spotring-worker@0.service] joined at step 0",
+                                "[i-0abc spotring-worker@0.service] left at step 9"]
+    code, out, _ = cli(capsys, "logs", "--config", str(cfg), "--worker", "i-0abc/0", "-n", "1")
+    assert code == 0 and out.splitlines()[-1].endswith("left at step 9")
+    code, _, err = cli(capsys, "logs", "--config", str(cfg), "--worker", "i-0zzz")
+    assert code == 2 and "i-0zzz" in err and "no lines shipped" in err
