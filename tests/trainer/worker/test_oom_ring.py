@@ -6,6 +6,7 @@ job finishes: never a job failure, one step lost (the kill's), each sample exact
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,11 @@ def test_a_survivor_handed_more_than_fits_lowers_its_cap_and_the_job_finishes(
         assert stats["outcome"] == "done" and stats["steps_lost"] <= 1, stats
         assert ring.procs["s"].wait(10) == 0
         log = (tmp_path / "s.log").read_text()
-        assert "out of memory with 64 samples per forward pass" in log, ring.logs()
-        assert "computed again with at most 32" in log
+        # before the kill (a share above 40 when the sizing favours it) or after it (64)
+        ooms = [(int(a), int(b)) for a, b in re.findall(
+            r"out of memory with (\d+) samples per forward pass at step \d+: the step is "
+            r"discarded on every member and computed again with at most (\d+)", log)]
+        assert ooms and all(n > 40 and cap == n // 2 for n, cap in ooms), ring.logs()
         counts = per_epoch_counts(ring.samples())[0]
         assert sorted(counts) == list(range(DIGITS_TRAIN))  # every sample ...
         assert set(counts.values()) == {1}  # ... once: the discarded step recorded nothing
