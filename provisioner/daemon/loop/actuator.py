@@ -186,7 +186,7 @@ class WriteAheadActuator:
         for e in self.state.events(kinds=["ring-join"]):
             if e.instance_id:
                 first.setdefault(instance_of(e.instance_id), e.t)
-        joined = set(first) | set(by_instance(m.name for m in self.coordinator.members()))
+        joined = set(first) | self._in_ring()
         launched = {r.id: r.launched_at for r in self.state.instances()}
         boots = [first[i] - launched[i] for i in first
                  if i in launched and first[i] >= launched[i]]
@@ -216,6 +216,12 @@ class WriteAheadActuator:
             return "no boot log lines were shipped (its boot log is on the instance)"
         return "last lines of its boot log:\n" + "\n".join(lines)
 
+    def _in_ring(self) -> set[str]:
+        """The instances with a worker in the ring now (none without a coordinator)."""
+        if self.coordinator is None:
+            return set()
+        return set(by_instance(m.name for m in self.coordinator.members()))
+
     def watch_boots(self) -> list[str]:
         """Read the exit reports of the live instances whose workers have not all joined
         (:mod:`provisioner.drivers.shiplog`) and end each instance that shipped one at once:
@@ -228,8 +234,7 @@ class WriteAheadActuator:
         if self.logs is None or self.stopping.is_set():
             return []
         t = self.clock()
-        members = set(by_instance(m.name for m in self.coordinator.members())
-                      ) if self.coordinator is not None else set()
+        members = self._in_ring()
         ended: list[str] = []
         for r in self.state.live_instances():
             if r.draining_since is not None or r.id in members:
