@@ -120,7 +120,7 @@ class Heartbeat:
         # answering (None: it answers)
         self._broken_gen = 0  # the generation the cached flag below belongs to
         self._broken = False
-        self.polled_at = 0.0  # monotonic time of the last successful poll
+        self.polled_at = 0.0  # monotonic time the last successful poll was sent
         self.stats: str | None = None  # rank 0's progress report, published when it changes
         self._stats_sent: str | None = None
         self._stats_lock = threading.Lock()  # a send in flight never lands after a later one
@@ -164,6 +164,11 @@ class Heartbeat:
                 keys = [mb.LATEST, mb.EXPORT, mb.INCARNATION, mb.SNAPSHOT_NOW]
                 if gen:
                     keys.append(mb.k_broken(gen))
+                # the answer is as old as the question: a process frozen (SIGSTOP, a stalled
+                # host) after the reply came but before it is read here must not make that
+                # reply look fresh, or a member woken after it was dropped would commit a
+                # reduction its peers abandoned (its samples then counted twice)
+                asked = time.monotonic()
                 vals = self._store.peek(keys)  # one round trip; never waits for a key
                 if vals[2] is not None and vals[2] != self.incarnation:
                     if self.incarnation is not None:  # a restarted coordinator
@@ -174,7 +179,7 @@ class Heartbeat:
                 self.snapshot_now = int(vals[3] or 0)
                 if gen:
                     self._broken_gen, self._broken = gen, int(vals[4] or 0) > 0
-                self.polled_at = time.monotonic()
+                self.polled_at = asked
                 if self.lost_since is not None:
                     log.warning("the coordinator answers again after %.1fs",
                                 self.polled_at - self.lost_since)
