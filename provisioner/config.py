@@ -294,7 +294,7 @@ class LocalSettings(_Section):
         "speed; below it the clock slows in proportion (the market meets the job at the same "
         "samples on any machine). Default: the packaged example's figure on a quiet 2-core "
         "machine for it, none (always speed) for another job; 0: no pacing")
-    pace_floor: float = Field(0.1, gt=0, le=1, description="the paced clock never runs below "
+    pace_floor: float = Field(0.05, gt=0, le=1, description="the paced clock never runs below "
                               "this fraction of speed (a stalled ring does not freeze the market)")
     notice_window_s: float = Field(120.0, ge=0, le=3600, description="simulated seconds from a "
                                    "revocation notice to the kill (AWS gives 120)")

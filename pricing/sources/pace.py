@@ -73,7 +73,7 @@ class Pace:
 
     speed: float
     reference: float = 0.0
-    floor: float = 0.1
+    floor: float = 0.05
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.speed) and self.speed > 0):

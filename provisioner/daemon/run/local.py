@@ -64,7 +64,7 @@ DEMO_JOB = "spotring_examples.digits"
 #: the market meets the job at the same samples on any machine (:mod:`pricing.sources.pace`).
 #: Measured by ``benchmarks/demo.py`` (``ring_samples_per_s``); ``local.reference_samples_per_s``
 #: overrides it.
-DEMO_REFERENCE_SAMPLES_PER_S = 2000.0
+DEMO_REFERENCE_SAMPLES_PER_S = 2400.0
 #: Workers exiting this many times with none ever joining the ring stop the run (a broken job
 #: file or interpreter would otherwise be relaunched forever, each launch paid for).
 CRASH_LOOP_EXITS = 4
@@ -87,7 +87,7 @@ def worker_argv(python: str, coordinator: str, token_file: Path, job: str, name:
 def local_clock(state: State, trace_start: datetime, speed: float,
                 ended: Mapping[str, Any] | None, continuing: bool,
                 wall: Callable[[], float] = time.time, *, reference: float = 0.0,
-                floor: float = 0.1) -> PacedClock:
+                floor: float = 0.05) -> PacedClock:
     """The simulated clock (:class:`~pricing.sources.pace.PacedClock`: at most ``speed``, paced
     by the ring against ``reference`` samples/s; 0: always ``speed``), kept in the state's
     ``clock`` meta at every change of rate: a run continued after a crash goes on at the time

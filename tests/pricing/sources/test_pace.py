@@ -14,18 +14,19 @@ from pricing.sources.pace import MIN_WINDOW_S, Pace, PacedClock, from_saved, pac
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 REF = 2000.0  # samples/s at which the clock runs at speed
 BATCH = 64
+FLOOR = 0.1  # the least fraction of speed in these tests
 BOOT_S = 10.0  # a worker's boot on the reference machine (the torch import)
 
 
 @pytest.mark.parametrize("pace, factor, rate", [
     (Pace(120, 0.0), 0.3, 120),        # no reference: a plain replay at speed
-    (Pace(120, REF), None, 12),        # nothing measured yet: the floor (0.1)
-    (Pace(120, REF), 1.0, 120),        # the reference machine: speed
-    (Pace(120, REF), 2.5, 120),        # faster than the reference: never above speed
-    (Pace(120, REF), 0.5, 60),         # half as fast: half the rate
-    (Pace(120, REF), 0.0, 12),         # a stalled ring: the floor, the market goes on
+    (Pace(120, REF, FLOOR), None, 12),        # nothing measured yet: the floor (0.1)
+    (Pace(120, REF, FLOOR), 1.0, 120),        # the reference machine: speed
+    (Pace(120, REF, FLOOR), 2.5, 120),        # faster than the reference: never above speed
+    (Pace(120, REF, FLOOR), 0.5, 60),         # half as fast: half the rate
+    (Pace(120, REF, FLOOR), 0.0, 12),         # a stalled ring: the floor, the market goes on
     (Pace(120, REF, 0.25), 0.2, 30),   # another floor
-    (Pace(120, REF), float("nan"), 12),
+    (Pace(120, REF, FLOOR), float("nan"), 12),
 ])
 def test_rate_as_data(pace, factor, rate):
     assert pace_rate(pace, factor) == pytest.approx(rate)
@@ -67,7 +68,7 @@ def run(machine: float, events: list[datetime], *, boot_s: float = BOOT_S,
     Returns the step at which the clock passes each of ``events`` (beyond the first boot),
     and the simulated seconds the stall took."""
     wall = Wall()
-    clock = PacedClock(T0, wall(), Pace(120, REF), wall=wall)
+    clock = PacedClock(T0, wall(), Pace(120, REF, FLOOR), wall=wall)
     samples, dt = 0.0, 0.25
     stepped: list[int] = []
     pending = list(events)
@@ -109,7 +110,7 @@ def test_the_market_lands_at_the_same_step_whatever_the_machine_speed():
         # charged at the floor (pace.py): their longer wall time here shifts every event by
         # at most the same few steps, once; besides it, each lands at the reference's step
         # within 5%
-        first = ((BOOT_S / machine - BOOT_S) * 0.1 + (1 - machine) * MIN_WINDOW_S) * REF / BATCH
+        first = ((BOOT_S / machine - BOOT_S) * FLOOR + (1 - machine) * MIN_WINDOW_S) * REF / BATCH
         shift = ref_steps[0] - steps[0]
         assert 0 <= shift <= 1.25 * first + 4, (machine, shift, first)
         for got, want in zip(steps, ref_steps):
@@ -127,7 +128,7 @@ def test_the_market_lands_at_the_same_step_whatever_the_machine_speed():
 
 def test_a_stalled_ring_does_not_freeze_the_market():
     wall = Wall()
-    clock = PacedClock(T0, wall(), Pace(120, REF), wall=wall)
+    clock = PacedClock(T0, wall(), Pace(120, REF, FLOOR), wall=wall)
     for _ in range(40):  # trains at the reference, then stops while still a member
         wall.t += 0.5
         clock.observe(REF * (wall.t - 1000.0), training=True)
@@ -145,7 +146,7 @@ def test_a_stalled_ring_does_not_freeze_the_market():
 def test_saved_and_restored_goes_on_where_it_was():
     wall = Wall()
     kept: list[dict] = []
-    clock = PacedClock(T0, wall(), Pace(120, REF), wall=wall, on_anchor=kept.append)
+    clock = PacedClock(T0, wall(), Pace(120, REF, FLOOR), wall=wall, on_anchor=kept.append)
     for _ in range(20):
         wall.t += 0.5
         clock.observe(REF * 0.5 * (wall.t - 1000.0), training=True)
