@@ -159,18 +159,20 @@ def main(argv: list[str] | None = None) -> int:
            "--outages-per-hour", f"{args.outages_per_hour:g}"]
     if args.seed is not None:
         cmd += ["--seed", str(args.seed)]
+    root.mkdir(parents=True, exist_ok=True)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              start_new_session=True) for _ in range(args.busy)]
     watch = Watch(wd / "state.sqlite").start()
     t0 = time.monotonic()
-    proc = spawn(cmd, root / "demo.log")
+    proc = None
     try:
+        proc = spawn(cmd, root / "demo.log")
         code = proc.wait(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         code = None
     finally:
         wall = time.monotonic() - t0
-        stop([proc])
+        stop([proc] if proc is not None else [])
         watch.close()
         stop(busy, grace=1.0)
     report_path = wd / "report" / "report.json"
