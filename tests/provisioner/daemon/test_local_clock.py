@@ -2,9 +2,9 @@
 its workers are at (running on after a crash, from the stop after a clean one)."""
 
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from datetime import datetime, timedelta, timezone
 
 from provisioner.daemon.run.local import local_clock
 from provisioner.daemon.state import State
