@@ -62,11 +62,11 @@ DEMO_JOB = "spotring_examples.digits"
 #: The demo's ring (3 workers of the packaged example, digits, on 2 cores), in samples/s: at
 #: this throughput or more the clock runs at ``--speed``, below it slower in proportion, so the
 #: market meets the job at the same samples on any machine (:mod:`pricing.sources.pace`).
-#: ``benchmarks/demo.py`` prints the ring's figure (``ring_samples_per_s``): 1,970 at load 4.4
-#: (its own 3 workers most of it) and 985 at load 15-20 on this project's shared 2-core machine
-#: on 2026-11-27; no quiet machine was to be had, so the figure is set 50% above the best
-#: measured, which leaves a quiet 2-core laptop on the paced side (the same story) rather than
-#: capped at ``--speed`` (a softer market). ``local.reference_samples_per_s`` overrides it.
+#: ``benchmarks/demo.py`` prints the ring's figure (``ring_samples_per_s``): 2,390 at load
+#: 4-6 (its own 3 workers most of it), 740-985 at load 15-29 on this project's shared 2-core
+#: machine on 2026-11-27; no quiet machine was to be had, so the figure is set 25% above the
+#: best measured, which leaves a quiet 2-core laptop on the paced side (the same story) rather
+#: than capped at ``--speed`` (a softer market). ``local.reference_samples_per_s`` overrides it.
 DEMO_REFERENCE_SAMPLES_PER_S = 3000.0
 #: Workers exiting this many times with none ever joining the ring stop the run (a broken job
 #: file or interpreter would otherwise be relaunched forever, each launch paid for).
