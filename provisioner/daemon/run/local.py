@@ -6,8 +6,9 @@ RunSession` needs beyond its common lifecycle when the "cloud" is this machine:
 - the market: ``--trace PATH`` (any format :func:`pricing.sources.trace.load_trace` reads;
   availability-only traces get generated prices, :func:`pricing.sources.synthetic.
   fill_prices`), else the seeded built-in market of :mod:`pricing.sources.synthetic`;
-  replayed at ``--speed`` on a clock kept in the state (:func:`local_clock`), so a restarted
-  daemon goes on at the simulated time its workers are at;
+  replayed at most at ``--speed`` on a clock paced by the ring (:mod:`pricing.sources.pace`:
+  the job's own time, fed by :meth:`LocalEnvironment.tick`) and kept in the state
+  (:func:`local_clock`), so a restarted daemon goes on at the simulated time its workers are at;
 - the work directory (:mod:`provisioner.daemon.run.workdir`): one run, never wiped; a
   start continues the run there, or archives a finished one first;
 - the ring: the trainer's coordinator (:func:`provisioner.daemon.wiring.make_coordinator`)
