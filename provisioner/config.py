@@ -286,7 +286,16 @@ class LocalSettings(_Section):
     state_dir: str = Field("spotring-run", description="work directory of a local run: state, "
                            "pid files, notices, worker logs, report (--workdir overrides)")
     speed: float = Field(60.0, gt=0, le=1_000_000,
-                         description="simulated seconds per real second (prices, notices, cost)")
+                         description="the most simulated seconds per real second (prices, "
+                         "notices, cost); slower while the ring trains below "
+                         "reference_samples_per_s (pricing/sources/pace.py)")
+    reference_samples_per_s: float | None = Field(
+        None, ge=0, le=1e9, description="the ring's samples/s at which the clock runs at "
+        "speed; below it the clock slows in proportion (the market meets the job at the same "
+        "samples on any machine). Default: the packaged example's figure on a quiet 2-core "
+        "machine for it, none (always speed) for another job; 0: no pacing")
+    pace_floor: float = Field(0.05, gt=0, le=1, description="the paced clock never runs below "
+                              "this fraction of speed (a stalled ring does not freeze the market)")
     notice_window_s: float = Field(120.0, ge=0, le=3600, description="simulated seconds from a "
                                    "revocation notice to the kill (AWS gives 120)")
     hard_kill_every: int = Field(3, ge=0, le=1_000_000, description="every Nth trace revocation comes without "

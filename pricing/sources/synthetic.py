@@ -21,6 +21,9 @@ through the same :class:`pricing.sources.trace.TraceSource` as a real trace. The
   of its epochs, not at simulated hours: the Poisson outages above fall wherever the clock
   puts them, so a fast machine that finishes the job in half a simulated hour may see none.
   By default a notice at 20% of the job, a kill without notice at 45% and a notice at 70%.
+  (The local run's clock is paced by the ring, :mod:`pricing.sources.pace`, so on a machine
+  slower than the reference the Poisson outages too meet the job at the same samples; the
+  job-time ones are exact on any machine, faster ones included.)
   They need a run whose length is known (``--until-epochs``); :func:`next_job_outage` says
   which one is due, and :mod:`provisioner.daemon.run.outages` carries them out on the fleet.
 

@@ -70,8 +70,12 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", action="extend", nargs="+", metavar="PATH",
                    help="price/availability trace files or folders; default: the "
                    "built-in generator")
-    p.add_argument("--speed", type=float, help="simulated seconds per real second "
-                   "(default local.speed, 60)")
+    p.add_argument("--speed", type=float, help="the most simulated seconds per real second "
+                   "(default local.speed, 60), for the built-in market and a --trace alike; "
+                   "with the packaged example the clock follows the ring: where this machine "
+                   "trains slower than the reference (local.reference_samples_per_s) it runs "
+                   "slower in proportion, so the market meets the job at the same samples on "
+                   "any machine")
     p.add_argument("--until-epochs", type=int, metavar="N", help="train N epochs: the job "
                    "ends there by itself (its on_finish runs; refused for a job that would "
                    "train past it)")

@@ -34,7 +34,9 @@ log a file): a daemon killed and restarted on the same ``state_dir`` lists and a
 or signalled), for checks made before a run may change anything.
 
 Rule for callers: pass an injected ``clock`` (the daemon's simulated time); all windows are
-in that clock's seconds. One driver object per process; several may share a ``state_dir``.
+in that clock's seconds, and so is an instance's life (its launch time, the spend): with the
+local run's paced clock (:mod:`pricing.sources.pace`) a worker's boot and a notice window are
+charged in the job's own time, not in wall time scaled by ``--speed``. One driver object per process; several may share a ``state_dir``.
 """
 
 from __future__ import annotations

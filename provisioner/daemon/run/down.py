@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable
 
 from provisioner.daemon.run.lock import Created, RunLock, held_by
@@ -51,11 +50,10 @@ def _clock(state: Any, local: bool) -> Callable[[], float]:
     saved = state.get_meta("clock")
     if not saved:
         return time.time
-    from pricing.sources.trace import ReplayClock
+    from pricing.sources.pace import from_saved
 
-    clock = ReplayClock(datetime.fromisoformat(saved["trace_start"]), float(saved["wall_start"]),
-                        float(saved["speed"]), time.time)
-    return lambda: clock.trace_time().timestamp()
+    clock = from_saved(saved)  # where the run's clock is now, at its last rate
+    return lambda: clock().timestamp()
 
 
 def _driver(target: Target) -> Any:

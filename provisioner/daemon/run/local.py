@@ -6,8 +6,9 @@ RunSession` needs beyond its common lifecycle when the "cloud" is this machine:
 - the market: ``--trace PATH`` (any format :func:`pricing.sources.trace.load_trace` reads;
   availability-only traces get generated prices, :func:`pricing.sources.synthetic.
   fill_prices`), else the seeded built-in market of :mod:`pricing.sources.synthetic`;
-  replayed at ``--speed`` on a clock kept in the state (:func:`local_clock`), so a restarted
-  daemon goes on at the simulated time its workers are at;
+  replayed at most at ``--speed`` on a clock paced by the ring (:mod:`pricing.sources.pace`:
+  the job's own time, fed by :meth:`LocalEnvironment.tick`) and kept in the state
+  (:func:`local_clock`), so a restarted daemon goes on at the simulated time its workers are at;
 - the work directory (:mod:`provisioner.daemon.run.workdir`): one run, never wiped; a
   start continues the run there, or archives a finished one first;
 - the ring: the trainer's coordinator (:func:`provisioner.daemon.wiring.make_coordinator`)
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pricing.sources import synthetic
+from pricing.sources.pace import Pace, PacedClock, from_saved
 from provisioner.daemon.loop.scheduler import Daemon
 from provisioner.daemon.ports import RingCoordinator
 from provisioner.daemon.run.jobcheck import limit_env
@@ -56,6 +58,17 @@ log = logging.getLogger(__name__)
 #: ``every_s / speed``); below a second the snapshots would cost the ring more than the 1%
 #: issue 15 allows on this machine.
 MIN_SNAPSHOT_REAL_S = 1.0
+#: The job the clock is paced for by default: the packaged example (``./dev demo``).
+DEMO_JOB = "spotring_examples.digits"
+#: The demo's ring (3 workers of the packaged example, digits, on 2 cores), in samples/s: at
+#: this throughput or more the clock runs at ``--speed``, below it slower in proportion, so the
+#: market meets the job at the same samples on any machine (:mod:`pricing.sources.pace`).
+#: ``benchmarks/demo.py`` prints the ring's figure (``ring_samples_per_s``): 2,390 at load
+#: 4-6 (its own 3 workers most of it), 740-985 at load 15-29 on this project's shared 2-core
+#: machine on 2026-11-27; no quiet machine was to be had, so the figure is set 25% above the
+#: best measured, which leaves a quiet 2-core laptop on the paced side (the same story) rather
+#: than capped at ``--speed`` (a softer market). ``local.reference_samples_per_s`` overrides it.
+DEMO_REFERENCE_SAMPLES_PER_S = 3000.0
 #: Workers exiting this many times with none ever joining the ring stop the run (a broken job
 #: file or interpreter would otherwise be relaunched forever, each launch paid for).
 CRASH_LOOP_EXITS = 4
@@ -77,31 +90,31 @@ def worker_argv(python: str, coordinator: str, token_file: Path, job: str, name:
 
 def local_clock(state: State, trace_start: datetime, speed: float,
                 ended: Mapping[str, Any] | None, continuing: bool,
-                wall: Callable[[], float] = time.time) -> Callable[[], datetime]:
-    """The simulated clock, kept in the state's ``clock`` meta: a run continued after a
-    crash goes on at the time its workers are at (the clock kept running); after a clean
-    stop that terminated the fleet it goes on from the stop (nothing ran meanwhile; a stop
-    that never finished did not pause it); another ``speed`` re-anchors it where it is."""
-    from pricing.sources.trace import ReplayClock
-
+                wall: Callable[[], float] = time.time, *, reference: float = 0.0,
+                floor: float = 0.05) -> PacedClock:
+    """The simulated clock (:class:`~pricing.sources.pace.PacedClock`: at most ``speed``, paced
+    by the ring against ``reference`` samples/s; 0: always ``speed``), kept in the state's
+    ``clock`` meta at every change of rate: a run continued after a crash goes on at the time
+    its workers are at (the clock kept running, at its last rate); after a clean stop that
+    terminated the fleet it goes on from the stop (nothing ran meanwhile; a stop that never
+    finished did not pause it); another ``speed`` (or pace) re-anchors it where it is."""
     saved = state.get_meta("clock") if continuing else None
-    now = wall()
+    pace = Pace(speed, reference, floor)
+
+    def keep(clock: dict[str, Any]) -> None:
+        state.set_meta("clock", clock)
+
     if saved:
-        old = ReplayClock(datetime.fromisoformat(saved["trace_start"]),
-                          float(saved["wall_start"]), float(saved["speed"]), wall)
         paused = bool(ended and not ended.get("fleet_kept") and ended.get("t") is not None
                       and ended.get("stopped", True))
-        if paused or old.speed != speed:
-            at = (datetime.fromtimestamp(float(ended["t"]), timezone.utc)  # type: ignore[index]
-                  if paused else old.trace_time(now))
-            clock = ReplayClock(at, now, speed, wall)
-        else:
-            clock = old
-    else:
-        clock = ReplayClock(trace_start, now, speed, wall)
-    state.set_meta("clock", {"trace_start": clock.trace_start.isoformat(),
-                             "wall_start": clock.wall_start, "speed": clock.speed})
-    return clock.trace_time
+        if paused:
+            at = datetime.fromtimestamp(float(ended["t"]), timezone.utc)  # type: ignore[index]
+            factor = saved.get("factor")
+            return PacedClock(at, wall(), pace, factor=None if factor is None else float(factor),
+                              wall=wall, on_anchor=keep)
+        return from_saved(saved, speed=speed, reference=reference, floor=floor, wall=wall,
+                          on_anchor=keep)
+    return PacedClock(trace_start, wall(), pace, wall=wall, on_anchor=keep)
 
 
 class LocalEnvironment:
@@ -121,6 +134,7 @@ class LocalEnvironment:
         self._market: tuple[Any, datetime, list[str]] | None = None
         self._driver: Any = None
         self._outages: Any = None
+        self._clock: PacedClock | None = None
 
     # -- inputs (nothing changes) ------------------------------------------------------------
     def params(self) -> synthetic.GeneratorParams:
@@ -325,7 +339,20 @@ class LocalEnvironment:
         assert self._market is not None, "check() first"
         continuing = start.kind in (StartKind.CONTINUE, StartKind.FINISH)
         ended = found.run.get("ended") if continuing else None
-        return local_clock(state, self._market[1], self.speed, ended, continuing)
+        loc = self.options.settings.local
+        self._clock = local_clock(state, self._market[1], self.speed, ended, continuing,
+                                  reference=self.reference(), floor=loc.pace_floor)
+        return self._clock
+
+    def reference(self) -> float:
+        """The ring's samples/s at which the clock runs at ``--speed``
+        (:mod:`pricing.sources.pace`): ``local.reference_samples_per_s`` when set (0: no
+        pacing), else :data:`DEMO_REFERENCE_SAMPLES_PER_S` for the packaged example and none
+        (the clock at ``--speed``) for another job, whose speed nothing here knows."""
+        ref = self.options.settings.local.reference_samples_per_s
+        if ref is not None:
+            return float(ref)
+        return DEMO_REFERENCE_SAMPLES_PER_S if self.options.job == DEMO_JOB else 0.0
 
     def worker_command(self, coordinator: RingCoordinator) -> Callable[[Any], list[str]]:
         """The command line of a launched instance: a trainer worker dialling
@@ -404,6 +431,12 @@ class LocalEnvironment:
                                        on_fired=lambda n: state.set_meta(META_KEY, n))
 
     def tick(self, daemon: Daemon) -> None:
+        """The clock fed with the ring's progress (it is paced by it), the job-time outages."""
+        coordinator = daemon.coordinator
+        if self._clock is not None and coordinator is not None:
+            stats = coordinator.stats()
+            training = int(stats.get("world") or 0) > 0 and not stats.get("finished")
+            self._clock.observe(stats.get("samples_done"), training=training)
         if self._outages is not None:
             self._outages.tick()
 
@@ -424,4 +457,8 @@ class LocalEnvironment:
 
     def notes(self) -> list[str]:
         notes = self._market[2] if self._market is not None else []
-        return [f"market: {n}" for n in notes] + [f"speed: {self.speed:g}x"]
+        ref = self.reference()
+        pace = (f"speed: at most {self.speed:g}x, paced by the ring against {ref:g} samples/s "
+                f"(never below {self.options.settings.local.pace_floor:.0%} of it)" if ref > 0
+                else f"speed: {self.speed:g}x")
+        return [f"market: {n}" for n in notes] + [pace]

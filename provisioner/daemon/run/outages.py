@@ -1,8 +1,10 @@
 """The built-in market's job-time outages, carried out on the local fleet.
 
 Design: the generated market (:mod:`pricing.sources.synthetic`) places its random outages in
-simulated time, so how many a run meets depends on how fast this machine trains: the same
-demo saw none on a fast machine. Its ``job_outages`` are placed in the JOB'S OWN TIME
+simulated time, so how many a run meets depends on how fast this machine trains against the
+clock: the same demo saw none on a fast machine (the paced clock, :mod:`pricing.sources.pace`,
+now keeps simulated time in step with the job on machines up to the reference's speed, never
+faster than ``--speed``). Its ``job_outages`` are placed in the JOB'S OWN TIME
 instead (fractions of the run's epochs: by default a notice at 20%, a kill at 45%, a notice
 at 70%), so every run of the main job meets them whatever the machine's speed.
 :class:`JobTimeOutages` carries them out: each tick it reads the ring's progress, asks

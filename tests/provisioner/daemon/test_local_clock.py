@@ -4,6 +4,8 @@ its workers are at (running on after a crash, from the stop after a clean one)."
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from provisioner.daemon.run.local import local_clock
 from provisioner.daemon.state import State
 
@@ -35,3 +37,25 @@ def test_fresh_then_crash_then_clean_stop_then_another_speed(tmp_path):
     now = local_clock(st, T0, 600, None, True)
     assert st.get_meta("clock")["speed"] == 600
     assert abs((now() - at).total_seconds()) < 600
+
+
+def test_a_paced_clock_is_kept_and_goes_on_at_its_last_rate(tmp_path):
+    """Issue 31.2: the paced clock (the ring below the reference) keeps its rate and machine
+    factor in the state at each change: a restart goes on at that rate, a clean stop at the
+    stop's time with the same factor."""
+    st = State(tmp_path / "state.sqlite")
+    wall = [1000.0]
+    now = local_clock(st, T0, 120, None, False, lambda: wall[0], reference=3000.0)
+    assert now.rate == 120 * 0.05  # nothing measured yet: the floor
+    for k in range(1, 21):  # the ring trains 1,500 samples/s: half the reference
+        wall[0] = 1000.0 + k * 0.5
+        now.observe(1500.0 * k * 0.5)
+    saved = st.get_meta("clock")
+    assert saved["speed"] == now.rate and 55 < now.rate < 65 and saved["max_speed"] == 120
+    at = now()
+    wall[0] += 10  # the daemon died 10 s ago; its workers went on
+    again = local_clock(st, T0, 120, None, True, lambda: wall[0], reference=3000.0)
+    assert (again() - at).total_seconds() == pytest.approx(10 * now.rate)
+    stop = {"t": (T0 + timedelta(hours=2)).timestamp(), "fleet_kept": False}
+    paused = local_clock(st, T0, 120, stop, True, lambda: wall[0], reference=3000.0)
+    assert paused() == T0 + timedelta(hours=2) and paused.rate == pytest.approx(now.rate)
