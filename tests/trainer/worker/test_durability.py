@@ -17,6 +17,7 @@ import torch
 from tests.trainer.ringutil import REPO, TOKEN, Ring
 from trainer.control.coordinator import Coordinator
 from trainer.errors import SnapshotError
+from trainer.protocol.admission import derive_key
 from trainer.state import snapshot as snap
 
 JOB = "tests/trainer/jobs/regression.py"
@@ -239,6 +240,50 @@ def test_a_coordinator_that_dies_and_comes_back_costs_no_step(tmp_path: Path) ->
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0
         assert not ring.events("lost")
         assert ring.procs["a"].wait(30) == 0 and ring.procs["b"].wait(30) == 0
+    finally:
+        ring.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_kill_while_the_coordinator_is_away_costs_one_interval(tmp_path: Path) -> None:
+    """Issue 30.10: the coordinator stopped (the daemon restarting) while the ring trains
+    past a snapshot interval; rank 0 writes that snapshot to the store itself. Every member
+    is then killed; the coordinator comes back and the next members resume from the
+    snapshot taken during the outage, not from the one before it."""
+    ring = _ring(tmp_path, snapshots=True, initial_world=2, heartbeat_timeout_s=3.0)
+    store = snap.DirStore(tmp_path / "snapshots")
+    key = derive_key(TOKEN, b"snapshot manifest")
+
+    def stored() -> list[int]:
+        return [m.step for m in snap.Vault(store, key=key).manifests()]
+
+    try:
+        ring.worker("a")
+        ring.worker("b")
+        ring.wait_for("a snapshot", lambda: (ring.coord.stats()["snapshot"] or {}).get(
+            "step", 0) >= 20, 120)
+        host, port = ring.coord.address
+        ring.coord.stop()  # the daemon dies, its coordinator and vault with it
+        before = max(stored())
+        ring.wait_for("a snapshot taken while the coordinator is away",
+                      lambda: max(stored()) > before, 120)
+        for name in ("a", "b"):  # then every holder of the state
+            os.kill(ring.procs[name].pid, signal.SIGKILL)
+        during = max(stored())
+        assert during % 20 == 0 and before < during
+        ring.coord = Coordinator(host, port, TOKEN, heartbeat_timeout_s=3.0,
+                                 snapshot=snap.SnapshotSettings(
+                                     str(tmp_path / "snapshots"), every_s=3600.0,
+                                     every_steps=20))
+        ring.coord.start()  # the daemon back, on the same address and store
+        ring.worker("c")  # its replacements
+        ring.worker("d")
+        ring.wait_for("the ring resumed", lambda: ring.events("resumed"), 180)
+        assert ring.events("resumed")[0]["data"]["step"] == during
+        assert ring.coord.stats()["resumed_from"] == during
+        ring.wait_for("training on", lambda: ring.coord.stats()["step"] > during + 5, 120)
+        assert all(f["identical"] for f in ring.formed())
     finally:
         ring.close()
 
