@@ -128,6 +128,52 @@ def test_a_failed_upload_is_taken_again_soon_not_an_interval_later() -> None:
     assert not s.due(150) and s.due(204)  # the interval again, from the one that landed
 
 
+def test_members_report_the_digest_of_the_newest_committed_step_they_hold() -> None:
+    """30.3, the member's side: while the coordinator is away the training thread takes the
+    digest of the committed state (at commits, at most every HELD_EVERY_S; and exactly once
+    it waits, the ring stalled), and the report to a restarted coordinator carries it with
+    its step. With the coordinator answering, or a fresh member, no digest is reported."""
+    from types import SimpleNamespace
+
+    from trainer.worker.member import Member
+
+    class Mode:
+        whole_state = True
+        calls = 0
+
+        def __init__(self, member: Member) -> None:
+            self.m = member
+
+        def checksum(self) -> str:
+            Mode.calls += 1
+            return f"model:{self.m.w.state.progress.step:04d}"
+
+    progress = SimpleNamespace(step=40)
+    w = SimpleNamespace(state=SimpleNamespace(progress=progress, fingerprint="job1"),
+                        cfg=SimpleNamespace(name="a", zone=""), prior=1.0, notice=None,
+                        runtime=SimpleNamespace(device_name="cpu"), resumed=True)
+    hb = SimpleNamespace(lost_since=None, report=None)
+    m = Member(w, None, 11, hb, Mode)  # type: ignore[arg-type]
+    m.note_held(stalled=False)
+    assert m.held is None and m._report().digest == "" and m._report().step == 40
+    hb.lost_since = 1.0  # the coordinator stops answering
+    m.note_held(stalled=False)
+    assert m._report().digest == "model:0040" and m._report().step == 40
+    progress.step = 41
+    m.note_held(stalled=False)  # within HELD_EVERY_S: not again (a digest costs a pass)
+    assert Mode.calls == 1 and m._report().step == 40 and m._report().digest == "model:0040"
+    m.note_held(stalled=True)  # the ring stalled waiting for the coordinator: exact
+    m.note_held(stalled=True)
+    assert Mode.calls == 2 and (m._report().step, m._report().digest) == (41, "model:0041")
+    hb.lost_since = None  # it answers again: the next commit forgets the digest
+    m.note_held(stalled=False)
+    assert m.held is None and m._report().digest == ""
+    m.fresh = True
+    hb.lost_since = 2.0
+    m.note_held(stalled=True)
+    assert m.held is None and not m._report().holds and m._report().digest == ""
+
+
 def test_bad_snapshot_settings_name_the_field() -> None:
     for kw, field in (({"every_s": 0}, "every_s"), ({"every_steps": -1}, "every_steps"),
                       ({"keep": 0}, "keep"), ({"every_s": float("inf")}, "every_s")):
