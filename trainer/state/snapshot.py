@@ -204,8 +204,9 @@ class DirStore:
         shutil.move(str(path), str(dst))
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        tmp = self.path / f".{name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp = self.path / f".{name}.{os.getpid()}.tmp"  # the coordinator's or a worker's
+        tmp.unlink(missing_ok=True)  # never through a link left there: a new file, private
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, self.path / name)
