@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -242,14 +243,19 @@ def _trained_twice(run: Any) -> int:
     return int(bool(restarts) and passed > 0)
 
 
-def baseline_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The same job with no fault: its spend and steps."""
+def baseline_run(root: Path, args: argparse.Namespace, chaos_s: float) -> dict[str, Any]:
+    """The same job with no fault: its spend and steps (``chaos_s``: how long the chaos run
+    took; the baseline may take three times that before it is given up as timed out)."""
     from tests.fakes.local_run import RunProcess
 
     run = RunProcess(root / "b", *_flags(args), config=_config(root), log_name="baseline.log")
     try:
         run.start()
-        code = run.wait(args.timeout_s * 4)
+        try:  # as long as the chaos run took, and more: the same job without its faults
+            code = run.wait(max(args.timeout_s * 4, 3.0 * chaos_s))
+        except subprocess.TimeoutExpired:
+            return {"baseline_exit_code": None, "baseline_outcome": "timed out",
+                    "baseline_spend_usd": None, "baseline_steps_lost": None}
         fig = run.report()
     finally:
         run.close()
@@ -285,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp) if args.keep is None else args.keep
         root.mkdir(parents=True, exist_ok=True)
         figures = chaos_run(root, args)
-        figures.update(baseline_run(root, args))
+        figures.update(baseline_run(root, args, time.monotonic() - t0))
     base = figures.get("baseline_spend_usd") or 0.0
     figures["spend_ratio"] = round(figures["spend_usd"] / base, 3) if base else None
     figures["snapshot_interval_s"] = SNAPSHOT_EVERY_S
