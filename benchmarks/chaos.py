@@ -21,7 +21,9 @@ Figures (goal in brackets):
 * ``runs_lost``: the run ended ``lost`` [0]; ``runs_trained_twice``: the ring trained from
   step 1 again after it had passed a snapshot, or a start after the end trained again [0];
 * ``steps_redone_per_kill``: steps committed more than once (the ledger's ``steps_lost``)
-  per kill [<= one snapshot interval, ``snapshot_interval_steps``];
+  per kill [<= one snapshot interval, ``snapshot_interval_steps``: the steps the ring
+  commits in one interval]; ``steps_redone_logged`` / ``_per_kill_logged``: the same counted
+  from the members' own step lines (:func:`redone_logged`), a check on the ledger;
 * ``spend_ratio``: the chaos run's spend over the baseline's [<= 1.10].
 
 Run: ``.venv/bin/python benchmarks/chaos.py [--kills 100] [--epochs 40] [--seed 1]``
@@ -36,6 +38,7 @@ import logging
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +52,7 @@ if str(REPO) not in sys.path:
 log = logging.getLogger("chaos")
 
 SNAPSHOT_EVERY_S = 60  # simulated seconds (1 real second at --speed 60)
+SPEED = 60  # the runs' --speed
 SETTLE_S = 30.0  # a worker's threads are counted from this long after it was first seen
 
 
@@ -73,7 +77,7 @@ def _threads(pid: int) -> int | None:
 
 
 def _flags(args: argparse.Namespace) -> list[str]:
-    return ["--outages-per-hour", "0", "--max-size", str(args.max_size), "--speed", "60",
+    return ["--outages-per-hour", "0", "--max-size", str(args.max_size), "--speed", str(SPEED),
             "--until-epochs", str(args.epochs), "--seed", str(args.seed)]
 
 
@@ -158,6 +162,7 @@ def chaos_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         orphans = len(run.workers())
         fig = run.report()
         trained_twice = _trained_twice(run)
+        logged, interval_steps = redone_logged(_records(run))
     finally:
         run.close()
     growth = [watch.last[p] - watch.first[p] for p in watch.first]
@@ -172,7 +177,50 @@ def chaos_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "runs_trained_twice": trained_twice,
             "steps_lost": fig.get("steps_lost"), "resumed_from": fig.get("resumed_from"),
             "steps_redone_per_kill": round(float(fig.get("steps_lost") or 0) / max(1, n), 3),
+            "steps_redone_logged": logged,  # the members' step lines (not the ledger)
+            "steps_redone_per_kill_logged": round(logged / max(1, n), 3),
+            "snapshot_interval_steps": interval_steps,
             "spend_usd": fig.get("spend_usd"), "daemon_restarts": fig.get("daemon_restarts")}
+
+
+def _records(run: Any) -> list[dict[str, Any]]:
+    out = []
+    for f in (run.workdir / "workers").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                out.append({"t": float(rec["t"]), "step": int(rec["step"]),
+                            "generation": int(rec.get("generation", 0))})
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return out
+
+
+def redone_logged(records: list[dict[str, Any]], gap_s: float = 5.0) -> tuple[int, float]:
+    """From the members' own step lines, independently of the daemon's ledger: the steps
+    committed more than once (a step's lines come from one commit when they share its
+    generation and lie within ``gap_s`` of each other; any other commit of it is a redo),
+    and the steps per snapshot interval (steps a real second x the interval's real
+    seconds, ``SNAPSHOT_EVERY_S`` / ``SPEED``, at least 1 s as the local run makes it)."""
+    by_step: dict[int, list[tuple[float, int]]] = {}
+    for r in records:
+        by_step.setdefault(r["step"], []).append((r["t"], r["generation"]))
+    redone = 0
+    for lines in by_step.values():
+        commits: list[tuple[float, int]] = []  # (last time, generation) of each commit
+        for t, g in sorted(lines):
+            for i, (last, cg) in enumerate(commits):
+                if cg == g and t - last <= gap_s:
+                    commits[i] = (t, g)
+                    break
+            else:
+                commits.append((t, g))
+        redone += len(commits) - 1
+    if not records:
+        return 0, 0.0
+    span = max(r["t"] for r in records) - min(r["t"] for r in records)
+    rate = len(by_step) / span if span > 0 else 0.0
+    return redone, round(rate * max(1.0, SNAPSHOT_EVERY_S / SPEED), 1)
 
 
 def _trained_twice(run: Any) -> int:
@@ -195,14 +243,19 @@ def _trained_twice(run: Any) -> int:
     return int(bool(restarts) and passed > 0)
 
 
-def baseline_run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The same job with no fault: its spend and steps."""
+def baseline_run(root: Path, args: argparse.Namespace, chaos_s: float) -> dict[str, Any]:
+    """The same job with no fault: its spend and steps (``chaos_s``: how long the chaos run
+    took; the baseline may take three times that before it is given up as timed out)."""
     from tests.fakes.local_run import RunProcess
 
     run = RunProcess(root / "b", *_flags(args), config=_config(root), log_name="baseline.log")
     try:
         run.start()
-        code = run.wait(args.timeout_s * 4)
+        try:  # as long as the chaos run took, and more: the same job without its faults
+            code = run.wait(max(args.timeout_s * 4, 3.0 * chaos_s))
+        except subprocess.TimeoutExpired:
+            return {"baseline_exit_code": None, "baseline_outcome": "timed out",
+                    "baseline_spend_usd": None, "baseline_steps_lost": None}
         fig = run.report()
     finally:
         run.close()
@@ -238,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp) if args.keep is None else args.keep
         root.mkdir(parents=True, exist_ok=True)
         figures = chaos_run(root, args)
-        figures.update(baseline_run(root, args))
+        figures.update(baseline_run(root, args, time.monotonic() - t0))
     base = figures.get("baseline_spend_usd") or 0.0
     figures["spend_ratio"] = round(figures["spend_usd"] / base, 3) if base else None
     figures["snapshot_interval_s"] = SNAPSHOT_EVERY_S

@@ -174,10 +174,10 @@ def advance(ledger: Ledger, stats: Mapping[str, Any]) -> Ledger:
             cost = 0
         elif resumed is not None:
             cost = max(0, out.last_step - int(resumed))
-        elif int(stats.get("generation") or 0) >= 1:
+        elif int(stats.get("generation") or 0) >= 1 and step > 0:
             cost = out.last_step  # no member and no snapshot: it started again from step 0
-        else:
-            return out  # not formed yet: nothing known
+        else:  # not formed yet, or a generation published (one that resumes from a
+            return out  # snapshot says so once formed) that has not trained: nothing known
         out = replace(out, settled=True, restart_lost=out.restart_lost + cost, last_step=step)
     return replace(out, last_step=step) if out.settled else out
 

@@ -11,7 +11,9 @@ applies its actions (store writes, events). Commands from the embedding daemon
 
 It keeps the ring's durable snapshots (:class:`trainer.state.snapshot.Vault`: workers upload them
 over the same authenticated store; a directory, S3 or GCS) and serves them back when every
-holder of the state was lost at once. A coordinator restarted on the same address with the
+holder of the state was lost at once. It tells rank 0 where the store is when rank 0 may
+write there itself while the coordinator is away (:func:`trainer.state.direct.direct_entry`);
+a restarted coordinator lists those snapshots, verified by their HMAC, like its own. A coordinator restarted on the same address with the
 same token takes over the running ring from its members' reports (0 steps lost).
 
 It is embeddable (the provisioner daemon calls :meth:`Coordinator.start` / :meth:`stop`,
@@ -37,6 +39,7 @@ from trainer.protocol import messages as mb
 from trainer.protocol.messages import MemberInfo, JobOutcome, Plan
 from trainer.protocol.admission import derive_key
 from trainer.protocol.store import StoreServer, raise_fd_limit, stats_of
+from trainer.state.direct import direct_entry
 from trainer.state.snapshot import Manifest, SnapshotSettings, Vault, open_store
 
 log = logging.getLogger(__name__)
@@ -110,8 +113,11 @@ class Coordinator:
                 self._snapshot_committed(latest.to_json().encode())
             cfg = self._snapshot
             assert cfg is not None
-            self._server.local_set(mb.SNAPSHOT_CONFIG, json.dumps(
-                {"every_s": cfg.every_s, "every_steps": cfg.every_steps}).encode())
+            published: dict[str, Any] = {"every_s": cfg.every_s, "every_steps": cfg.every_steps}
+            direct = direct_entry(cfg, self._host)  # rank 0 writes there while we are away
+            if direct is not None:
+                published["direct"] = direct
+            self._server.local_set(mb.SNAPSHOT_CONFIG, json.dumps(published).encode())
         self._thread = threading.Thread(target=self._run, name="spotring-coordinator",
                                         daemon=True)
         self._thread.start()

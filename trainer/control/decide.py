@@ -369,7 +369,14 @@ def _adopt(t: _Tick) -> None:
                "reported": sorted(by_id), "members": list(best.members)})
     if holders:  # rank 0's snapshots failed while nobody coordinated: one now
         t.actions.append(Add(mb.SNAPSHOT_NOW, 1))
-    if not holders or any(m in by_id and not by_id[m].formed for m in best.members):
+    # a member whose digest of its step disagrees with the others' (forged, or diverged)
+    # never trains on beside them: dropped at once (it joins again as a new member, fresh)
+    forged = [m for m in best.members if m in by_id and by_id[m].holds and by_id[m].digest
+              and m not in holders and holders]
+    if forged:
+        _start_rollcall(t, best, forged, "its digest of the state disagrees with the "
+                        "other members'")
+    elif not holders or any(m in by_id and not by_id[m].formed for m in best.members):
         # it broke while nobody coordinated, or no member proves the state: re-form (a
         # generation of unproven members only resumes from a snapshot, never re-forms them)
         t.actions.append(Add(mb.k_broken(g), 1))

@@ -16,6 +16,7 @@ never mutate a plan, make the next one.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -200,7 +201,7 @@ def reform_or_drop(
 def proven_holders(reports: list[Report]) -> frozenset[int]:
     """The members whose reports prove they hold the ring's state (pure): they hold one
     (``holds``: not fresh, no failed resume) and, where reports at the same step carry
-    digests, theirs is the one most of those share. Steps are not compared across members:
+    digests, theirs is the one most of those share (a tie: none of them). Steps are not compared across members:
     a formed ring commits in lockstep, but its members report at their own moments while it
     trains on (they differ by several steps; the state transfer of the next generation
     agrees on the newest). The others are not adopted as holders: a generation of them alone
@@ -210,9 +211,12 @@ def proven_holders(reports: list[Report]) -> frozenset[int]:
     for r in holding:
         if r.digest:
             by_step.setdefault(r.step, []).append(r.digest)
-    common = {step: max(sorted(set(ds)), key=ds.count) for step, ds in by_step.items()}
-    return frozenset(r.member_id for r in holding
-                     if not r.digest or r.digest == common.get(r.step, r.digest))
+    common: dict[int, str | None] = {}
+    for step, ds in by_step.items():
+        top = Counter(ds).most_common(2)  # a tie proves nobody: honest members agree, so
+        common[step] = top[0][0] if len(top) == 1 or top[0][1] > top[1][1] else None
+    return frozenset(r.member_id for r in holding  # one of them forged or diverged
+                     if not r.digest or r.digest == common.get(r.step))
 
 
 def backoff_s(failures: int) -> float:

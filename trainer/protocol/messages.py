@@ -75,7 +75,8 @@ INCARNATION = "coord/incarnation"  # a fresh value per coordinator process: a ch
 REPORTS = "reports"  # members append one Report line each to a restarted coordinator
 SNAPSHOT = "snapshot/latest"  # the newest complete snapshot's manifest (JSON)
 SNAPSHOTS = "snapshot/all"  # every usable snapshot's manifest, newest first (a JSON list)
-SNAPSHOT_CONFIG = "snapshot/config"  # {"every_s", "every_steps"}: when rank 0 takes them
+SNAPSHOT_CONFIG = "snapshot/config"  # {"every_s", "every_steps"[, "direct"]}: when rank 0 takes
+# them (and, "direct", the store it writes to itself while the coordinator is away)
 
 
 def k_hello(member_id: int) -> str:

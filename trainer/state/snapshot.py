@@ -10,7 +10,9 @@ snapshot and the job loses at most one interval, never the run.
   only part on the step path: a memory copy, measured by ``benchmarks/ring_loss.py``) and a
   background thread encodes it (:mod:`trainer.state.codec`: tensors and plain data, no pickle) and
   uploads it in chunks over its own authenticated connection to the coordinator; a snapshot
-  still uploading when the next one is due makes that one skip.
+  still uploading when the next one is due makes that one skip. While the coordinator is
+  away (the daemon restarting) rank 0 writes it to the store itself, signed the same way
+  (:mod:`trainer.state.direct`), so a kill then costs one interval too.
 * **Who keeps.** The coordinator's :class:`Vault` stages the chunks in a file, checks size
   and SHA-256 against the manifest, then stores the snapshot and, last, its manifest (so a
   snapshot without a manifest is incomplete and never used) in a :class:`BlobStore`: a
@@ -27,8 +29,8 @@ snapshot and the job loses at most one interval, never the run.
   holds; one that fails is refused with one log line, never loaded, never deleted. Manifests
   and the state header are parsed bounded (size and depth).
 
-Rule for callers: a snapshot is complete only once :meth:`Vault.commit` stored its
-manifest; never read a snapshot without one.
+Rule for callers: a snapshot is complete only once its manifest is stored
+(:func:`put_manifest`, last); never read a snapshot without one.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class SnapshotSettings:
     keep: int = 3
     endpoint_url: str | None = None
     api_endpoint: str | None = None
+    direct: bool | None = None  # may rank 0 write to the store itself while the coordinator
+    # is away? None: when the store is a directory and the coordinator listens on loopback
+    # (every worker is on this host); an S3/GCS store needs True and a put grant for workers
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -141,6 +146,11 @@ class Manifest:
         return m
 
 
+def is_name(name: str) -> bool:
+    """Is ``name`` a snapshot's name (what :func:`name_for` makes)?"""
+    return bool(_NAME.match(name))
+
+
 def name_for(step: int) -> str:
     """A fresh snapshot name for ``step`` (sortable by step; unique across writers)."""
     return f"step-{step:010d}-{os.urandom(4).hex()}"
@@ -177,8 +187,12 @@ class BlobStore(Protocol):
 class DirStore:
     """Objects as files in a directory on this host (written whole: temporary + rename)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = Path(path)
+        if not create:  # a worker writing directly: only into the coordinator's own folder
+            if not self.path.is_dir():
+                raise SnapshotError(f"not on this host: snapshot directory {self.path}")
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -190,8 +204,11 @@ class DirStore:
         shutil.move(str(path), str(dst))
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_bytes(data)
+        tmp = self.path / f".{name}.{os.getpid()}.tmp"  # the coordinator's or a worker's
+        tmp.unlink(missing_ok=True)  # never through a link left there: a new file, private
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, self.path / name)
 
     def read(self, name: str, offset: int, length: int) -> bytes:
@@ -287,11 +304,12 @@ class GCSStore:
         self._bucket.blob(self._key(name)).delete()
 
 
-def open_store(settings: SnapshotSettings) -> BlobStore:
-    """The :class:`BlobStore` a snapshot URL names. Raises :class:`SnapshotError`."""
+def open_store(settings: SnapshotSettings, *, create: bool = True) -> BlobStore:
+    """The :class:`BlobStore` a snapshot URL names (``create`` False: a directory must exist
+    already). Raises :class:`SnapshotError`."""
     u = urlparse(settings.url)
     if u.scheme in ("", "file"):
-        return DirStore(Path(u.path if u.scheme else settings.url))
+        return DirStore(Path(u.path if u.scheme else settings.url), create=create)
     if u.scheme == "s3" and u.netloc:
         return S3Store(u.netloc, u.path, settings.endpoint_url)
     if u.scheme == "gs" and u.netloc:
@@ -352,11 +370,8 @@ class Vault:
         if h.hexdigest() != m.sha256:
             path.unlink(missing_ok=True)
             raise ValueError(f"snapshot {name}: digest differs from its manifest")
-        m = replace(m, mac="")
-        if self._key is not None:
-            m = m.signed(self._key)
         self.store.put_file(name, path)
-        self.store.put_bytes(f"{name}.json", m.to_json().encode())  # complete from here on
+        m = put_manifest(self.store, m, self._key)  # complete from here on
         self._forget_old()
         if self._on_commit is not None:
             self._on_commit(m.to_json().encode())
@@ -418,6 +433,17 @@ class Vault:
             self.store.delete(m.name)
 
 
+def put_manifest(store: BlobStore, m: Manifest, key: bytes | None) -> Manifest:
+    """Sign ``m`` under ``key`` (none: unsigned) and store it as ``<name>.json``: the last
+    write of a snapshot, after its data (the coordinator's vault and a worker writing
+    directly alike). Returns the stored manifest."""
+    m = replace(m, mac="")
+    if key is not None:
+        m = m.signed(key)
+    store.put_bytes(f"{m.name}.json", m.to_json().encode())
+    return m
+
+
 END = "run.end.json"  # the job's end, recorded by the coordinator beside the snapshots
 
 
@@ -470,8 +496,12 @@ class Snapshotter:
     as it answers, so a kill that follows does not send the ring back an interval more."""
 
     def __init__(self, connect: Callable[[], Any], every_steps: int, every_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, direct: Any = None) -> None:
         self._connect = connect  # a fresh store connection for the upload thread
+        self._direct = direct  # a trainer.state.direct.DirectWriter: the store itself, used
+        # when the coordinator fails (None: through the coordinator only)
+        self.direct = 0  # snapshots written to the store directly (the coordinator away)
+        self._away = False  # the last one went to the store directly
         self.every_steps, self.every_s = every_steps, every_s
         self._clock = clock
         self._last_step = -1
@@ -521,15 +551,21 @@ class Snapshotter:
             payload = st.encode(tree).numpy()
             data = memoryview(payload.tobytes())
             name = name_for(step)
-            conn = self._connect()
+            m = Manifest(name, step, epoch, samples_done, len(data),
+                         hashlib.sha256(data).hexdigest(), job, time.time())
             try:
-                for off in range(0, len(data), CHUNK):
-                    conn.blob_put(name, off, data[off:off + CHUNK])
-                m = Manifest(name, step, epoch, samples_done, len(data),
-                             hashlib.sha256(data).hexdigest(), job, time.time())
-                conn.blob_commit(name, m.to_json().encode())
-            finally:
-                conn.close()
+                conn = self._connect()
+                try:
+                    for off in range(0, len(data), CHUNK):
+                        conn.blob_put(name, off, data[off:off + CHUNK])
+                    conn.blob_commit(name, m.to_json().encode())
+                finally:
+                    conn.close()
+                self._away = False
+            except Exception as e:  # noqa: BLE001 - the coordinator away: the store itself
+                if self._direct is None:
+                    raise
+                self._write_direct(name, data, m, e)
             self.taken += 1
             self.failed, self._failures, self._retry_at = None, 0, None
         except Exception as e:  # noqa: BLE001 - taken again soon; training goes on
@@ -537,8 +573,26 @@ class Snapshotter:
             self._failures += 1
             wait = min(RETRY_S * 2 ** (self._failures - 1), max(RETRY_S, self.every_s))
             self._retry_at = self._clock() + wait
-            log.warning("snapshot of step %d failed: %s (training goes on; taken again in "
-                        "%.0f s)", step, self.failed, wait)
+            # once per outage: one line, not one per try (the count is in self._failures)
+            log.log(logging.WARNING if self._failures == 1 else logging.DEBUG,
+                    "snapshot of step %d failed: %s (training goes on; taken again in %.0f s, "
+                    "doubling up to the interval while it fails)", step, self.failed, wait)
+
+    def _write_direct(self, name: str, data: memoryview, m: Manifest, why: Exception) -> None:
+        """The coordinator failed (``why``): write the snapshot to the store itself, signed
+        as the vault signs it. Raises when the store fails too (both reasons named)."""
+        assert self._direct is not None
+        try:
+            self._direct.write(name, data, m)
+        except Exception as e:  # noqa: BLE001 - both ways failed: the caller retries
+            raise SnapshotError(f"the coordinator: {type(why).__name__}: {str(why)[:120]}; "
+                                f"the store itself: {type(e).__name__}: {str(e)[:120]}"
+                                ) from e
+        self.direct += 1
+        log.log(logging.INFO if self._away else logging.WARNING,  # one warning per outage
+                "snapshot of step %d written to the store directly (the coordinator: %s)",
+                m.step, f"{type(why).__name__}: {str(why)[:120]}")
+        self._away = True
 
     def wait(self, timeout: float = 60.0) -> None:
         """Wait for an upload in flight (at the end of a run)."""

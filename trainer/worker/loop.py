@@ -34,6 +34,7 @@ from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUn
                             DeviceError, JobCodeError, JobError, JoinRefused, SnapshotError)
 from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
+from trainer.protocol.admission import derive_key
 from trainer.state import codec
 from trainer.state.training import TrainingState
 from trainer.worker import client, devices, guard
@@ -93,7 +94,8 @@ class Worker:
         self.state: TrainingState = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
         self.outputs = Outputs(cfg.job, metrics_file=cfg.metrics_file,
-                               record_samples=cfg.record_samples, output=cfg.output)
+                               record_samples=cfg.record_samples, output=cfg.output,
+                               snapshot_key=derive_key(cfg.token, b"snapshot manifest"))
         self.prior = 0.0
         self.notice: str | None = None
         self.failure: str | None = None

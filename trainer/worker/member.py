@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HELD_EVERY_S = 1.0  # while the coordinator is away, the held digest at most this often
+
 
 class Member:
     """One membership (one member id) of a worker (see the module docstring).
@@ -78,6 +80,10 @@ class Member:
         self.export_seen = -1
         self.snapshot_seen = -1  # the coordinator's snapshot requests seen (SNAPSHOT_NOW)
         self.away_since: float | None = None  # the coordinator stopped answering this thread
+        # (step, digest) of the committed state, taken on the training thread while the
+        # coordinator is away: what this member proves to a restarted one (issue 30.3)
+        self.held: tuple[int, str] | None = None
+        self._held_at = float("-inf")
         if hb is not None:
             hb.report = self._report
         self.mode: Mode = mode(self)
@@ -86,11 +92,32 @@ class Member:
 
     def _report(self) -> mb.Report:
         """This member's account to a restarted coordinator (the heartbeat sends it)."""
-        w, plan = self.w, self.plan
+        w, plan, held = self.w, self.plan, self.held
+        step, digest = held if held is not None and not self.fresh else (
+            w.state.progress.step, "")
         return mb.Report(self.id, w.cfg.name, plan.to_json() if plan is not None else "",
-                         w.state.progress.step, w.runtime.device_name, w.state.fingerprint,
+                         step, w.runtime.device_name, w.state.fingerprint,
                          w.prior, w.notice or "", self.group is not None, w.cfg.zone,
-                         not self.fresh)
+                         not self.fresh, digest)
+
+    def note_held(self, *, stalled: bool) -> None:
+        """While the coordinator is away, on the training thread at a commit (``stalled``
+        False: at most every ``HELD_EVERY_S``) or while it waits for the coordinator
+        (``stalled``: once per step): the digest of the newest committed state, which the
+        report to a restarted coordinator carries (issue 30.3: only members whose digest
+        agrees are adopted as holders). Taken here, never on the heartbeat thread, so it
+        never catches an update half applied. Only where every member holds the whole state
+        (the ring); otherwise, or with the coordinator answering, no digest is reported."""
+        away = self.hb is not None and self.hb.lost_since is not None
+        if not away or self.fresh or not getattr(self.mode, "whole_state", False):
+            if not away:
+                self.held = None
+            return
+        step, now = self.w.state.progress.step, time.monotonic()
+        if self.held is not None and (self.held[0] == step or (
+                not stalled and now - self._held_at < HELD_EVERY_S)):
+            return
+        self.held, self._held_at = (step, self.mode.checksum()), now
 
     def _away(self, e: Exception) -> None:
         """The coordinator did not answer: wait for it (training needs it only to change
@@ -103,6 +130,8 @@ class Member:
         if now - self.away_since > self.w.cfg.coordinator_grace_s:
             raise ControlLost(f"no answer from the coordinator for "
                               f"{now - self.away_since:.0f}s (--coordinator-grace)") from e
+        if self.group is None:  # no update in flight: the state is the last committed one
+            self.note_held(stalled=True)
         time.sleep(0.2)
 
     def _answered(self) -> None:
@@ -388,6 +417,7 @@ class Member:
         p = state.progress
         epoch_end = p.epoch != before.epoch
         self._user_step(epoch_end, c.loss)
+        self.note_held(stalled=False)
         if c.quiet:
             return
         if epoch_end:

@@ -8,7 +8,8 @@ every ``LOG_EVERY_S`` and at each epoch end, the samples each member trained
 into the training state, its duration into the next step's head start), the trained model
 (``--output``: a ``state_dict`` of CPU tensors written whole) and the job's ``on_finish``,
 and rank 0's durable snapshots (one :class:`trainer.state.snapshot.Snapshotter` for the
-worker's life, started when the coordinator announces how often).
+worker's life, started when the coordinator announces how often, and where the store is when
+rank 0 may write there itself while the coordinator is away: signed with ``snapshot_key``).
 
 Rule for callers: the member skeleton calls these at the points it owns (a commit, the end
 of the job); :meth:`Outputs.close` flushes and waits for an upload in flight.
@@ -30,6 +31,7 @@ from trainer.errors import ControlLost, ControlTimeout, JobCodeError
 from trainer.job import Job
 from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
+from trainer.state.direct import DirectWriter
 from trainer.state.training import CAUSES, PARTS, TrainingState
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,10 @@ class Outputs:
     """Every way out of a worker (see the module docstring)."""
 
     def __init__(self, job_name: str, *, metrics_file: Path | None = None,
-                 record_samples: Path | None = None, output: Path | None = None) -> None:
+                 record_samples: Path | None = None, output: Path | None = None,
+                 snapshot_key: bytes | None = None) -> None:
         self.job_name = job_name
+        self._snapshot_key = snapshot_key  # signs a snapshot written without the coordinator
         self.metrics_file, self.samples_file, self.output = metrics_file, record_samples, output
         self.snapshotter: snap.Snapshotter | None = None
         self.eval_s = 0.0  # how long this worker's last evaluation took
@@ -185,14 +189,16 @@ class Outputs:
         if not raw:
             return
         try:
-            cfg = json.loads(raw)
+            cfg = mb.parse_json(raw, "snapshot config", max_bytes=64 << 10, max_depth=2)
             every_s, every_steps = float(cfg["every_s"]), int(cfg["every_steps"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             log.warning("snapshot settings from the coordinator unreadable: none taken")
             return
-        self.snapshotter = snap.Snapshotter(store.clone, every_steps, every_s)
-        log.info("durable snapshots every %s", f"{every_steps} steps or {every_s:.0f}s"
-                 if every_steps else f"{every_s:.0f}s")
+        writer = DirectWriter.from_config(cfg.get("direct"), self._snapshot_key)
+        self.snapshotter = snap.Snapshotter(store.clone, every_steps, every_s, direct=writer)
+        log.info("durable snapshots every %s%s", f"{every_steps} steps or {every_s:.0f}s"
+                 if every_steps else f"{every_s:.0f}s", "; to the store itself while the "
+                 "coordinator is away" if writer is not None else "")
 
     def snapshot_due(self, step: int) -> bool:
         """Is a durable snapshot due once ``step`` is committed?"""

@@ -398,6 +398,28 @@ def test_a_restarted_coordinator_adopts_members_that_prove_the_state() -> None:
     assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # those missed while it was away: one at once
 
 
+def test_a_member_reporting_a_forged_digest_is_not_adopted_as_a_holder() -> None:
+    """30.3: the members report the digest of the newest committed step they hold; one whose
+    digest disagrees with the others' at that step (forged, or diverged) is not counted as
+    holding the state, and the generation re-forms with the others as the source."""
+    w = World()
+    plan = mb.Plan(7, (11, 12, 13), ("a", "b", "c"), job="job1")
+    digests = {11: "model:aaaa opt:bbbb", 12: "model:aaaa opt:bbbb", 13: "model:ffff opt:bbbb"}
+    w.kv[mb.REPORTS] = b"\n".join(
+        mb.Report(m, n, plan.to_json(), 40, holds=True, digest=digests[m]).to_json().encode()
+        for m, n in zip(plan.members, plan.names))
+    w.tick()
+    assert w.ring.adopted and w.ring.holders == {11, 12}
+    assert w.kv[mb.k_broken(7)] == b"1"  # never trains on beside the forger
+    for _ in range(12):
+        w.beat(11, 12, 13)
+        w.tick()
+    nxt = w.ring.plan
+    assert nxt.generation == 8 and not nxt.resume  # from the proven holders, not a snapshot
+    assert nxt.members == (11, 12) and 13 in nxt.lost  # it joins again fresh, if it can
+    assert any("digest" in e.detail for e in w.events if e.kind is mb.EventKind.LOST)
+
+
 def test_unproven_members_are_not_adopted_as_holders_they_resume_the_snapshot() -> None:
     """30.3: the daemon died during the members' snapshot download; the restarted coordinator
     must not adopt them as holders (every later generation broke: 1,092 in 26 minutes)."""

@@ -94,3 +94,8 @@ def test_proven_holders_hold_a_state_and_share_the_digest_of_their_step() -> Non
     assert proven_holders([rep(1, 0, holds=False), rep(2, 0, holds=False)]) == frozenset()
     assert proven_holders([rep(1, 50, digest="x"), rep(2, 50, digest="x"),
                            rep(3, 50, digest="y"), rep(4, 52, digest="z")]) == {1, 2, 4}
+    # one honest, one forged at the same step: nothing tells which, so neither proves it
+    # (the ring resumes from a snapshot rather than train on the forger's state)
+    assert proven_holders([rep(1, 50, digest="x"), rep(2, 50, digest="y")]) == frozenset()
+    assert proven_holders([rep(1, 50, digest="y"), rep(2, 50, digest="x"),
+                           rep(3, 50)]) == {3}

@@ -17,6 +17,7 @@ import torch
 from tests.trainer.ringutil import REPO, TOKEN, Ring
 from trainer.control.coordinator import Coordinator
 from trainer.errors import SnapshotError
+from trainer.protocol.admission import derive_key
 from trainer.state import snapshot as snap
 
 JOB = "tests/trainer/jobs/regression.py"
@@ -125,6 +126,52 @@ def test_a_failed_upload_is_taken_again_soon_not_an_interval_later() -> None:
     assert s.failed is None and len(blobs) == 1 and blobs[0].startswith("step-0000000104-")
     now[0] += 10 * snap.RETRY_S
     assert not s.due(150) and s.due(204)  # the interval again, from the one that landed
+
+
+def test_members_report_the_digest_of_the_newest_committed_step_they_hold() -> None:
+    """30.3, the member's side: while the coordinator is away the training thread takes the
+    digest of the committed state (at commits, at most every HELD_EVERY_S; and exactly once
+    it waits, the ring stalled), and the report to a restarted coordinator carries it with
+    its step. With the coordinator answering, or a fresh member, no digest is reported."""
+    from types import SimpleNamespace
+
+    from trainer.worker.member import Member
+
+    class Mode:
+        whole_state = True
+        calls = 0
+
+        def __init__(self, member: Member) -> None:
+            self.m = member
+
+        def checksum(self) -> str:
+            Mode.calls += 1
+            return f"model:{self.m.w.state.progress.step:04d}"
+
+    progress = SimpleNamespace(step=40)
+    w = SimpleNamespace(state=SimpleNamespace(progress=progress, fingerprint="job1"),
+                        cfg=SimpleNamespace(name="a", zone=""), prior=1.0, notice=None,
+                        runtime=SimpleNamespace(device_name="cpu"), resumed=True)
+    hb = SimpleNamespace(lost_since=None, report=None)
+    m = Member(w, None, 11, hb, Mode)  # type: ignore[arg-type]
+    m.note_held(stalled=False)
+    assert m.held is None and m._report().digest == "" and m._report().step == 40
+    hb.lost_since = 1.0  # the coordinator stops answering
+    m.note_held(stalled=False)
+    assert m._report().digest == "model:0040" and m._report().step == 40
+    progress.step = 41
+    m.note_held(stalled=False)  # within HELD_EVERY_S: not again (a digest costs a pass)
+    assert Mode.calls == 1 and m._report().step == 40 and m._report().digest == "model:0040"
+    m.note_held(stalled=True)  # the ring stalled waiting for the coordinator: exact
+    m.note_held(stalled=True)
+    assert Mode.calls == 2 and (m._report().step, m._report().digest) == (41, "model:0041")
+    hb.lost_since = None  # it answers again: the next commit forgets the digest
+    m.note_held(stalled=False)
+    assert m.held is None and m._report().digest == ""
+    m.fresh = True
+    hb.lost_since = 2.0
+    m.note_held(stalled=True)
+    assert m.held is None and not m._report().holds and m._report().digest == ""
 
 
 def test_bad_snapshot_settings_name_the_field() -> None:
@@ -239,6 +286,50 @@ def test_a_coordinator_that_dies_and_comes_back_costs_no_step(tmp_path: Path) ->
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0
         assert not ring.events("lost")
         assert ring.procs["a"].wait(30) == 0 and ring.procs["b"].wait(30) == 0
+    finally:
+        ring.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_kill_while_the_coordinator_is_away_costs_one_interval(tmp_path: Path) -> None:
+    """Issue 30.10: the coordinator stopped (the daemon restarting) while the ring trains
+    past a snapshot interval; rank 0 writes that snapshot to the store itself. Every member
+    is then killed; the coordinator comes back and the next members resume from the
+    snapshot taken during the outage, not from the one before it."""
+    ring = _ring(tmp_path, snapshots=True, initial_world=2, heartbeat_timeout_s=3.0)
+    store = snap.DirStore(tmp_path / "snapshots")
+    key = derive_key(TOKEN, b"snapshot manifest")
+
+    def stored() -> list[int]:
+        return [m.step for m in snap.Vault(store, key=key).manifests()]
+
+    try:
+        ring.worker("a")
+        ring.worker("b")
+        ring.wait_for("a snapshot", lambda: (ring.coord.stats()["snapshot"] or {}).get(
+            "step", 0) >= 20, 120)
+        host, port = ring.coord.address
+        ring.coord.stop()  # the daemon dies, its coordinator and vault with it
+        before = max(stored())
+        ring.wait_for("a snapshot taken while the coordinator is away",
+                      lambda: max(stored()) > before, 120)
+        for name in ("a", "b"):  # then every holder of the state
+            os.kill(ring.procs[name].pid, signal.SIGKILL)
+        during = max(stored())
+        assert during % 20 == 0 and before < during
+        ring.coord = Coordinator(host, port, TOKEN, heartbeat_timeout_s=3.0,
+                                 snapshot=snap.SnapshotSettings(
+                                     str(tmp_path / "snapshots"), every_s=3600.0,
+                                     every_steps=20))
+        ring.coord.start()  # the daemon back, on the same address and store
+        ring.worker("c")  # its replacements
+        ring.worker("d")
+        ring.wait_for("the ring resumed", lambda: ring.events("resumed"), 180)
+        assert ring.events("resumed")[0]["data"]["step"] == during
+        assert ring.coord.stats()["resumed_from"] == during
+        ring.wait_for("training on", lambda: ring.coord.stats()["step"] > during + 5, 120)
+        assert all(f["identical"] for f in ring.formed())
     finally:
         ring.close()
 
