@@ -8,7 +8,9 @@ are gathered).
 
 Knobs: ``PIPE_STAGES`` (2), ``PIPE_MICRO`` (8), ``PIPE_SCHEDULE`` (1f1b), ``PIPE_D`` (0, the
 staleness bound), ``PIPE_EPOCHS`` (4), ``PIPE_BATCH`` (64), ``PIPE_LAYER_MS`` (0.05 ms per
-sample per emulated layer), ``PIPE_LAYERS`` (6 emulated layers).
+sample per emulated layer), ``PIPE_LAYERS`` (6 emulated layers), ``PIPE_TIGHT`` (N: the first
+layer's training forward of more than N samples raises ``torch.OutOfMemoryError``, as CUDA
+does: :class:`tests.trainer.jobs.tight.Tight`; unset: no limit).
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ def make_job(seed: int) -> Job:
     torch.manual_seed(seed)
     per_sample = float(_env("PIPE_LAYER_MS", "0.05")) / 1000
     body = [SleepyLayer(WIDTH, per_sample) for _ in range(int(_env("PIPE_LAYERS", "6")))]
-    model = nn.Sequential(nn.Linear(D, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU(), *body,
-                          nn.Linear(WIDTH, 1))
+    first: nn.Module = nn.Linear(D, WIDTH)
+    if _env("PIPE_TIGHT", ""):
+        from tests.trainer.jobs.tight import Tight
+
+        first = Tight(first, int(_env("PIPE_TIGHT", "")))
+    model = nn.Sequential(first, nn.BatchNorm1d(WIDTH), nn.ReLU(), *body, nn.Linear(WIDTH, 1))
     train, test = _make(N_TRAIN, 1), _make(N_TEST, 2)
 
     def evaluate(m: nn.Module) -> dict[str, float]:

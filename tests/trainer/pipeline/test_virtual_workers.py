@@ -5,7 +5,11 @@ Two virtual workers of two stages train the pipelined regression job
 and takes the dead member's slot, its layers coming from the same stage of the other virtual
 worker; a member is SIGTERMed (notice: it leaves at a wave boundary); another joins. Then a
 stage with no other replica: lost without a snapshot (the job fails at once, saying why),
-and restored from the durable snapshot with one.
+and restored from the durable snapshot with one. In the three stories the first layer holds
+at most ``TIGHT`` samples per pass (more raises ``torch.OutOfMemoryError``, as CUDA does),
+below the micro-batch: stage 0 runs out of memory in the first wave (and a replacement in
+stage 0 in its first): every member discards the wave, the virtual worker's micro-batches
+are cut to the halved cap, and the wave is computed again.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = "tests/trainer/jobs/pipe.py"
 EPOCHS = 10
+MICRO, TIGHT = 8, 6  # the micro-batch, and the first layer's samples per pass
 
 
 def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(EPOCHS), "PIPE_LAYER_MS": "0.3", **env},
+    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(EPOCHS), "PIPE_LAYER_MS": "0.3",
+                                   "PIPE_MICRO": str(MICRO), "PIPE_TIGHT": str(TIGHT), **env},
                 initial_world=4, heartbeat_timeout_s=8.0, rollcall_s=0.5)
     try:
         ring.worker("a")
@@ -91,6 +97,26 @@ def test_every_stage_s_replicas_agree_after_every_change(either: dict[str, Any])
     assert all(f["identical"] for f in formed), formed
     sums = {c for _, c in finish_checksums(either["events"])}
     assert len(sums) == 1
+
+
+def test_out_of_memory_discards_the_wave_on_every_member_and_computes_it_again(
+        either: dict[str, Any]) -> None:
+    """Stage 0 ran out of memory with a whole micro-batch: its cap halved, every member
+    discarded that wave (and any later one started), and the job went on (the tests above:
+    it finished, every sample once, the replicas equal) with smaller micro-batches."""
+    tmp = either["tmp"]
+    logs = {n: (tmp / f"{n}.log").read_text() for n in "abcdef"}
+    halved = [(int(a), int(b)) for text in logs.values() for a, b in re.findall(
+        r"out of memory with (\d+) samples per forward pass at step \d+: the wave is "
+        r"discarded on every member and computed again with at most (\d+)", text)]
+    assert halved and all(n == MICRO > TIGHT and cap == n // 2 for n, cap in halved), halved
+    discards = {n: re.findall(r"out of memory in wave (\d+) on .*: waves (\d+)\.\.(\d+) "
+                              r"discarded on every member", text) for n, text in logs.items()}
+    first = {n: d[0] for n, d in discards.items() if n in "acd" and d}
+    assert set(first) == set("acd") and len(set(first.values())) == 1, discards  # together
+    wave, lo, hi = (int(x) for x in first["a"])
+    assert wave == lo == 0 and hi - lo <= 2  # the wave, and the later ones started (D <= 2)
+    assert all(len(d) <= 3 for d in discards.values()), discards  # no endless halving
 
 
 def _trained(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
