@@ -11,7 +11,6 @@ import os
 import torch
 from torch import nn
 
-from examples import digits
 from trainer.job import Job
 
 
@@ -29,6 +28,8 @@ class Tight(nn.Module):
 
 
 def make_job(seed: int) -> Job:
+    from examples import digits  # here: importing Tight alone stays cheap
+
     job = digits.make_job(seed)
     job.model = Tight(job.model, int(os.environ["TIGHT_LIMIT"]))
     return job

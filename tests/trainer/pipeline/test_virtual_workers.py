@@ -5,11 +5,8 @@ Two virtual workers of two stages train the pipelined regression job
 and takes the dead member's slot, its layers coming from the same stage of the other virtual
 worker; a member is SIGTERMed (notice: it leaves at a wave boundary); another joins. Then a
 stage with no other replica: lost without a snapshot (the job fails at once, saying why),
-and restored from the durable snapshot with one. In the three stories the first layer holds
-at most ``TIGHT`` samples per pass (more raises ``torch.OutOfMemoryError``, as CUDA does),
-below the micro-batch: stage 0 runs out of memory in the first wave (and a replacement in
-stage 0 in its first): every member discards the wave, the virtual worker's micro-batches
-are cut to the halved cap, and the wave is computed again.
+and restored from the durable snapshot with one. In two stories (D = 0 and 1) the job's LR
+scheduler warms up over the first waves.
 """
 
 from __future__ import annotations
@@ -32,12 +29,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = "tests/trainer/jobs/pipe.py"
 EPOCHS = 10
-MICRO, TIGHT = 8, 6  # the micro-batch, and the first layer's samples per pass
+WARMUP = 10  # waves of the job's LambdaLR warmup (Job.scheduler)
 
 
 def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(EPOCHS), "PIPE_LAYER_MS": "0.3",
-                                   "PIPE_MICRO": str(MICRO), "PIPE_TIGHT": str(TIGHT), **env},
+                                   "PIPE_WARMUP": str(WARMUP), **env},
                 initial_world=4, heartbeat_timeout_s=8.0, rollcall_s=0.5)
     try:
         ring.worker("a")
@@ -52,7 +49,7 @@ def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
         for p in ring.procs.values():
             p.wait(30)
-        return {"stats": ring.coord.stats(), "formed": ring.formed(),
+        return {"stats": ring.coord.stats(), "formed": ring.formed(), "metrics": ring.metrics(),
                 "codes": {n: p.returncode for n, p in ring.procs.items()},
                 "events": ring.coord.events(), "samples": ring.samples(), "logs": ring.logs(),
                 "tmp": tmp}
@@ -67,7 +64,10 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def stale_story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield _story(tmp_path_factory.mktemp("vw-wsp"), {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe"})
+    # as it was, no warmup (a warmup at D = 2 learned too slowly for this story's bar once:
+    # r2 0.62 in 10 epochs)
+    yield _story(tmp_path_factory.mktemp("vw-wsp"), {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe",
+                                                      "PIPE_WARMUP": "0"})
 
 
 @pytest.fixture(scope="module")
@@ -99,24 +99,21 @@ def test_every_stage_s_replicas_agree_after_every_change(either: dict[str, Any])
     assert len(sums) == 1
 
 
-def test_out_of_memory_discards_the_wave_on_every_member_and_computes_it_again(
-        either: dict[str, Any]) -> None:
-    """Stage 0 ran out of memory with a whole micro-batch: its cap halved, every member
-    discarded that wave (and any later one started), and the job went on (the tests above:
-    it finished, every sample once, the replicas equal) with smaller micro-batches."""
-    tmp = either["tmp"]
-    logs = {n: (tmp / f"{n}.log").read_text() for n in "abcdef"}
-    halved = [(int(a), int(b)) for text in logs.values() for a, b in re.findall(
-        r"out of memory with (\d+) samples per forward pass at step \d+: the wave is "
-        r"discarded on every member and computed again with at most (\d+)", text)]
-    assert halved and all(n == MICRO > TIGHT and cap == n // 2 for n, cap in halved), halved
-    discards = {n: re.findall(r"out of memory in wave (\d+) on .*: waves (\d+)\.\.(\d+) "
-                              r"discarded on every member", text) for n, text in logs.items()}
-    first = {n: d[0] for n, d in discards.items() if n in "acd" and d}
-    assert set(first) == set("acd") and len(set(first.values())) == 1, discards  # together
-    wave, lo, hi = (int(x) for x in first["a"])
-    assert wave == lo == 0 and hi - lo <= 2  # the wave, and the later ones started (D <= 2)
-    assert all(len(d) <= 3 for d in discards.values()), discards  # no endless halving
+@pytest.mark.parametrize("name", ["story", "wsp1_story"])
+def test_the_scheduler_steps_once_per_committed_wave_on_every_member(
+        name: str, request: pytest.FixtureRequest) -> None:
+    """Every member's learning rate after each committed wave is the warmup's at that wave
+    (never stepped for a discarded one), the replacement and the joiners' included (the
+    scheduler's state came with their stage's layers)."""
+    either = request.getfixturevalue(name)
+    lrs: dict[int, set[float]] = defaultdict(set)
+    for r in either["metrics"]:
+        lrs[r["step"]].add(round(r["lr"], 12))
+    assert len(lrs) >= EPOCHS * 8 - 1  # every wave's lines (the last may go unwritten)
+    for step, seen in lrs.items():
+        assert seen == {round(pipe.LR * min(1.0, (step + 1) / WARMUP), 12)}, (step, seen)
+    joiners = {r["member"].split("/")[0] for r in either["metrics"]}
+    assert len(joiners) >= 5, joiners  # a, c, d and the replacement and the joiner
 
 
 def _trained(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

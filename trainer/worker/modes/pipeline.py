@@ -47,6 +47,11 @@ the skeleton's); what differs is inside a generation.
   drained so every member stays in step; :meth:`trainer.pipeline.agree.Agreement.forget`)
   and computes them again from the discarded wave's cursor: never a job error while a cap
   can halve, the same samples, exactly once.
+* **The job's scheduler** (``Job.scheduler``) is stepped by the skeleton's commit, once per
+  committed wave on every member (never for a discarded one); its state and the optimiser's
+  hyperparameters it sets (``lr``, momentum, ...) travel with every forming move (a
+  joiner's take the sender's, as the progress: a stage's move carries only its layers'
+  per-parameter state) and its state is in every member's digest of its stage.
 * **Ends.** The data's end, ``Job.max_steps`` or the run's ``--until-steps``: no wave
   starts beyond the first of them.
 
@@ -80,6 +85,7 @@ from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
 from trainer.pipeline.stagestate import ModelIndex, StagePack, whole_checksum
 from trainer.protocol import messages as mb
+from trainer.state import codec
 from trainer.state import snapshot as snap
 from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, Transferred, lacking
 
@@ -401,13 +407,33 @@ class PipelineMode:
         forming move also brings the shared state (a joiner's step, cursor and metrics)."""
         m, w = self.m, self.m.w
         assert m.group is not None and m.plan is not None and self.index is not None
+        sch, opt = w.job.scheduler, w.job.optimizer
+        meta = w.state.meta()
+        if sch is not None:  # and the hyperparameters it sets (a stage's move carries only
+            meta["scheduler"] = sch.state_dict()  # its layers' per-parameter state)
+            meta["groups"] = [{k: list(v) if isinstance(v, tuple) else v
+                               for k, v in g.items() if k != "params"
+                               and isinstance(v, (int, float, tuple))}
+                              for g in opt.param_groups]
         moved = run_moves(m.group.ctl, m.rank, moves, index=self.index,
                           optimizer=w.job.optimizer, device=w.runtime.device,
-                          meta=w.state.meta(), step=step, job=m.plan.job, base=base,
+                          meta=meta, step=step, job=m.plan.job, base=base,
                           abort=m.abort,
                           slot_of=self.layout.slot_of if self.layout is not None else None)
         if moved.meta is not None:
             w.state.load_meta(moved.meta)
+            if sch is not None:  # the scheduler steps with every commit: it travels as the
+                try:  # progress does (a joiner's would restart its warmup)
+                    sch.load_state_dict(moved.meta["scheduler"])
+                    groups_ = moved.meta["groups"]
+                    if len(groups_) != len(opt.param_groups):
+                        raise ValueError(f"{len(groups_)} parameter groups, not "
+                                         f"{len(opt.param_groups)}")
+                    for g, got in zip(opt.param_groups, groups_, strict=True):
+                        for k, v in got.items():
+                            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+                except (KeyError, TypeError, ValueError) as e:
+                    raise GenerationBroken(f"the LR scheduler's state received: {e}") from e
         return moved
 
     def _take_slot(self, layout: partition.Layout) -> None:
@@ -449,6 +475,9 @@ class PipelineMode:
         mine = ""
         if self.slot is not None:
             mine = self.index.checksum(m.w.job.optimizer, self.lo, self.hi)
+            if m.w.job.scheduler is not None:  # the same on every member: in every digest
+                mine = codec.checksum({"stage": mine,
+                                       "scheduler": m.w.job.scheduler.state_dict()})
             t[m.rank] = torch.tensor([self.slot[1] + 1, int(mine[:15], 16)])
         groups.allreduce(m.group.ctl, t, m.abort)
         return whole_checksum(t.tolist(), mine)
