@@ -187,8 +187,14 @@ class Job:
         (``epochs``, ``max_steps`` and the run's ``--until-*`` limits, whichever comes first.)"""
         if epoch >= self.epochs or (until_epochs is not None and epoch >= until_epochs):
             return True
+        limit = self.step_limit(until_steps)
+        return limit is not None and step >= limit
+
+    def step_limit(self, until_steps: int | None = None) -> int | None:
+        """The committed steps after which the job ends by count: the first of ``max_steps``
+        and the run's ``until_steps`` (None: it ends by epochs only)."""
         limits = [n for n in (self.max_steps, until_steps) if n is not None]
-        return bool(limits) and step >= min(limits)
+        return min(limits) if limits else None
 
     def lr(self) -> float:
         """The first parameter group's learning rate (what the context reports)."""

@@ -283,58 +283,37 @@ class Stepper:
                 buf.copy_(old)
 
     def _lower_cap(self, samples: int, step: int, b: int) -> None:
-        """This member ran out of memory computing ``samples`` at once: halve its cap (never
-        below the job's minimum local batch). Raises :class:`JobCodeError` when it already
-        computed the fewest samples it may."""
-        if self.model.training and self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if samples <= self.min_batch:
-            raise JobCodeError("forward", step, b, torch.OutOfMemoryError(
-                f"out of device memory with {samples} samples in one forward pass, the fewest "
-                "allowed: use a smaller model or a larger device"))
-        self.micro_cap = max(self.min_batch, samples // 2)
-        log.warning("out of memory with %d samples per forward pass at step %d: the step is "
-                    "discarded on every member and computed again with at most %d", samples,
-                    step, self.micro_cap)
+        """This member ran out of memory computing ``samples`` at once: :func:`lowered_cap`."""
+        self.micro_cap = lowered_cap(samples, step, b, min_batch=self.min_batch,
+                                     device=self.device)
 
     def _buffers(self) -> list[torch.Tensor]:
         return [*self._avg, *self._copy, *self._ints]
 
     def _compute(self, batch: Any, b: int, step: int) -> float:
-        """Forward and backward of this member's share, in slices of at most the micro-batch
-        cap (the reducer's hooks held for all but the last: the buckets launch once). Returns
-        the mean loss. Raises :class:`OutOfMemory` and :class:`JobCodeError`."""
-        cap = self.micro_cap or b
-        if cap >= b:
-            return forward_backward(self.model, self.loss_fn, batch, precision=self.precision,
-                                    device=self.device, scaler=self.scaler, step=step,
-                                    batch_size=b, forward_loss=self.forward_loss, oom=True)
-        bounds = micro_bounds(b, cap, self.min_batch)
-        total = 0.0
-        try:
-            for i, (lo, hi) in enumerate(bounds):
-                self.reducer.hold(i < len(bounds) - 1)
-                part = slice_batch(batch, lo, hi)
-                total += (hi - lo) * forward_backward(
-                    self.model, self.loss_fn, part, precision=self.precision,
-                    device=self.device, scaler=self.scaler, step=step, batch_size=hi - lo,
-                    forward_loss=self.forward_loss, weight=(hi - lo) / b, oom=True)
-        finally:
-            self.reducer.hold(False)
-        return total / b
+        """Forward and backward of this member's share (:func:`compute_in_slices` at this
+        member's cap). Returns the mean loss. Raises :class:`OutOfMemory` and
+        :class:`JobCodeError`."""
+        return compute_in_slices(self.model, self.loss_fn, batch, b, self.micro_cap,
+                                 self.reducer, min_batch=self.min_batch,
+                                 precision=self.precision, device=self.device,
+                                 scaler=self.scaler, step=step,
+                                 forward_loss=self.forward_loss)
 
     @staticmethod
     def profile_step(job: Any, batch: Any, device: torch.device,
-                     scaler: torch.amp.GradScaler | None) -> float:
+                     scaler: torch.amp.GradScaler | None, cap: int | None = None) -> float:
         """One forward/backward of ``job`` exactly as the steps run it, nothing applied (the
-        hot join's profiling). Returns the loss; raises :class:`JobCodeError`."""
+        hot join's profiling), of at most ``cap`` samples (the member's micro-batch cap).
+        Returns the loss; raises :class:`JobCodeError`, and :class:`OutOfMemory` when the
+        device ran out of memory."""
         job.model.zero_grad(set_to_none=True)
         n = batch_len(batch)
-        if job.micro_batch and n > job.micro_batch:
-            batch, n = slice_batch(batch, 0, job.micro_batch), job.micro_batch
+        if cap and n > cap:
+            batch, n = slice_batch(batch, 0, cap), cap
         return forward_backward(job.model, job.loss_fn, batch, precision=job.precision,
                                 device=device, scaler=scaler, step=0, batch_size=n,
-                                forward_loss=job.forward_loss)
+                                forward_loss=job.forward_loss, oom=True)
 
     def _tail(self, b: int, total: int, compute_s: float, latest: int, loss_v: float,
               eval_s: float, busy: bool = False, oom: int = 0) -> torch.Tensor:
@@ -437,3 +416,54 @@ def micro_bounds(b: int, cap: int, min_batch: int = 1) -> list[tuple[int, int]]:
         out.append((lo, hi))
         lo = hi
     return out
+
+
+def compute_in_slices(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+                      batch: Any, b: int, cap: int | None, reducer: Reducer, *,
+                      min_batch: int, precision: str, device: torch.device,
+                      scaler: torch.amp.GradScaler | None, step: int,
+                      forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+                      ) -> float:
+    """Forward and backward of ``b`` samples in slices of at most ``cap`` (None: at once;
+    :func:`micro_bounds`), the ``reducer``'s launches held for all but the last slice (DDP's
+    ``no_sync``: the buckets launch once, with the accumulated gradients). The one
+    accumulation of the ring's steps and the hybrid zones' updates. Returns the mean loss.
+    Raises :class:`OutOfMemory` (with the samples of the slice that ran out) and
+    :class:`JobCodeError`."""
+    cap = cap or b
+    if cap >= b:
+        return forward_backward(model, loss_fn, batch, precision=precision, device=device,
+                                scaler=scaler, step=step, batch_size=b,
+                                forward_loss=forward_loss, oom=True)
+    bounds = micro_bounds(b, cap, min_batch)
+    total = 0.0
+    try:
+        for i, (lo, hi) in enumerate(bounds):
+            reducer.hold(i < len(bounds) - 1)
+            total += (hi - lo) * forward_backward(
+                model, loss_fn, slice_batch(batch, lo, hi), precision=precision,
+                device=device, scaler=scaler, step=step, batch_size=hi - lo,
+                forward_loss=forward_loss, weight=(hi - lo) / b, oom=True)
+    finally:
+        reducer.hold(False)
+    return total / b
+
+
+def lowered_cap(samples: int, step: int, b: int, *, min_batch: int,
+                device: torch.device, what: str = "the step is discarded on every member and "
+                "computed again") -> int:
+    """The samples per forward pass for a member that ran out of memory computing
+    ``samples`` at once: half of them, never below ``min_batch`` (the device's cache is
+    emptied first; ``what`` happens next, for the log line). Raises :class:`JobCodeError`
+    when it already computed the fewest samples it may (the one out of memory that ends
+    the job: the model does not fit)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if samples <= max(1, min_batch):
+        raise JobCodeError("forward", step, b, torch.OutOfMemoryError(
+            f"out of device memory with {samples} samples in one forward pass, the fewest "
+            "allowed: use a smaller model or a larger device"))
+    cap = max(min_batch, samples // 2)
+    log.warning("out of memory with %d samples per forward pass at step %d: %s with at most "
+                "%d", samples, step, what, cap)
+    return cap

@@ -17,6 +17,14 @@ stepped, as the ring), the job's own optimiser steps with the gradient views, th
 changes are added. Every replica applies the same vectors in the same order, so replicas at
 the same version hold the same bits, and a replica can apply an update it did not compute.
 
+Memory: a member's share above its cap (``micro_batch``, the job's ``Job.micro_batch`` at
+first) is computed in slices, the buckets launched once (the ring's
+:func:`trainer.collective.step.compute_in_slices`). A member that runs out of memory still
+takes part in the zone's reduction with its row's out-of-memory flag set, halves its cap
+(:func:`trainer.collective.step.lowered_cap`), and every member of the zone gets a
+:class:`Computed` marked ``discarded``: nothing of it is sent or applied, and the zone
+computes the same samples again.
+
 Rule for callers: one :class:`ZoneStepper` per generation (``close()`` it); apply updates
 only through :meth:`UpdateLayout.apply`, in version order, each once; ``fp16`` (a loss scale
 that would have to follow every zone's updates) is not supported in the hybrid mode.
@@ -32,7 +40,9 @@ from typing import Any
 import torch
 
 from trainer.collective.reducer import DEFAULT_BUCKET_MB, Reducer
-from trainer.collective.step import LOSS_COL, ROW, forward_backward
+from trainer.collective.step import (LOSS_COL, OOM_COL, ROW, compute_in_slices,
+                                     lowered_cap)
+from trainer.errors import OutOfMemory
 
 META = 4  # samples, loss x samples, staleness, zone
 SAMPLES, LOSS_SUM, STALENESS, ZONE = range(META)
@@ -96,6 +106,7 @@ class Computed:
     rows: torch.Tensor
     compute_s: float
     wait_s: float
+    discarded: bool = False  # a member ran out of memory: send nothing, compute it again
 
 
 class ZoneStepper:
@@ -105,13 +116,15 @@ class ZoneStepper:
                  loss_fn: Callable[[Any, Any], torch.Tensor], *, world: int, rank: int,
                  device: torch.device, precision: str,
                  bucket_mb: float = DEFAULT_BUCKET_MB,
-                 forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
-                 ) -> None:
+                 forward_loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+                 micro_batch: int | None = None, min_batch: int = 1) -> None:
         if precision == "fp16":
             raise ValueError("precision fp16 is not supported in the hybrid mode (use bf16)")
         self.model, self.layout, self.loss_fn = model, layout, loss_fn
         self.forward_loss = forward_loss  # the job's forward_loss(model, batch), if any
         self.world, self.rank, self.device, self.precision = world, rank, device, precision
+        self.micro_cap = micro_batch  # this member's samples per forward pass (None: all)
+        self.min_batch = max(1, min_batch)
         self._o_used = world * ROW
         self._o_buf = self._o_used + len(layout.params)
         self.tail_numel = self._o_buf + (layout.o_meta - layout.o_buf)
@@ -126,8 +139,9 @@ class ZoneStepper:
                 after_compute: Callable[[float, int], None] | None = None) -> Computed:
         """This member's ``b`` samples of an update of ``total``, reduced over the zone.
 
-        Returns the :class:`Computed` update (the same vector on every zone member); the
-        model's parameters, buffers and optimiser are as before. Raises
+        Returns the :class:`Computed` update (the same vector on every zone member; marked
+        ``discarded`` on every zone member when one ran out of memory, which then halved its
+        :attr:`micro_cap`); the model's parameters, buffers and optimiser are as before. Raises
         :class:`trainer.errors.JobCodeError` and :class:`trainer.errors.GenerationBroken`.
         """
         layout = self.layout
@@ -135,19 +149,24 @@ class ZoneStepper:
         before = [buf.detach().clone() for buf in layout.buffers]
         try:
             t0 = time.perf_counter()
-            loss_v = 0.0
+            loss_v, oom = 0.0, 0.0
             if b > 0:
-                loss_v = forward_backward(self.model, self.loss_fn, batch,
-                                          precision=self.precision, device=self.device,
-                                          scaler=None, step=step, batch_size=b,
-                                          forward_loss=self.forward_loss)
+                try:
+                    loss_v = compute_in_slices(
+                        self.model, self.loss_fn, batch, b, self.micro_cap, self.reducer,
+                        min_batch=self.min_batch, precision=self.precision, device=self.device,
+                        scaler=None, step=step, forward_loss=self.forward_loss)
+                except OutOfMemory as e:
+                    oom = 1.0
+                    self.micro_cap = lowered_cap(e.samples, step, b, min_batch=self.min_batch,
+                                                 device=self.device)
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
             tail = torch.zeros(self.tail_numel, dtype=torch.float32)
             r = self.rank * ROW
-            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0, 0.0])
-            if b > 0:
+            tail[r:r + ROW] = torch.tensor([b, compute_s, latest, loss_v * b, eval_s, 0.0, oom])
+            if b > 0 and not oom:
                 tail[self._o_used:self._o_buf] = self.reducer.used()
                 o = self._o_buf
                 for buf, old in zip(layout.buffers, before, strict=True):
@@ -162,11 +181,13 @@ class ZoneStepper:
             with torch.no_grad():
                 for buf, old in zip(layout.buffers, before, strict=True):
                     buf.copy_(old)
+        rows = reduced[:self._o_used].view(self.world, ROW).clone()
+        if rows[:, OOM_COL].max() > 0:  # a member ran out of memory: the zone discards it
+            return Computed(torch.empty(0), rows, compute_s, wait_s, discarded=True)
         update = torch.empty(layout.numel, dtype=torch.float32)
         for p, o in zip(layout.params, layout.offsets, strict=True):
             update[o:o + p.numel()] = p.grad.detach().reshape(-1).to("cpu", torch.float32)
         update[layout.o_used:layout.o_meta] = reduced[self._o_used:]
-        rows = reduced[:self._o_used].view(self.world, ROW).clone()
         update[layout.o_meta:] = torch.tensor(
             [total, float(rows[:, LOSS_COL].sum()), staleness, zone], dtype=torch.float32)
         return Computed(update, rows, compute_s, wait_s)

@@ -14,6 +14,11 @@ it: :mod:`trainer.pipeline.complete`).
 The main thread meanwhile computes the next waves (up to the staleness bound) and applies
 agreed waves in order.
 
+A wave whose control rows say a member ran out of memory is *spoiled*, and so is every
+later wave (computed on top of it): handed to :meth:`Agreement.wait` like any other (so the
+caller discards it), but never counted agreed nor its reduced pack kept (a failure before
+the discard must not roll forward to it or complete from it), until :meth:`Agreement.forget`.
+
 Rule for callers: :meth:`Agreement.submit` waves in order (the stage reduction is posted in
 the caller's thread, so every member posts its collectives in the same order); read the
 reduced packs of waves that were reduced but not agreed only after :meth:`Agreement.stop`.
@@ -37,9 +42,11 @@ from trainer.pipeline.runner import transport
 
 log = logging.getLogger(__name__)
 
-ROW = 10  # the control row of one member
+ROW = 12  # the control row of one member
 # SNAP, EXPORT: the head's duties once the wave is applied (VW 0 gathers on the head for them)
-SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N, EXPORT = range(ROW)
+# OOM: the samples of the pass that ran out of memory on this member (0: none); CAP: this
+# member's samples per pass from the next wave on (0: no cap)
+SAMPLES, BUSY, WALL, LATEST, LOSS, EVAL, SNAP, STAGE0, LOSS_N, EXPORT, OOM, CAP = range(ROW)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Agreement:
         self.reduced: dict[int, torch.Tensor | None] = {}  # stage-reduced, maybe not agreed
         self.error: BaseException | None = None
         self.newest = -1  # the newest wave agreed here
+        self.spoiled: int | None = None  # the first wave a member ran out of memory in
         self._thread = threading.Thread(target=self._run, name="spotring-waves", daemon=True)
         self._thread.start()
 
@@ -93,6 +101,15 @@ class Agreement:
                 del self.reduced[done]  # roll forward (kept, they held every wave's pack)
             return self.agreed.pop(wave)
 
+    def forget(self, wave: int) -> None:
+        """Waves ``wave`` and later were discarded (each one waited for): they will be
+        submitted again."""
+        with self._cond:
+            self.spoiled = None
+            for w in [w for w in (*self.reduced, *self.agreed) if w >= wave]:
+                self.reduced.pop(w, None)
+                self.agreed.pop(w, None)
+
     def stop(self) -> None:
         """Stop after the wave in progress (a failed or abandoned one ends at once)."""
         self._q.put(None)
@@ -114,8 +131,13 @@ class Agreement:
                     self.reduced[wave] = pack
                 groups.allreduce(self.ctl_pg, row, self.should_abort)
                 with self._cond:
+                    if self.spoiled is None and float(row[:, OOM].max()) > 0:
+                        self.spoiled = wave
+                    if self.spoiled is not None:  # discarded by every member: never kept
+                        self.reduced.pop(wave, None)
+                    else:
+                        self.newest = wave
                     self.agreed[wave] = Agreed(wave, pack, row)
-                    self.newest = wave
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             with self._cond:

@@ -10,8 +10,11 @@ next generation reads which backups arrived (:meth:`Backups.held`) and
 :mod:`trainer.pipeline.complete` completes the waves from them. A backup message is the
 pack, then one flag per micro-batch it covers, then the loss sum and its samples.
 
+A spoiled pack (a stage of its virtual worker ran out of memory: NaN) is never held.
+
 Rule for callers: one :class:`Backups` per generation and member, built after the member
-took its slot; :meth:`Backups.done` each wave once applied (both ends posted it); read
+took its slot; :meth:`Backups.done` each wave once applied or discarded (both ends posted
+it), :meth:`Backups.redo` from the first discarded wave; read
 :meth:`Backups.held` only when the generation is over.
 """
 
@@ -76,6 +79,8 @@ class Backups:
             return
         n = self.numel + self.max_micro + 2
         for wave in range(self._upto, upto):
+            if wave in self.incoming:
+                continue  # posted before a discard (:meth:`redo`)
             buf = torch.zeros(n, dtype=torch.float32, device=self.device)
             with transport(f"recv from rank {self.peers[0]}"):
                 work = self.pg.recv([buf], self.peers[0], BACKUP_TAG + wave % 64)
@@ -110,6 +115,11 @@ class Backups:
         if posted:
             groups.wait_posted(posted, self.abort)
 
+    def redo(self, wave: int) -> None:
+        """Waves ``wave`` and later were discarded (each one :meth:`done`) and will be computed
+        again: their receives are posted again as they are sent."""
+        self._upto = min(self._upto, wave)
+
     def held(self, step: int, count: int
              ) -> tuple[tuple[complete.Kept, ...], dict[int, tuple[torch.Tensor, float, int]]]:
         """The backups received of waves ``step .. step + count - 1`` (entry ``i``: wave
@@ -121,7 +131,7 @@ class Backups:
         micro = self.max_micro
         for wave in range(step, step + count):
             buf, work = self.incoming.get(wave, (None, None))
-            if buf is None or not received(work):
+            if buf is None or not received(work) or not bool(torch.isfinite(buf).all()):
                 out.append(complete.Kept())
                 continue
             n = buf.numel() - micro - 2

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from trainer.collective.step import PRECISIONS
-from trainer.errors import JobCodeError, LayoutError
+from trainer.errors import JobCodeError, LayoutError, OutOfMemory
 from trainer.pipeline.stagestate import place_module
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,8 @@ def stepwise(model: torch.nn.Module, x: Any, device: torch.device, precision: st
 def profile_step(job: Any, batch: Any, device: torch.device) -> float:
     """One profiling step of a pipelined job before it joins: the layers' forwards one at
     a time (:func:`stepwise`) and the job's loss, nothing applied. Returns the seconds spent
-    moving layers (not compute). Raises :class:`trainer.errors.JobCodeError`."""
+    moving layers (not compute). Raises :class:`trainer.errors.JobCodeError`, and
+    :class:`trainer.errors.OutOfMemory` when the device ran out of memory."""
     if not job.model.training:
         job.model.train()
     first = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -153,6 +154,8 @@ def profile_step(job: Any, batch: Any, device: torch.device) -> float:
         job.loss_fn(out, y)
     except (KeyboardInterrupt, SystemExit):
         raise
+    except torch.OutOfMemoryError as e:
+        raise OutOfMemory(size) from e
     except Exception as e:  # noqa: BLE001 - the user's code: one clear error
         raise JobCodeError(stage, 0, size, e) from e
     return moving

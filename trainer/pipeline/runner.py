@@ -26,6 +26,13 @@ works on any group object (the generation's gloo group here, NCCL on GPUs) with 
   takes ``F`` times its measured compute plus what emulated layers tallied
   (:func:`trainer.pipeline.emulate.deferred`), in one sleep.
 
+* out of memory in a pass (``torch.OutOfMemoryError``) is not the job's error: the stage
+  goes on with its schedule so its neighbours are not left waiting, sending NaN of the
+  right shape where its output or input gradient would have gone (the shape from the pass
+  run again without a graph, else on the meta device), so every pack of the virtual worker
+  is spoiled (not finite) and no kept copy of it can be used; :attr:`StageStats.oom` says
+  so and the caller discards the wave on every member.
+
 Rule for callers: one :class:`StageRunner` per stage per generation; call :meth:`run` with the
 same micro-batches and schedule kind on every stage of the VW; after
 :class:`trainer.errors.GenerationBroken` the wave is discarded (the caller restores the buffers and
@@ -84,13 +91,15 @@ class Micro:
 class StageStats:
     """A wave on one stage: ``busy_s`` in passes (emulated slowdown included), ``wall_s``
     from the first pass's start to the last send's completion, ``loss_sum`` (the last
-    stage's sum of ``loss x samples``), and when it started and ended (``perf_counter``)."""
+    stage's sum of ``loss x samples``), when it started and ended (``perf_counter``), and
+    ``oom``: the samples of the largest pass that ran out of memory (0: none)."""
 
     busy_s: float
     wall_s: float
     loss_sum: float
     started: float
     ended: float
+    oom: int = 0
 
 
 class StageRunner:
@@ -178,8 +187,9 @@ class StageRunner:
                 else contextlib.nullcontext())
         if not self.module.training:
             self.module.train()
-        held: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        held: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         busy = loss_sum = 0.0
+        oom = 0
         started = time.perf_counter()
         for op in ops:
             mb = micros[op.micro]
@@ -205,6 +215,13 @@ class StageRunner:
                         emulated = owed()
                 except (KeyboardInterrupt, SystemExit):
                     raise
+                except torch.OutOfMemoryError as e:
+                    oom = max(oom, mb.samples)
+                    held[mb.index] = (x_in, None)
+                    if self.next is not None:
+                        self._post(self._spoiled_output(x, cast, mb, e), self.next, wave, mb,
+                                   ACT)
+                    continue
                 except Exception as e:  # noqa: BLE001 - the user's code
                     raise JobCodeError(stage, self._step(), mb.samples, e) from e
                 busy += self._pace(t0, emulated)
@@ -216,22 +233,50 @@ class StageRunner:
                 grad = (None if self.next is None
                         else self._take(self.next, wave, mb, GRAD, should_abort))
                 t0 = time.perf_counter()
-                try:
-                    with emulate.deferred() as owed:
-                        out.backward(grad)
-                        emulated = owed()
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:  # noqa: BLE001 - the user's code
-                    raise JobCodeError("backward", self._step(), mb.samples, e) from e
-                busy += self._pace(t0, emulated)
+                spoiled = out is None  # its forward ran out of memory
+                if not spoiled:
+                    try:
+                        with emulate.deferred() as owed:
+                            out.backward(grad)
+                            emulated = owed()
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
+                    except torch.OutOfMemoryError:
+                        oom, spoiled = max(oom, mb.samples), True
+                    except Exception as e:  # noqa: BLE001 - the user's code
+                        raise JobCodeError("backward", self._step(), mb.samples, e) from e
+                    else:
+                        busy += self._pace(t0, emulated)
                 if self.prev is not None:
                     assert x_in is not None
-                    g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
+                    g = (torch.full_like(x_in, float("nan")) if spoiled
+                         else x_in.grad if x_in.grad is not None else torch.zeros_like(x_in))
                     self._post(g, self.prev, wave, mb, GRAD)
         self.finish_sends(should_abort)
         ended = time.perf_counter()
-        return StageStats(busy, ended - started, loss_sum, started, ended)
+        if oom:  # this stage's gradients too: no copy of the wave's pack is usable
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        return StageStats(busy, ended - started, loss_sum, started, ended, oom)
+
+    def _spoiled_output(self, x: Any, cast: Any, mb: Micro, e: BaseException) -> torch.Tensor:
+        """NaN in the shape and dtype this stage's output of ``x`` has: the pass run again
+        without a graph (no activations kept), else on the meta device. Raises
+        :class:`trainer.errors.JobCodeError` when neither tells the shape."""
+        try:
+            with torch.no_grad(), cast:
+                out = self.module(x)
+        except torch.OutOfMemoryError:
+            try:
+                meta = {k: v.to("meta") for k, v in (*self.module.named_parameters(),
+                                                     *self.module.named_buffers())}
+                with torch.no_grad():
+                    out = torch.func.functional_call(self.module, meta, (x.to("meta"),))
+                out = torch.empty(out.shape, dtype=out.dtype, device=self.device)
+            except Exception:  # noqa: BLE001 - no shape: the out of memory is the error
+                raise JobCodeError("forward", self._step(), mb.samples, e) from e
+        return torch.full_like(out, float("nan"))
 
     def _pace(self, t0: float, emulated: float = 0.0) -> float:
         """The pass's time: its compute plus the emulated layers' tally, times ``slowdown``

@@ -6,8 +6,9 @@ all-reduced (a sum: every other row is zero). Every number in it is an integer b
 a measurement, so it travels exactly. A row says: the member's speed (its profiled
 samples/s) and memory, the layers it holds and at which step, how far it can roll forward
 (``reach``: the waves whose reduced packs it kept), the newest wave agreed on it, the waves
-it started, its previous slot and boundaries (the layout's hysteresis), and its per-layer
-measurement, and what it kept of the waves it started and nobody agreed
+it started, its previous slot and boundaries (the layout's hysteresis), its samples per
+pass (its cap: a virtual worker's micro-batches are cut to its members' least), and its
+per-layer measurement, and what it kept of the waves it started and nobody agreed
 (:class:`trainer.pipeline.complete.Kept`: wave ``step + i`` in slot ``i``, up to ``waves``
 of them, each ``3 + micro`` numbers; then the same for the backups it received).
 :func:`agreed_wave`, :func:`holding`, :func:`costs`, :func:`hint` and :func:`holders` read
@@ -28,7 +29,7 @@ import torch
 from trainer.pipeline.complete import Holder, Kept
 from trainer.pipeline.partition import Costs, Holding
 
-_FIXED = 12
+_FIXED = 13
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Row:
     act: tuple[float, ...] | None = None
     kept: tuple[Kept, ...] = ()
     backup: tuple[Kept, ...] = ()
+    cap: int = 0  # the member's samples per pass (0: no cap; lowered when out of memory)
 
 
 def width(stages: int, layers: int, waves: int = 0, micro: int = 0) -> int:
@@ -67,7 +69,8 @@ def encode(row: Row, stages: int, layers: int, waves: int = 0, micro: int = 0
     v[:_FIXED] = torch.tensor([
         row.speed, -1.0 if math.isinf(row.memory) else row.memory, row.lo, row.hi, row.step,
         row.reach, row.agreed, row.started, 1.0 if row.fresh else 0.0,
-        row.slot[0] if row.slot else -1, row.slot[1] if row.slot else -1, row.layout_gen],
+        row.slot[0] if row.slot else -1, row.slot[1] if row.slot else -1, row.layout_gen,
+        row.cap],
         dtype=torch.float64)
     o = _FIXED
     v[o:o + stages + 1] = -1.0
@@ -117,7 +120,7 @@ def decode(table: torch.Tensor, stages: int, layers: int, waves: int = 0, micro:
             speed=f[0], memory=math.inf if f[1] < 0 else f[1], lo=int(f[2]), hi=int(f[3]),
             step=int(f[4]), reach=int(f[5]), agreed=int(f[6]), started=int(f[7]),
             fresh=f[8] > 0, slot=(int(f[9]), int(f[10])) if f[9] >= 0 else None,
-            layout_gen=int(f[11]), bounds=tuple(b) if len(b) >= 2 else None,
+            layout_gen=int(f[11]), cap=int(f[12]), bounds=tuple(b) if len(b) >= 2 else None,
             seconds=tuple(sec) if has else None, act=tuple(act) if has else None,
             kept=tuple(blocks[0]), backup=tuple(blocks[1])))
     return out

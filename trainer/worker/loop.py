@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from trainer.collective.step import Stepper, make_scaler
+from trainer.collective.step import Stepper, lowered_cap, make_scaler
 from trainer.errors import (BadState, ControlLost, ControlTimeout, CoordinatorUnreachable,
-                            DeviceError, JobCodeError, JobError, JoinRefused, SnapshotError)
+                            DeviceError, JobCodeError, JobError, JoinRefused, OutOfMemory,
+                            SnapshotError)
 from trainer.job import Job, load_job, resolve_mode
 from trainer.protocol import messages as mb
 from trainer.protocol.admission import derive_key
@@ -260,7 +261,10 @@ class Worker:
         """A few forward/backward passes before joining; returns the measured samples/s.
 
         Raises :class:`trainer.errors.JobError` when the job's code raises: it is reported
-        before the worker ever contacts the coordinator.
+        before the worker ever contacts the coordinator. Out of memory is not a job error:
+        the pass is profiled again with half the samples, and the member's micro-batch cap
+        starts there (:func:`trainer.collective.step.lowered_cap`; in the pipeline mode,
+        whose profile runs the whole model a layer at a time, a stage's waves find it).
         """
         from trainer.pipeline import profile as pipeline_profile
 
@@ -268,7 +272,8 @@ class Worker:
         b = max(rt.min_batch, min(len(job), job.global_batch // 2))
         ids = torch.arange(min(b, len(job)))
         times = []
-        for _ in range(max(1, self.cfg.profile_steps)):
+        runs = 0
+        while runs < max(1, self.cfg.profile_steps):
             t0 = time.perf_counter()
             moving = 0.0  # pipeline mode: seconds moving layers to the device and back
             try:
@@ -276,9 +281,22 @@ class Worker:
                 if job.mode == "pipeline":  # one layer on the device at a time
                     moving = pipeline_profile.profile_step(job, batch, rt.device)
                 else:
-                    Stepper.profile_step(job, batch, rt.device, self.state.scaler)
+                    Stepper.profile_step(job, batch, rt.device, self.state.scaler,
+                                         rt.micro_cap)
+            except OutOfMemory as e:
+                try:
+                    cap = lowered_cap(e.samples, 0, len(ids), min_batch=rt.min_batch,
+                                      device=rt.device, what="profiled again")
+                except JobCodeError as e2:
+                    raise JobError(f"job {self.cfg.job!r}: {e2}") from e2
+                if job.mode != "pipeline":  # a stage holds some layers: its waves tell
+                    rt.micro_cap = cap
+                ids = ids[:cap]
+                times.clear()
+                continue
             except JobCodeError as e:
                 raise JobError(f"job {self.cfg.job!r}: {e}") from e
+            runs += 1
             rt.slow(time.perf_counter() - t0 - moving, len(ids))
             times.append(time.perf_counter() - t0 - moving)
         job.model.zero_grad(set_to_none=True)

@@ -4,7 +4,8 @@ Knobs (environment): ``HYBRID_STALENESS`` (default 1), ``HYBRID_SHARDS`` (0: one
 ``HYBRID_MODE`` (``hybrid``, default, or ``ring``), ``HYBRID_BN`` (1: a BatchNorm model, so
 buffers travel in the updates), ``HYBRID_PACE_FILE`` (while that file exists, each training
 loss sleeps 0.1 s: a story's faults all land before the job ends), plus the digits job's
-own (``DIGITS_EPOCHS``, ``DIGITS_BATCH``, ...).
+own (``DIGITS_EPOCHS``, ``DIGITS_BATCH``, ...). ``HYBRID_TIGHT`` N: a training forward of
+more than N samples raises ``torch.OutOfMemoryError`` (:class:`tests.trainer.jobs.tight.Tight`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def make_job(seed: int) -> Job:
         torch.manual_seed(seed)
         job.model = BNNet()
         job.optimizer = torch.optim.Adam(job.model.parameters(), lr=3e-3)
+    if os.environ.get("HYBRID_TIGHT"):
+        from tests.trainer.jobs.tight import Tight
+
+        job.model = Tight(job.model, int(os.environ["HYBRID_TIGHT"]))  # the same parameters
     pace = os.environ.get("HYBRID_PACE_FILE", "")
     if pace:
         loss_fn = job.loss_fn

@@ -8,7 +8,10 @@ Two scenarios, each a module fixture shared by the tests below (the suite stays 
   SIGKILLed at a step; a worker of zone a leaves with notice (SIGTERM); then a joiner
   arrives hot in zone b; a worker of zone b hangs (SIGSTOP: found by its heartbeat,
   dropped, woken, refused, joins again as a new member). The job goes slowly (a pace
-  file) until the hung worker is back, so every fault lands before it ends.
+  file) until the hung worker is back, so every fault lands before it ends. Every "device"
+  holds 40 samples per forward pass (more raises ``torch.OutOfMemoryError``, as CUDA does):
+  zone a's survivor of the drain, given the zone's whole 64, runs out of memory; the zone
+  discards that update, the member's cap halves, and the same samples are computed again.
 
 And two runs of their own: staleness 0 (the synchronous ring), and both zones killed at
 once (their replacements resume from the durable snapshot).
@@ -17,6 +20,7 @@ once (their replacements resume from the durable snapshot).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter, defaultdict
@@ -33,6 +37,7 @@ pytestmark = pytest.mark.slow
 JOB = "tests/trainer/hybrid/job.py"
 DIGITS_TRAIN = 1437
 ELASTIC_EPOCHS = 8
+TIGHT = 40  # the elastic run's samples per forward pass (a zone of two: 32 each; alone: 64)
 
 
 def start_in_order(ring: Ring, workers: list[tuple[str, str, tuple[str, ...]]]) -> None:
@@ -138,7 +143,8 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     pace = tmp / "pace"  # the job goes slowly until the hung worker is back
     pace.write_text("")
     ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": str(ELASTIC_EPOCHS),
-                                   "HYBRID_PACE_FILE": str(pace)},
+                                   "HYBRID_PACE_FILE": str(pace),
+                                   "HYBRID_TIGHT": str(TIGHT)},
                 initial_world=4, heartbeat_timeout_s=3.0, rollcall_s=0.5)
     out: dict[str, Any] = {}
     try:
@@ -171,7 +177,8 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 240)
         out["codes"] = {n: p.wait(30) for n, p in ring.procs.items()}
         out.update(stats=ring.coord.stats(), events=ring.coord.events(),
-                   formed=ring.formed(), samples=ring.samples(), metrics=ring.metrics())
+                   formed=ring.formed(), samples=ring.samples(), metrics=ring.metrics(),
+                   log=(tmp / "a0.log").read_text(), logs=ring.logs())
         yield out
     finally:
         ring.close()
@@ -209,6 +216,19 @@ def test_the_drain_and_the_join_lose_no_update_and_send_state_only_to_the_joiner
 def test_each_sample_exactly_once_per_epoch_through_the_faults(elastic: dict[str, Any]
                                                                 ) -> None:
     assert_exactly_once(elastic["samples"], ELASTIC_EPOCHS)
+
+
+def test_out_of_memory_discards_the_update_halves_the_cap_and_computes_it_again(
+        elastic: dict[str, Any]) -> None:
+    """Zone a's survivor of the drain, alone with the zone's 64 samples, ran out of memory:
+    the zone discarded that computation, its cap halved, the same samples were computed
+    again in slices; never a job error (the run's end, its exactly-once data and its
+    replicas' agreement are asserted by the tests above)."""
+    ooms = [(int(a), int(b)) for a, b in re.findall(
+        r"out of memory with (\d+) samples per forward pass at step \d+: the step is "
+        r"discarded on every member and computed again with at most (\d+)", elastic["log"])]
+    assert ooms and all(n > TIGHT and cap == n // 2 for n, cap in ooms), elastic["logs"]
+    assert max(r["batch"] for r in elastic["metrics"]) > TIGHT  # shares above it, in slices
 
 
 def test_no_update_staler_than_the_bound_through_the_faults(elastic: dict[str, Any]) -> None:

@@ -8,7 +8,10 @@ are gathered).
 
 Knobs: ``PIPE_STAGES`` (2), ``PIPE_MICRO`` (8), ``PIPE_SCHEDULE`` (1f1b), ``PIPE_D`` (0, the
 staleness bound), ``PIPE_EPOCHS`` (4), ``PIPE_BATCH`` (64), ``PIPE_LAYER_MS`` (0.05 ms per
-sample per emulated layer), ``PIPE_LAYERS`` (6 emulated layers).
+sample per emulated layer), ``PIPE_LAYERS`` (6 emulated layers), ``PIPE_TIGHT`` (N: the first
+layer's training forward of more than N samples raises ``torch.OutOfMemoryError``, as CUDA
+does: :class:`tests.trainer.jobs.tight.Tight`; unset: no limit), ``PIPE_WARMUP`` (N: a
+``LambdaLR`` warmup over N committed waves as ``Job.scheduler``; unset: none).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trainer.pipeline import virtual_workers
 from trainer.pipeline.emulate import SleepyLayer
 
 N_TRAIN, N_TEST, D, WIDTH = 512, 256, 8, 32
+LR = 3e-3
 
 
 def _make(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,8 +45,12 @@ def make_job(seed: int) -> Job:
     torch.manual_seed(seed)
     per_sample = float(_env("PIPE_LAYER_MS", "0.05")) / 1000
     body = [SleepyLayer(WIDTH, per_sample) for _ in range(int(_env("PIPE_LAYERS", "6")))]
-    model = nn.Sequential(nn.Linear(D, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU(), *body,
-                          nn.Linear(WIDTH, 1))
+    first: nn.Module = nn.Linear(D, WIDTH)
+    if _env("PIPE_TIGHT", ""):
+        from tests.trainer.jobs.tight import Tight
+
+        first = Tight(first, int(_env("PIPE_TIGHT", "")))
+    model = nn.Sequential(first, nn.BatchNorm1d(WIDTH), nn.ReLU(), *body, nn.Linear(WIDTH, 1))
     train, test = _make(N_TRAIN, 1), _make(N_TEST, 2)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
@@ -52,8 +60,12 @@ def make_job(seed: int) -> Job:
         mse = float(((pred - test[1]) ** 2).mean())
         return {"mse": mse, "r2": 1.0 - mse / float(test[1].var())}
 
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    warm = int(_env("PIPE_WARMUP", "0"))
+    sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+             if warm else None)
     return Job(
-        model=model, optimizer=torch.optim.Adam(model.parameters(), lr=3e-3),
+        model=model, optimizer=opt, scheduler=sched,
         loss_fn=nn.functional.mse_loss, train_set=torch.utils.data.TensorDataset(*train),
         global_batch=int(_env("PIPE_BATCH", "64")), epochs=int(_env("PIPE_EPOCHS", "4")),
         evaluate=evaluate, mode="pipeline",

@@ -1,7 +1,8 @@
 """Test job: the digits job on a "device" that holds at most ``TIGHT_LIMIT`` samples in one
 training forward pass; more raises ``torch.OutOfMemoryError``, the error CUDA's caching
-allocator raises (a faithful double of a GPU out of memory, on CPU). Evaluation (no graph
-kept) is not limited."""
+allocator raises (a faithful double of a GPU out of memory, on CPU). A pass that keeps no
+graph (evaluation, ``torch.no_grad``) is not limited. :class:`Tight` wraps any module (the
+hybrid and pipeline test jobs use it too)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import torch
 from torch import nn
 
-from examples import digits
 from trainer.job import Job
 
 
@@ -20,7 +20,7 @@ class Tight(nn.Module):
         self.inner, self.limit = inner, limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.shape[0] > self.limit:
+        if self.training and torch.is_grad_enabled() and x.shape[0] > self.limit:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {x.shape[0]} samples' activations "
                 f"(this device holds {self.limit})")
@@ -28,6 +28,8 @@ class Tight(nn.Module):
 
 
 def make_job(seed: int) -> Job:
+    from examples import digits  # here: importing Tight alone stays cheap
+
     job = digits.make_job(seed)
     job.model = Tight(job.model, int(os.environ["TIGHT_LIMIT"]))
     return job

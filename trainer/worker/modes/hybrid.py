@@ -41,6 +41,16 @@ member of the zone that computed it, its own share, when it applies it, or at th
 forming when a peer applied it; the shares of zone members gone by then (killed, dropped
 while hung) are recorded by the first of the zone still there.
 
+Memory. A member's share above its cap (``Job.micro_batch``, lowered when it runs out of
+memory) is computed in slices (:class:`trainer.hybrid.update.ZoneStepper`). A member that
+runs out of memory marks its row in the zone's reduction: every member of the zone discards
+that computation (nothing pushed to the shards, nothing applied), the member's cap halves
+(kept in its runtime across generations) and the zone computes the same ticket, the same
+samples, again: never a job error while the cap can halve, exactly-once data kept.
+
+Ends. Every zone stops at one version: the data's end, ``Job.max_steps`` or the run's
+``--until-steps`` (the sequencer issues no ticket beyond the first of them).
+
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`. ``HybridSettings(staleness=0)``
 runs the ring itself.
 """
@@ -195,12 +205,17 @@ class HybridMode:
         ranks = zl.ranks[zone]
         keys = plan.keys()
         layout = UpdateLayout(job.model)
-        end = step + updates_left(cursor, len(job), job.global_batch, rt.min_batch, job.epochs)
+        epochs = min(job.epochs, cfg.until_epochs or job.epochs)
+        end = step + updates_left(cursor, len(job), job.global_batch, rt.min_batch, epochs)
+        limit = job.step_limit(cfg.until_steps)
+        if limit is not None:  # Job.max_steps, --until-steps: every zone stops there
+            end = max(step, min(end, limit))
         zgroup = self._subgroup(f"z{zone}", ranks.index(rank), len(ranks))
         stepper = ZoneStepper(job.model, layout, job.loss_fn, world=len(ranks),
                               rank=ranks.index(rank), device=rt.device,
                               precision=job.precision, bucket_mb=cfg.bucket_mb,
-                              forward_loss=job.forward_loss)
+                              forward_loss=job.forward_loss, micro_batch=rt.micro_cap,
+                              min_batch=rt.min_batch)
         g = self.gen = _Gen(zone, ranks.index(rank), [keys[r] for r in ranks], zgroup,
                             stepper, layout, end, newest=plan.generation)
         self.ring.plan_sizes(plan, keys=g.zkeys)
@@ -268,7 +283,7 @@ class HybridMode:
         g, plan, w = self.gen, self.m.plan, self.m.w
         assert g is not None and plan is not None and self.m.hb is not None
         self._round()
-        while not g.closed and (w.state.progress.epoch >= w.job.epochs or (
+        while not g.closed and (w.over() or (
                 g.final is not None and w.state.progress.step >= g.final)):
             self._round()  # the end of the generation: leave it only together
         return max(g.newest, self.m.hb.latest) if g.closed else plan.generation
@@ -407,10 +422,14 @@ class HybridMode:
         b = int(ids.numel())
         rt.maybe_fault(step)
         batch = rt.batch(ids, step) if b > 0 else None
-        res = g.stepper.compute(g.zgroup.pg, batch, b, total, step=step,
-                                latest=m.hb.latest, eval_s=w.outputs.eval_s,
-                                staleness=v - step, zone=g.zone,
-                                should_abort=self._aborted, after_compute=rt.slow)
+        while True:  # a member out of memory: every member of the zone computes it again
+            res = g.stepper.compute(g.zgroup.pg, batch, b, total, step=step,
+                                    latest=m.hb.latest, eval_s=w.outputs.eval_s,
+                                    staleness=v - step, zone=g.zone,
+                                    should_abort=self._aborted, after_compute=rt.slow)
+            rt.micro_cap = g.stepper.micro_cap  # this member's limit, kept across generations
+            if not res.discarded:
+                break
         self.own[v] = _Own(res.update, cur.epoch, ids.tolist(),
                            [t.tolist() for t in shares], list(g.zkeys))
         g.timing[v] = (b, res.compute_s, res.wait_s)

@@ -37,6 +37,24 @@ the skeleton's); what differs is inside a generation.
   (D > 0), each member also sends its packs to the same stage of the next VW as backups
   (:mod:`trainer.pipeline.backups`).
 
+* **Memory.** Each member has a cap of samples per pass (``Job.micro_batch`` at first, none
+  without it), known to all: in the forming table, then in every wave's control row. A
+  virtual worker cuts its micro-batches to the least cap of its members (more, smaller
+  micro-batches: :func:`trainer.collective.step.micro_bounds`). A stage that runs out of
+  memory finishes its schedule with spoiled (NaN) messages (:mod:`trainer.pipeline.runner`),
+  halves its cap and says so in the wave's control row: every member then discards that
+  wave and every later one it started (nothing applied, buffers restored; the reductions
+  drained so every member stays in step; :meth:`trainer.pipeline.agree.Agreement.forget`)
+  and computes them again from the discarded wave's cursor: never a job error while a cap
+  can halve, the same samples, exactly once.
+* **The job's scheduler** (``Job.scheduler``) is stepped by the skeleton's commit, once per
+  committed wave on every member (never for a discarded one); its state and the optimiser's
+  hyperparameters it sets (``lr``, momentum, ...) travel with every forming move (a
+  joiner's take the sender's, as the progress: a stage's move carries only its layers'
+  per-parameter state) and its state is in every member's digest of its stage.
+* **Ends.** The data's end, ``Job.max_steps`` or the run's ``--until-steps``: no wave
+  starts beyond the first of them.
+
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`; the job's model must be an
 ``nn.Sequential`` and ``Job.pipeline`` a :class:`trainer.pipeline.PipelineSettings`.
 """
@@ -53,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.collective import groups
+from trainer.collective.step import lowered_cap, micro_bounds
 from trainer.data.sampler import CursorState
 from trainer.errors import (BadState, ControlLost, ControlTimeout, GenerationBroken, LayoutError,
                             Malformed, SnapshotError, StateLost)
@@ -66,6 +85,7 @@ from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
 from trainer.pipeline.stagestate import ModelIndex, StagePack, whole_checksum
 from trainer.protocol import messages as mb
+from trainer.state import codec
 from trainer.state import snapshot as snap
 from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, Transferred, lacking
 
@@ -152,6 +172,7 @@ class PipelineMode:
         self.backups: Backups | None = None
         self.backup_kept: dict[int, tuple[torch.Tensor, float, int]] = {}
         self._forming: _Forming | None = None
+        self.caps: dict[str, int] = {}  # every member's samples per pass (agreed; none: no cap)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -213,11 +234,13 @@ class PipelineMode:
         self.backups = None
         mine = tb.Row(w.prior, self.memory, self.lo, self.hi, step, reach, agreed, started,
                       m.fresh, self.slot, self.layout_gen, self.bounds, *self.measured,
-                      kept=self._kept_waves(old), backup=backup)
+                      kept=self._kept_waves(old), backup=backup, cap=w.runtime.micro_cap or 0)
         table = torch.zeros(world, tb.width(*dims), dtype=torch.float64)
         table[rank] = tb.encode(mine, *dims)
         groups.allreduce(m.group.ctl, table, m.abort)
         rows = tb.decode(table, *dims)
+        self.caps = {mid: row.cap for mid, row in zip(plan.members, rows, strict=True)
+                     if row.cap > 0}
         target = tb.agreed_wave(rows)
         self._roll_forward(old, target)
         self.completion = {}
@@ -384,13 +407,33 @@ class PipelineMode:
         forming move also brings the shared state (a joiner's step, cursor and metrics)."""
         m, w = self.m, self.m.w
         assert m.group is not None and m.plan is not None and self.index is not None
+        sch, opt = w.job.scheduler, w.job.optimizer
+        meta = w.state.meta()
+        if sch is not None:  # and the hyperparameters it sets (a stage's move carries only
+            meta["scheduler"] = sch.state_dict()  # its layers' per-parameter state)
+            meta["groups"] = [{k: list(v) if isinstance(v, tuple) else v
+                               for k, v in g.items() if k != "params"
+                               and isinstance(v, (int, float, tuple))}
+                              for g in opt.param_groups]
         moved = run_moves(m.group.ctl, m.rank, moves, index=self.index,
                           optimizer=w.job.optimizer, device=w.runtime.device,
-                          meta=w.state.meta(), step=step, job=m.plan.job, base=base,
+                          meta=meta, step=step, job=m.plan.job, base=base,
                           abort=m.abort,
                           slot_of=self.layout.slot_of if self.layout is not None else None)
         if moved.meta is not None:
             w.state.load_meta(moved.meta)
+            if sch is not None:  # the scheduler steps with every commit: it travels as the
+                try:  # progress does (a joiner's would restart its warmup)
+                    sch.load_state_dict(moved.meta["scheduler"])
+                    groups_ = moved.meta["groups"]
+                    if len(groups_) != len(opt.param_groups):
+                        raise ValueError(f"{len(groups_)} parameter groups, not "
+                                         f"{len(opt.param_groups)}")
+                    for g, got in zip(opt.param_groups, groups_, strict=True):
+                        for k, v in got.items():
+                            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+                except (KeyError, TypeError, ValueError) as e:
+                    raise GenerationBroken(f"the LR scheduler's state received: {e}") from e
         return moved
 
     def _take_slot(self, layout: partition.Layout) -> None:
@@ -432,6 +475,9 @@ class PipelineMode:
         mine = ""
         if self.slot is not None:
             mine = self.index.checksum(m.w.job.optimizer, self.lo, self.hi)
+            if m.w.job.scheduler is not None:  # the same on every member: in every digest
+                mine = codec.checksum({"stage": mine,
+                                       "scheduler": m.w.job.scheduler.state_dict()})
             t[m.rank] = torch.tensor([self.slot[1] + 1, int(mine[:15], 16)])
         groups.allreduce(m.group.ctl, t, m.abort)
         return whole_checksum(t.tolist(), mine)
@@ -450,19 +496,23 @@ class PipelineMode:
             return max(gen, m.hb.latest)
         applied = lambda: w.state.progress.step  # noqa: E731
         wave = applied() + len(self.pending)
-        self._apply_through(wsp.needed_before(wave, self.ps.staleness))
+        if not self._apply_through(wsp.needed_before(wave, self.ps.staleness)):
+            return gen  # discarded (out of memory): computed again from the next call
         stop = self.stop_at is not None and wave > self.stop_at
-        if stop or self.ccursor.epoch >= w.job.epochs:
-            self._apply_through(applied() + len(self.pending))
+        limit = w.job.step_limit(w.cfg.until_steps)
+        if stop or self.ccursor.epoch >= w.job.epochs or (limit is not None and wave >= limit):
+            if not self._apply_through(applied() + len(self.pending)):
+                return gen
             if stop:
                 self._handover()
             return self.newest if stop else gen
         epoch = self.ccursor.epoch
         self._compute(wave)
         if self.ccursor.epoch != epoch:  # an epoch end is a barrier: everything applied
-            self._apply_through(applied() + len(self.pending))
-        else:
-            self._apply_through(wsp.needed_before(wave + 1, self.ps.staleness))
+            if not self._apply_through(applied() + len(self.pending)):
+                return gen
+        elif not self._apply_through(wsp.needed_before(wave + 1, self.ps.staleness)):
+            return gen
         if self.stop_at is not None and applied() > self.stop_at and not self.pending:
             self._handover()
             return self.newest
@@ -520,6 +570,10 @@ class PipelineMode:
             assert self.runner is not None and self.pack is not None
             v, j = self.slot
             mids = [ids[offs[i]:offs[i + 1]] for i in complete.split(todo, counts, v)]
+            cap = self._vw_cap(layout.vws[v])
+            if cap is not None:  # more, smaller micro-batches for this virtual worker
+                mids = [x[lo:hi] for x in mids
+                        for lo, hi in micro_bounds(len(x), cap, rt.min_batch)]
             if j == 0:
                 mine += dict(parts)[members[m.rank]]
             at_stage = heads if j == 0 else complete.parts(wp, layout, todo, counts,
@@ -540,6 +594,11 @@ class PipelineMode:
                 (lambda i: part(i, 1)) if j == layout.stages - 1 else None, m.abort)
             flat, self.pending[-1].deltas = self.pack.pack(before, rt.device)
             loss, loss_n = stats.loss_sum, sum(len(x) for x in mids)
+            if stats.oom:
+                rt.micro_cap = lowered_cap(
+                    stats.oom, step, stats.oom, min_batch=rt.min_batch, device=rt.device,
+                    what="the wave is discarded on every member and computed again")
+                me[agree.OOM] = stats.oom
             if wp is not None:  # a wave started before a failure: what was kept of it
                 try:
                     flat, loss, loss_n = complete.combine(
@@ -549,7 +608,9 @@ class PipelineMode:
                 except LookupError as e:
                     raise GenerationBroken(str(e)) from e
             wv = self.pending[-1]
-            wv.local, wv.loss, wv.loss_n = flat.clone(), loss, loss_n
+            spoiled = stats.oom > 0 or not bool(torch.isfinite(flat).all())
+            wv.local = None if spoiled else flat.clone()  # a spoiled pack is never kept
+            wv.loss, wv.loss_n = loss, loss_n
             if self.backups is not None:
                 self.backups.send(wave, flat, wv.cover, loss, loss_n)
             me[agree.SAMPLES] = len(mine) if j == 0 else 0
@@ -558,6 +619,7 @@ class PipelineMode:
             me[agree.LOSS_N] = loss_n if j == layout.stages - 1 else 0
             me[agree.STAGE0] = 1.0 if j == 0 else 0.0
             rt.note_speed(sum(len(x) for x in mids), stats.busy_s)
+        me[agree.CAP] = rt.micro_cap or 0
         if self.is_head():  # the head's duties after this wave: every member learns them
             duties = m.claim_duties(wave + 1)
             me[agree.EVAL] = w.outputs.eval_s
@@ -576,14 +638,60 @@ class PipelineMode:
                                    lambda: m.broken(gen))
         return self.agree
 
-    def _apply_through(self, count: int) -> None:
-        """Apply agreed waves in order until ``count`` waves are applied."""
+    def _apply_through(self, count: int) -> bool:
+        """Apply agreed waves in order until ``count`` waves are applied. Returns False when
+        a member ran out of memory in the next one: every started wave was discarded
+        (:meth:`_discard`), nothing applied."""
         state = self.m.w.state
         while state.progress.step < count:
             got = self._agreement().wait(state.progress.step)
+            if float(got.rows[:, agree.OOM].max()) > 0:
+                self._discard(got)
+                return False
             self._commit(self.pending[0], got.pack, got.rows)
             if self.backups is not None:
                 self.backups.done(got.wave)
+        return True
+
+    def _vw_cap(self, ranks: tuple[int, ...] | list[int]) -> int | None:
+        """The samples per pass of the virtual worker of ``ranks``: its members' least cap
+        (None: none has one). The same on every member (the caps are agreed)."""
+        plan = self.m.plan
+        assert plan is not None
+        caps = [self.caps[plan.members[r]] for r in ranks if plan.members[r] in self.caps]
+        return min(caps) if caps else None
+
+    def _discard(self, got: agree.Agreed) -> None:
+        """A member ran out of memory in wave ``got.wave``: every member discards it and every
+        later wave it started (the same ones everywhere: the waves a member starts before
+        applying one are fixed by the staleness bound), after draining their reductions and
+        backups; takes every member's new cap from the wave's rows; the data cursor goes
+        back to the discarded wave's. Nothing is applied; the buffers are the committed ones."""
+        m = self.m
+        assert m.plan is not None
+        rows = got.rows
+        for r, mid in enumerate(m.plan.members):
+            cap = int(rows[r, agree.CAP])
+            if cap > 0:
+                self.caps[mid] = cap
+        waves = [wv.wave for wv in self.pending]
+        for wave in waves[1:]:
+            self._agreement().wait(wave)  # every member submitted it: its reductions end
+        self._agreement().forget(waves[0])
+        if self.backups is not None:
+            for wave in waves:
+                self.backups.done(wave)
+            self.backups.redo(waves[0])
+        self.ccursor = self.pending[0].cursor
+        self.pending.clear()
+        if self.pack is not None:
+            self.pack.restore()
+        who = [f"{mid} ({int(rows[r, agree.OOM])} samples)"
+               for r, mid in enumerate(m.plan.members) if rows[r, agree.OOM] > 0]
+        log.warning("out of memory in wave %d on %s: waves %d..%d discarded on every member "
+                    "and computed again, virtual workers' caps %s", got.wave, ", ".join(who),
+                    waves[0], waves[-1],
+                    [self._vw_cap(vw) for vw in self.layout.vws] if self.layout else [])
 
     def _commit(self, wv: _Wave, pack: torch.Tensor | None, rows: torch.Tensor | None) -> None:
         """Apply wave ``wv`` (its reduced pack) and commit it; ``rows``: its control rows
