@@ -108,7 +108,7 @@ class Member:
         agrees are adopted as holders). Taken here, never on the heartbeat thread, so it
         never catches an update half applied. Only where every member holds the whole state
         (the ring); otherwise, or with the coordinator answering, no digest is reported."""
-        away = self.hb is not None and self.hb.lost_since is not None
+        away = self.hb is not None and self.hb.lost_is_recent()
         if not away or self.fresh or not getattr(self.mode, "whole_state", False):
             if not away:
                 self.held = None
