@@ -152,7 +152,11 @@ def test_members_report_the_digest_of_the_newest_committed_step_they_hold() -> N
     w = SimpleNamespace(state=SimpleNamespace(progress=progress, fingerprint="job1"),
                         cfg=SimpleNamespace(name="a", zone=""), prior=1.0, notice=None,
                         runtime=SimpleNamespace(device_name="cpu"), resumed=True)
-    hb = SimpleNamespace(lost_since=None, report=None)
+    class Hb(SimpleNamespace):  # the heartbeat's view of the coordinator
+        def lost_is_recent(self) -> bool:
+            return self.lost_since is not None
+
+    hb = Hb(lost_since=None, report=None)
     m = Member(w, None, 11, hb, Mode)  # type: ignore[arg-type]
     m.note_held(stalled=False)
     assert m.held is None and m._report().digest == "" and m._report().step == 40
