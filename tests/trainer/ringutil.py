@@ -183,6 +183,19 @@ def per_epoch_counts(records: Iterable[dict[str, Any]]) -> dict[int, Counter[int
     return out
 
 
+def published(events: Iterable[dict[str, Any]]) -> dict[int, str]:
+    """generation -> why the coordinator published it (``membership change``, ``collective
+    failed``, ``heartbeat stopped``, ...), from its ``generation`` events."""
+    return {e["generation"]: e["detail"].removeprefix("published: ") for e in events
+            if e["kind"] == "generation" and e["detail"].startswith("published")}
+
+
+def failure_generations(events: Iterable[dict[str, Any]]) -> list[int]:
+    """The generations published because a member failed (a collective failed, a heartbeat
+    stopped): each may lose one step (one wave) at most."""
+    return [g for g, why in published(events).items() if "failed" in why or "heartbeat" in why]
+
+
 def finish_checksums(events: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(member name, parameter checksum) of every member that left the ring finished."""
     return [(e["name"], e["data"]["checksum"]) for e in events

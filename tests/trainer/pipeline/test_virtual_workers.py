@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.trainer.jobs import pipe
-from tests.trainer.ringutil import Ring, exported, finish_checksums, per_epoch_counts
+from tests.trainer.ringutil import (Ring, exported, failure_generations, finish_checksums,
+                                    per_epoch_counts)
 from trainer.pipeline.stagestate import ModelIndex
 from trainer.state import snapshot as snap
 
@@ -145,9 +146,7 @@ def test_a_kill_loses_at_most_one_wave_and_a_notice_none(
                 if re.search(r"not agreed|behind|broken|lost with|drained", ln)])
         # one wave per failure: the kill, and any member a loaded machine made miss its
         # heartbeat or collective deadline (each such generation says so when published)
-        failures = [e["generation"] for e in s["events"] if e["kind"] == "generation"
-                    and e["detail"].startswith("published")
-                    and ("failed" in e["detail"] or "heartbeat" in e["detail"])]
+        failures = failure_generations(s["events"])
         assert failures, why  # the kill at least
         assert s["stats"]["steps_lost"] <= len(failures), (failures, why)
         assert all(f["steps_lost"] <= 1 for f in s["formed"]), why

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.ringutil import Ring, finish_checksums, per_epoch_counts
+from tests.trainer.ringutil import (Ring, failure_generations, finish_checksums,
+                                    per_epoch_counts, published)
 from trainer.errors import JoinRefused
 from trainer.worker.client import connect
 
@@ -116,11 +117,10 @@ def test_notice_drains_lose_no_step_and_kills_at_most_one(scenario: dict[str, An
     formed = scenario["formed"]
     by_gen = {f["generation"]: f for f in formed}
     events = scenario["events"]
-    published = {e["generation"]: e["detail"] for e in events
-                 if e["kind"] == "generation" and e["detail"].startswith("published")}
-    failures = [g for g, d in published.items() if "failed" in d or "heartbeat" in d]
-    drains = [g for g, d in published.items() if "membership change" in d]
-    assert len(failures) >= 3, published  # kill, hang, storm
+    why = published(events)
+    failures = failure_generations(events)
+    drains = [g for g, d in why.items() if "membership change" in d]
+    assert len(failures) >= 3, why  # kill, hang, storm
     for g in drains:
         if g in by_gen:  # a generation that broke while forming is re-formed as a failure
             assert by_gen[g]["steps_lost"] == 0, (g, by_gen[g])
