@@ -1,7 +1,16 @@
 """Shared test fixtures: the path to the real traces in ../shared/data; the runs registry
 (``SPOTRING_STATE_HOME``) private to this test session, so the suite neither reads nor writes
 the registry of the user who runs it (a run name such as ``--name own-try`` taken there by an
-earlier session would be refused)."""
+earlier session would be refused); and the order files run in.
+
+``./dev test`` runs the files side by side (pytest-xdist, ``--dist loadfile``: a file's tests
+stay in one process, in their order, with their module fixtures). The files holding ``slow``
+tests (multi-process rings, end-to-end runs: most of the suite's time) are collected first,
+so the longest work starts at once and the quick files fill the gaps, instead of one long
+file starting last and running alone. Order inside a file is kept. Every test already runs
+in its own tmp dir, ports are taken from the kernel (port 0) and each process of the session
+has its own registry (above), so files can run at the same time; the network-namespace tests
+use names and subnets of their own (tests/fakes/netns.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_STATE_HOME, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: a file keeps its order
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,9 @@
 """Test job: one of the shipped examples (``PACED_EXAMPLE``: ``gpt`` or ``images``), held back
 while a file exists (``PACED_FILE``: each training loss sleeps 0.05 s more), so a test tells
-its story (a join, a kill, a notice) before the job ends, whatever the machine's speed."""
+its story (a join, a kill, a notice) before the job ends, whatever the machine's speed; and
+held back harder while a second file exists (``PACED_HOLD``: 0.5 s per loss), for a test that
+waits on an event (a joiner that starts slowly on a loaded machine) while the ring still
+trains and re-forms at every step boundary."""
 
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ from trainer.job import Job
 
 def _paced(fn: Any) -> Any:
     pace = os.environ.get("PACED_FILE", "")
+    hold = os.environ.get("PACED_HOLD", "")
 
     def wrapped(*args: Any) -> Any:
-        if pace and os.path.exists(pace):
+        if hold and os.path.exists(hold):
+            time.sleep(0.5)
+        elif pace and os.path.exists(pace):
             time.sleep(0.05)
         return fn(*args)
     return wrapped

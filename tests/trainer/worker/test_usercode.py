@@ -34,10 +34,11 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[dict[str, Any]]:
     example = request.param
     tmp = tmp_path_factory.mktemp(example)
-    pace = tmp / "pace"
+    pace, hold = tmp / "pace", tmp / "hold"
     pace.write_text("")
     kill, term = STORY[example]
-    ring = Ring(tmp, job=JOB, env={"PACED_EXAMPLE": example, "PACED_FILE": str(pace)},
+    ring = Ring(tmp, job=JOB, env={"PACED_EXAMPLE": example, "PACED_FILE": str(pace),
+                                   "PACED_HOLD": str(hold)},
                 initial_world=3, heartbeat_timeout_s=3.0, rollcall_s=0.5)
     try:
         ring.worker("a", "--record-digests")
@@ -45,8 +46,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ring.worker("c", "--record-digests", "--fault", f"term@{term}")  # a notice
         ring.wait_for("generation 1", lambda: len(ring.formed()) >= 1, 120)
         ring.worker("j", "--record-digests")  # joins hot
-        ring.wait_for("the joiner in, b lost and c drained", lambda: ring.active("j") and (
+        ring.wait_for("b lost and c drained", lambda: (
             ring.procs["b"].poll() is not None and ring.procs["c"].poll() is not None), 200)
+        if not ring.active("j"):  # a slow start (a loaded machine): the ring waits for it
+            hold.write_text("")
+        ring.wait_for("the joiner in", lambda: ring.active("j"), 200)
+        hold.unlink(missing_ok=True)
         pace.unlink()
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 200)
         for p in ring.procs.values():
@@ -74,12 +79,18 @@ def test_every_step_two_members_computed_holds_identical_state(run: dict[str, An
     by_step: dict[int, set[str]] = {}
     members: dict[int, set[str]] = {}
     lrs: dict[int, set[float]] = {}
+    world: dict[int, int] = {}
     for r in run["metrics"]:
         by_step.setdefault(r["step"], set()).add(r["digest"])
         members.setdefault(r["step"], set()).add(r["member"].split("/")[0])
         lrs.setdefault(r["step"], set()).add(r["lr"])
+        world[r["step"]] = max(world.get(r["step"], 0), r["world"])
     shared = [s for s, m in members.items() if len(m) >= 2]
-    assert len(shared) >= run["stats"]["step"] * 0.9
+    # every step a ring of two or more computed is compared (a step the killed member
+    # computed and never recorded aside); on a loaded machine the joiner may start late,
+    # and the steps the survivor trained alone meanwhile have nobody to compare with
+    several = [s for s, w in world.items() if w >= 2]
+    assert len(shared) >= len(several) - 2 and len(shared) >= run["stats"]["step"] * 0.3
     assert any("j" in members[s] for s in shared)  # the joiner's steps are compared too
     differ = {s: by_step[s] for s in shared if len(by_step[s]) != 1}
     assert not differ, differ
