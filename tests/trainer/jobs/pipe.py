@@ -15,7 +15,9 @@ does: :class:`tests.trainer.jobs.tight.Tight`; unset: no limit), ``PIPE_WARMUP``
 ``PIPE_CLIP`` (X: ``Job.grad_clip = X``, the norm over every stage; unset: none),
 ``PIPE_OOM_FILE`` (a path: the first training forward of more than 4 samples through the
 first layer after the file appears, in whichever member, removes it and raises
-``torch.OutOfMemoryError``: :class:`OutOfMemoryOnce`; unset: never).
+``torch.OutOfMemoryError``: :class:`OutOfMemoryOnce`; unset: never), ``PIPE_EVAL_EVERY``
+(N: ``Job.eval_every_steps``), ``PIPE_EVAL_LOG`` (a path: each evaluation appends the
+optimiser steps the first layer has taken, i.e. the committed waves it sees).
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ def make_job(seed: int) -> Job:
     train, test = _make(N_TRAIN, 1), _make(N_TEST, 2)
 
     def evaluate(m: nn.Module) -> dict[str, float]:
+        if _env("PIPE_EVAL_LOG", ""):
+            seen = opt.state.get(next(m.parameters()), {}).get("step", 0)
+            with open(_env("PIPE_EVAL_LOG", ""), "a") as f:
+                f.write(f"{int(seen)}\n")
         m.eval()
         with torch.no_grad():
             pred = m(test[0])
@@ -96,8 +102,12 @@ def make_job(seed: int) -> Job:
         loss_fn=nn.functional.mse_loss, train_set=torch.utils.data.TensorDataset(*train),
         global_batch=int(_env("PIPE_BATCH", "64")), epochs=int(_env("PIPE_EPOCHS", "4")),
         evaluate=evaluate, mode="pipeline",
+        eval_every_steps=int(_env("PIPE_EVAL_EVERY", "0")) or None,
         grad_clip=float(_env("PIPE_CLIP", "")) if _env("PIPE_CLIP", "") else None,
         pipeline=virtual_workers(model, stages=int(_env("PIPE_STAGES", "2")),
                                  micro_batch=int(_env("PIPE_MICRO", "8")),
                                  schedule=_env("PIPE_SCHEDULE", "1f1b"),
-                                 staleness=int(_env("PIPE_D", "0"))))
+                                 staleness=int(_env("PIPE_D", "0")),
+                                 # a loaded test machine's speeds swing more than 10 %: a
+                                 # kill must not also move the stages (kept packs lost)
+                                 keep_within=0.5))

@@ -102,8 +102,8 @@ def test_the_pipeline_honours_the_job_s_scheduler() -> None:
     assert lacking(SimpleNamespace(scheduler=object()), PIPELINE_LACKS, "pipeline") is None
 
 
-@pytest.mark.parametrize("field", ["grad_clip", "micro_batch", "max_steps"])
-def test_clipping_memory_and_step_limits_are_honoured_in_both_modes(field: str) -> None:
+@pytest.mark.parametrize("field", ["grad_clip", "micro_batch", "max_steps", "eval_every_steps"])
+def test_clipping_memory_limits_and_evaluations_are_honoured_in_both_modes(field: str) -> None:
     job = SimpleNamespace(**{field: 8})
     assert lacking(job, PIPELINE_LACKS, "pipeline") is None
     assert lacking(job, HYBRID_LACKS, "hybrid (staleness > 0)") is None

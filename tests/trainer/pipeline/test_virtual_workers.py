@@ -33,6 +33,7 @@ JOB = "tests/trainer/jobs/pipe.py"
 EPOCHS = 10
 WARMUP = 10  # waves of the job's LambdaLR warmup (Job.scheduler)
 CLIP = 0.5  # Job.grad_clip in the stories with the warmup
+EVAL_EVERY = 20  # Job.eval_every_steps in the D = 2 story
 
 
 def _story(tmp: Path, env: dict[str, str], oom: bool = False) -> dict[str, Any]:
@@ -79,8 +80,11 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def stale_story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # as it was, no warmup (a warmup at D = 2 learned too slowly for this story's bar once:
     # r2 0.62 in 10 epochs)
-    yield _story(tmp_path_factory.mktemp("vw-wsp"), {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe",
-                                                      "PIPE_WARMUP": "0"})
+    # Job.eval_every_steps: an evaluation after waves 20 and 60 (40, 80: epoch ends)
+    tmp = tmp_path_factory.mktemp("vw-wsp")
+    yield _story(tmp, {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe", "PIPE_WARMUP": "0",
+                       "PIPE_EVAL_EVERY": str(EVAL_EVERY),
+                       "PIPE_EVAL_LOG": str(tmp / "evals.txt")})
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +151,22 @@ def test_every_member_clips_every_wave_by_the_same_total_norm(
     assert all(len(v) == 1 for v in norms.values()), {s: v for s, v in norms.items()
                                                       if len(v) > 1}
     assert any(v > CLIP for (v,) in norms.values())
+
+
+def test_the_head_evaluates_every_eval_every_steps_the_committed_model(
+        stale_story: dict[str, Any]) -> None:
+    """Job.eval_every_steps at D = 2: a wave after which an evaluation is due is a barrier
+    (every started wave applied), so the head evaluates after exactly that many committed
+    waves (what the gathered optimiser counted), besides the epoch ends."""
+    seen = [int(x) for x in (stale_story["tmp"] / "evals.txt").read_text().split()]
+    per_epoch = pipe.N_TRAIN // 64
+    ends = {per_epoch * e for e in range(1, EPOCHS + 1)}
+    extra = {n for n in range(EVAL_EVERY, EPOCHS * per_epoch + 1, EVAL_EVERY)} - ends
+    assert seen == sorted(set(seen)), seen  # once each, in order
+    assert set(seen) <= ends | extra, seen
+    # a wave rolled forward while a generation forms is not evaluated (a quiet commit): a
+    # loaded machine may add a failure there, so one of the two is enough
+    assert set(seen) & extra, seen
 
 
 def _trained(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

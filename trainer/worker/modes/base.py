@@ -88,7 +88,7 @@ def lacking(job: Any, fields: Sequence[str], mode: str) -> str | None:
 
 
 #: The job's fields a pipeline of stages cannot honour (each stage holds only its layers).
-PIPELINE_LACKS = ("extra_state", "after_step", "forward_loss", "eval_every_steps")
+PIPELINE_LACKS = ("extra_state", "after_step", "forward_loss")
 #: The job's fields the hybrid mode with staleness > 0 cannot honour (none: every replica
 #: clips each update as it applies it).
 HYBRID_LACKS: tuple[str, ...] = ()

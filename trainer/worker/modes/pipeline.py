@@ -27,8 +27,9 @@ the skeleton's); what differs is inside a generation.
   applied (:mod:`trainer.pipeline.wsp`). The head (VW 0's stage 0) claims the skeleton's
   duties (a snapshot, the export of the trained model) in a wave's control row, so every
   member of VW 0 knows to gather its layers on the head (:meth:`~PipelineMode.whole_model`)
-  at the same wave; an epoch end is a barrier (every wave applied), and the evaluation
-  gathers the same way.
+  at the same wave; an epoch end is a barrier (every wave applied), and so is a wave after
+  which ``Job.eval_every_steps`` asks for an evaluation: the evaluation gathers the same way,
+  on the committed model (no started wave's own buffer changes in it).
 * **Changes.** A newer generation seen in the control reduction of wave ``t`` stops every
   member after wave ``t + D``, every started wave applied: a join or a drain loses nothing.
   After a failure the next generation completes the waves started and not agreed anywhere
@@ -191,7 +192,9 @@ class PipelineMode(PipelineForming):
             return self.newest if stop else gen
         epoch = self.ccursor.epoch
         self._compute(wave)
-        if self.ccursor.epoch != epoch:  # an epoch end is a barrier: everything applied
+        # an epoch end and an evaluation (Job.eval_every_steps) are barriers: everything
+        # applied, so the head evaluates the committed model (no wave's own buffer changes)
+        if self.ccursor.epoch != epoch or self.m.eval_due(False, wave + 1):
             if not self._apply_through(applied() + len(self.pending)):
                 return gen
         elif not self._apply_through(wsp.needed_before(wave + 1, self.ps.staleness)):

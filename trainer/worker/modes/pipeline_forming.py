@@ -120,7 +120,8 @@ class PipelineForming:
         job, ps = self.m.w.job, self.ps
         slots = OPTIMIZER_SLOTS.get(type(job.optimizer).__name__, 2)
         return partition.Settings(ps.stages, ps.micro_batch, ps.schedule, slots,
-                                  max(1, -(-job.global_batch // ps.micro_batch)))
+                                  max(1, -(-job.global_batch // ps.micro_batch)),
+                                  keep_within=ps.keep_within)
 
     def is_head(self) -> bool:
         return self.layout is not None and self.layout.vws[0][0] == self.m.rank
