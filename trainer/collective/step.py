@@ -251,7 +251,8 @@ class Stepper:
                     loss_v = self._compute(batch, b, step)
                 except OutOfMemory as e:
                     oom = 1
-                    self._lower_cap(e.samples, step, b)
+                    self.micro_cap = lowered_cap(e.samples, step, b,
+                                                 min_batch=self.min_batch, device=self.device)
             if after_compute is not None:
                 after_compute(time.perf_counter() - t0, b)
             compute_s = time.perf_counter() - t0
@@ -281,11 +282,6 @@ class Stepper:
         with torch.no_grad():
             for buf, old in zip(self._buffers(), saved, strict=True):
                 buf.copy_(old)
-
-    def _lower_cap(self, samples: int, step: int, b: int) -> None:
-        """This member ran out of memory computing ``samples`` at once: :func:`lowered_cap`."""
-        self.micro_cap = lowered_cap(samples, step, b, min_batch=self.min_batch,
-                                     device=self.device)
 
     def _buffers(self) -> list[torch.Tensor]:
         return [*self._avg, *self._copy, *self._ints]

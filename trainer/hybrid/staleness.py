@@ -29,6 +29,7 @@ only when :func:`may_compute` says so; apply updates in version order, each exac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from trainer.data.sampler import CursorState
@@ -96,20 +97,25 @@ def cursor_after(cursor: CursorState, updates: int, dataset_size: int, global_ba
     return cursor
 
 
-def updates_left(cursor: CursorState, dataset_size: int, global_batch: int, min_batch: int,
-                 epochs: int) -> int:
-    """Updates from ``cursor`` to the end of epoch ``epochs - 1`` (the tickets still to hand
-    out). Walks the current epoch and one whole epoch; every whole epoch has as many."""
-    if cursor.epoch >= epochs:
-        return 0
-
-    def rest_of_epoch(c: CursorState) -> int:
-        n, epoch = 0, c.epoch
-        while c.epoch == epoch:
-            c = cursor_after(c, 1, dataset_size, global_batch, min_batch)
-            n += 1
-        return n
-
-    first = rest_of_epoch(cursor)
-    whole = epochs - cursor.epoch - 1
-    return first + (whole * rest_of_epoch(CursorState(0, 0)) if whole else 0)
+def end_update(cursor: CursorState, step: int, dataset_size: int, global_batch: int,
+               min_batch: int, ends: Callable[[int, int], bool]) -> int:
+    """The first update ``u >= step`` at which ``ends(u, epoch)`` holds, ``epoch`` being the
+    cursor's epoch after the updates from ``step`` (at ``cursor``) to ``u`` (the job's last
+    ticket: ``ends`` is :meth:`trainer.job.Job.ends_at`, the one decision of where a job
+    ends). ``ends`` must hold for some epoch and grow no weaker with the step or the epoch.
+    Walks the current epoch; a whole epoch no step of which ends the job is skipped at
+    once (every whole epoch has as many updates)."""
+    whole: int | None = None
+    while not ends(step, cursor.epoch):
+        if cursor.cursor == 0:
+            if whole is None:
+                c, whole = CursorState(0, 0), 0
+                while c.epoch == 0:
+                    c = cursor_after(c, 1, dataset_size, global_batch, min_batch)
+                    whole += 1
+            if not ends(step + whole - 1, cursor.epoch):
+                step, cursor = step + whole, CursorState(cursor.epoch + 1, 0)
+                continue
+        cursor = cursor_after(cursor, 1, dataset_size, global_batch, min_batch)
+        step += 1
+    return step

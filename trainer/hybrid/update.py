@@ -13,8 +13,9 @@ every trainable parameter's gradient (registration order), one *used* flag per p
 replica's buffers move only when an update is applied), and four figures (samples, loss x
 samples, staleness, zone).
 :meth:`UpdateLayout.apply` is the commit: parameters nobody used get ``grad = None`` (not
-stepped, as the ring), the job's own optimiser steps with the gradient views, the buffer
-changes are added. Every replica applies the same vectors in the same order, so replicas at
+stepped, as the ring), the gradients are clipped (``Job.grad_clip``: the norm over the
+update's gradients, the whole global batch's, as the ring clips a step's), the job's own
+optimiser steps with the gradient views, the buffer changes are added. Every replica applies the same vectors in the same order, so replicas at
 the same version hold the same bits, and a replica can apply an update it did not compute.
 
 Memory: a member's share above its cap (``micro_batch``, the job's ``Job.micro_batch`` at
@@ -75,8 +76,13 @@ class UpdateLayout:
     def meta(self, update: torch.Tensor) -> list[float]:
         return update[self.o_meta:].tolist()
 
-    def apply(self, update: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """Commit ``update`` (a vector of :attr:`numel` float32) to the model and optimiser."""
+    def apply(self, update: torch.Tensor, optimizer: torch.optim.Optimizer, *,
+              clip: float | None = None) -> float | None:
+        """Commit ``update`` (a vector of :attr:`numel` float32) to the model and optimiser,
+        its gradients first clipped to the total norm ``clip`` (``Job.grad_clip``) as
+        ``torch.nn.utils.clip_grad_norm_`` clips them: the norm over the update's gradients,
+        one global batch's, as a ring step's. Returns that norm before clipping (None: not
+        clipped)."""
         if update.numel() != self.numel:
             raise ValueError(f"update of {update.numel()} values; this model's has {self.numel}")
         used = update[self.o_used:self.o_buf].tolist()
@@ -85,6 +91,10 @@ class UpdateLayout:
                 p.grad = None  # nobody computed it: not stepped (set_to_none semantics)
             else:
                 p.grad = update[o:o + p.numel()].view_as(p).to(p.device, p.dtype)
+        norm = None
+        if clip is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(
+                [p for p in self.params if p.grad is not None], clip))
         optimizer.step()
         with torch.no_grad():
             o = self.o_buf
@@ -95,6 +105,7 @@ class UpdateLayout:
                     b.add_(d.to(b.device, b.dtype))
                 else:
                     b.add_(torch.round(d).to(b.device, b.dtype))
+        return norm
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ reduction of ``t`` had completed: an agreed wave's reduced pack exists on every 
 every stage (that is what lets survivors of a failure roll forward to the newest wave
 agreed anywhere; a stage's reduced pack of a wave not agreed is kept too, for completing
 it: :mod:`trainer.pipeline.complete`).
+With gradient clipping (``Job.grad_clip``), between the two: each member's stage's squared
+gradient norm is summed over its virtual worker (a small all-reduce in the VW's group), so
+every member knows the wave's total norm before it joins the control reduction, and a
+survivor that rolls forward to a wave agreed elsewhere knows it too.
 The main thread meanwhile computes the next waves (up to the staleness bound) and applies
 agreed waves in order.
 
@@ -27,6 +31,7 @@ reduced packs of waves that were reduced but not agreed only after :meth:`Agreem
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable
@@ -57,15 +62,25 @@ class Agreed:
     wave: int
     pack: torch.Tensor | None
     rows: torch.Tensor
+    norm: float | None = None  # with clipping: the VW's total gradient norm (None: none)
 
 
 class Agreement:
     """One generation's wave reductions (see the module docstring)."""
 
     def __init__(self, stage_pg: Any, ctl_pg: Any, world: int,
-                 should_abort: Callable[[], bool]) -> None:
+                 should_abort: Callable[[], bool], *,
+                 clip: tuple[Any, Callable[[torch.Tensor], torch.Tensor]] | None = None
+                 ) -> None:
+        """``clip``: ``(pg, part)`` when the job clips gradients: after a wave's stage
+        reduction, ``part(reduced pack)`` (a float64 vector, one entry per stage, this
+        member's stage's squared norm in its place, zeros elsewhere) is summed over ``pg``
+        (the member's virtual worker; None: a VW of one stage) and the wave's total norm is the square root of the
+        sum of its entries in stage order: the same bits on every member."""
         self.stage_pg, self.ctl_pg, self.world = stage_pg, ctl_pg, world
         self.should_abort = should_abort
+        self.clip = clip
+        self.norms: dict[int, float | None] = {}  # the total norm of every reduced wave
         self._q: queue.Queue[tuple[int, Any, torch.Tensor | None, torch.Tensor] | None] = (
             queue.Queue())
         self._cond = threading.Condition()
@@ -99,6 +114,7 @@ class Agreement:
                 self._cond.wait(groups.WAIT_SLICE_S)
             for done in [w for w in self.reduced if w < wave]:  # applied: not needed to
                 del self.reduced[done]  # roll forward (kept, they held every wave's pack)
+                self.norms.pop(done, None)
             return self.agreed.pop(wave)
 
     def forget(self, wave: int) -> None:
@@ -109,6 +125,7 @@ class Agreement:
             for w in [w for w in (*self.reduced, *self.agreed) if w >= wave]:
                 self.reduced.pop(w, None)
                 self.agreed.pop(w, None)
+                self.norms.pop(w, None)
 
     def stop(self) -> None:
         """Stop after the wave in progress (a failed or abandoned one ends at once)."""
@@ -127,8 +144,15 @@ class Agreement:
                 if work is not None:
                     groups.wait(work, self.should_abort, f"stage reduction of wave {wave}",
                               sliced=isinstance(self.stage_pg, dist.ProcessGroupGloo))
+                norm = None
+                if self.clip is not None and pack is not None:  # before the control
+                    vec = self.clip[1](pack)  # reduction: a wave agreed anywhere has its
+                    if self.clip[0] is not None:  # norm here (None: a VW of one stage)
+                        groups.allreduce(self.clip[0], vec, self.should_abort)
+                    norm = math.sqrt(math.fsum(vec.tolist()))  # exact: the same everywhere
                 with self._cond:
                     self.reduced[wave] = pack
+                    self.norms[wave] = norm
                 groups.allreduce(self.ctl_pg, row, self.should_abort)
                 with self._cond:
                     if self.spoiled is None and float(row[:, OOM].max()) > 0:
@@ -137,7 +161,7 @@ class Agreement:
                         self.reduced.pop(wave, None)
                     else:
                         self.newest = wave
-                    self.agreed[wave] = Agreed(wave, pack, row)
+                    self.agreed[wave] = Agreed(wave, pack, row, norm)
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             with self._cond:

@@ -25,7 +25,10 @@ class PipelineSettings:
     memory for its stage (None: a GPU's total memory, no limit on a CPU); ``fixed_shapes``:
     a stage's output shape depends only on its number of samples (False: a shape header
     before every tensor); ``layer_seconds``: per-layer cost per sample, when declared
-    instead of measured."""
+    instead of measured; ``keep_within``: the layout's hysteresis (a re-forming keeps the
+    previous slots and boundaries while their throughput is within this factor of the fresh
+    optimum's: lower it where members' measured speeds are noisy, e.g. a shared machine,
+    so a kill does not also move the stages)."""
 
     stages: int = 2
     micro_batch: int = 8
@@ -34,6 +37,7 @@ class PipelineSettings:
     memory_bytes: float | None = None
     fixed_shapes: bool = True
     layer_seconds: tuple[float, ...] | None = None
+    keep_within: float = 0.9
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, int) or self.stages < 1:
@@ -44,5 +48,7 @@ class PipelineSettings:
             raise ValueError(f"schedule={self.schedule!r}: expected one of {SCHEDULES}")
         if not isinstance(self.staleness, int) or self.staleness < 0:
             raise ValueError(f"staleness={self.staleness!r}: expected an int >= 0")
+        if not isinstance(self.keep_within, (int, float)) or not 0 < self.keep_within <= 1:
+            raise ValueError(f"keep_within={self.keep_within!r}: expected a number in (0, 1]")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ValueError("memory_bytes: expected a positive number of bytes or None")

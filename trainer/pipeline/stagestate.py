@@ -263,16 +263,35 @@ class StagePack:
     def live_buffers(self) -> list[torch.Tensor]:
         return [b.detach().clone() for b in self.buffers]
 
+    def grad_sqnorm(self, reduced: torch.Tensor) -> float:
+        """The squared 2-norm of a reduced pack's gradients: the sum over the parameters
+        someone used of each gradient's squared norm (float32 norms, as
+        ``torch.nn.utils.clip_grad_norm_`` takes them; summed in float64). A stage's part of
+        its virtual worker's total norm."""
+        used = reduced[self._n_grad:self._n_grad + len(self.params)].tolist()
+        total, o = 0.0, 0
+        for p, u in zip(self.params, used, strict=True):
+            n = p.numel()
+            if u > 0:
+                total += float(torch.linalg.vector_norm(reduced[o:o + n].to(p.dtype))) ** 2
+            o += n
+        return total
+
     def apply(self, reduced: torch.Tensor, optimizer: torch.optim.Optimizer,
-              pending: Sequence[Sequence[torch.Tensor]] = ()) -> None:
+              pending: Sequence[Sequence[torch.Tensor]] = (), *,
+              clip: float | None = None) -> None:
         """Step the optimiser with a reduced pack (parameters nobody used are not stepped),
-        move the committed buffers by the reduced change, and set the live buffers to them
-        plus this member's own changes of the waves computed since (``pending``)."""
+        its gradients first multiplied by ``clip`` (the clipping coefficient, as
+        ``clip_grad_norm_`` applies it; None: not clipped), move the committed buffers by the
+        reduced change, and set the live buffers to them plus this member's own changes of
+        the waves computed since (``pending``)."""
         used = reduced[self._n_grad:self._n_grad + len(self.params)].tolist()
         o = 0
         for p, u in zip(self.params, used, strict=True):
             n = p.numel()
             p.grad = reduced[o:o + n].view_as(p).to(p.dtype) if u > 0 else None
+            if p.grad is not None and clip is not None:
+                p.grad = p.grad * torch.tensor(clip, dtype=p.dtype, device=p.grad.device)
             o += n
         optimizer.step()
         for p in self.params:
@@ -299,6 +318,14 @@ class StagePack:
                     d = deltas[i]
                     v += d.to(v.dtype) if v.is_floating_point() else torch.round(d).to(v.dtype)
                 b.copy_(v)
+
+
+def clip_coefficient(total_norm: float, max_norm: float) -> float:
+    """What ``torch.nn.utils.clip_grad_norm_`` multiplies every gradient by for a total norm
+    ``total_norm``: ``max_norm / (total_norm + 1e-6)`` in float32, at most 1 (NaN for a
+    non-finite norm, as torch's with ``error_if_nonfinite=False``). Pure."""
+    coef = torch.tensor(max_norm) / (torch.tensor(total_norm, dtype=torch.float32) + 1e-6)
+    return float(torch.clamp(coef, max=1.0))
 
 
 def whole_checksum(stage_digests: Sequence[tuple[int, int]], mine: str) -> str:

@@ -168,17 +168,38 @@ class TrainingState:
 
     def meta(self) -> dict[str, Any]:
         """The plain part of the state a pipeline stage's layers travel with: the job,
-        progress and metrics."""
-        return {"job": self.fingerprint, **self.progress.to_plain(),
-                "metrics": dict(self.metrics), "metrics_step": self.metrics_step,
-                "run_id": self.run_id}
+        progress, metrics and run id; with a scheduler, its state and the hyperparameters it
+        sets in the optimiser's groups (``lr``, momentum, ...: a stage's layers carry only
+        their per-parameter optimiser state, so these travel here, as the progress does)."""
+        out: dict[str, Any] = {"job": self.fingerprint, **self.progress.to_plain(),
+                               "metrics": dict(self.metrics),
+                               "metrics_step": self.metrics_step, "run_id": self.run_id}
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state_dict()
+            out["groups"] = [{k: list(v) if isinstance(v, tuple) else v
+                              for k, v in g.items()
+                              if k != "params" and isinstance(v, (int, float, tuple))}
+                             for g in self.optimizer.param_groups]
+        return out
 
     def load_meta(self, meta: dict[str, Any]) -> None:
-        """Take the progress and metrics of :meth:`meta`'s output. Raises ``KeyError``,
-        ``TypeError`` or ``ValueError`` when it is not one."""
-        self.progress = self.progress.from_plain(meta)
-        self.metrics = _metrics(meta.get("metrics"))
-        self.metrics_step = int(meta.get("metrics_step", -1))
+        """Take what :meth:`meta` returned: the progress, metrics and run id, and the
+        scheduler's state and the optimiser's group hyperparameters when this job has a
+        scheduler. Raises ``KeyError``, ``TypeError`` or ``ValueError`` when it is not one
+        (the scheduler's part is checked before anything of it loads)."""
+        progress = self.progress.from_plain(meta)
+        metrics = _metrics(meta.get("metrics"))
+        metrics_step = int(meta.get("metrics_step", -1))
+        if self.scheduler is not None:
+            groups = meta["groups"]
+            if not isinstance(groups, list) or len(groups) != len(self.optimizer.param_groups):
+                raise ValueError(f"{len(groups) if isinstance(groups, list) else groups!r} "
+                                 f"parameter groups, not {len(self.optimizer.param_groups)}")
+            self.scheduler.load_state_dict(meta["scheduler"])
+            for g, got in zip(self.optimizer.param_groups, groups, strict=True):
+                for k, v in got.items():
+                    g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        self.progress, self.metrics, self.metrics_step = progress, metrics, metrics_step
         if isinstance(meta.get("run_id"), str) and meta["run_id"]:
             self.run_id = meta["run_id"][:64]
 

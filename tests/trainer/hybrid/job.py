@@ -6,6 +6,7 @@ buffers travel in the updates), ``HYBRID_PACE_FILE`` (while that file exists, ea
 loss sleeps 0.1 s: a story's faults all land before the job ends), plus the digits job's
 own (``DIGITS_EPOCHS``, ``DIGITS_BATCH``, ...). ``HYBRID_TIGHT`` N: a training forward of
 more than N samples raises ``torch.OutOfMemoryError`` (:class:`tests.trainer.jobs.tight.Tight`).
+``HYBRID_CLIP`` X: ``Job.grad_clip = X``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def make_job(seed: int) -> Job:
             return loss_fn(out, target)
 
         job.loss_fn = paced
+    if os.environ.get("HYBRID_CLIP"):
+        job.grad_clip = float(os.environ["HYBRID_CLIP"])
     job.mode = os.environ.get("HYBRID_MODE", "hybrid")
     job.hybrid = HybridSettings(staleness=int(os.environ.get("HYBRID_STALENESS", "1")),
                                 shards=int(os.environ.get("HYBRID_SHARDS", "0")))

@@ -3,7 +3,7 @@
 Two scenarios, each a module fixture shared by the tests below (the suite stays fast):
 
 * ``clean``: two zones of two workers train a BatchNorm model (its buffers travel in the
-  updates) for two epochs, nothing happens;
+  updates) for two epochs with clipped gradients (``Job.grad_clip``), nothing happens;
 * ``elastic``: two zones; the leader of zone b, which serves a parameter-server shard, is
   SIGKILLed at a step; a worker of zone a leaves with notice (SIGTERM); then a joiner
   arrives hot in zone b; a worker of zone b hangs (SIGSTOP: found by its heartbeat,
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.slow
 JOB = "tests/trainer/hybrid/job.py"
 DIGITS_TRAIN = 1437
 ELASTIC_EPOCHS = 8
+CLIP = 0.5  # the clean run's Job.grad_clip
 TIGHT = 40  # the elastic run's samples per forward pass (a zone of two: 32 each; alone: 64)
 
 
@@ -61,7 +62,8 @@ def assert_exactly_once(samples: list[dict[str, Any]], epochs: int) -> None:
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("hybrid-clean")
-    ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": "2", "HYBRID_BN": "1"}, initial_world=4)
+    ring = Ring(tmp, job=JOB, env={"DIGITS_EPOCHS": "2", "HYBRID_BN": "1",
+                                   "HYBRID_CLIP": str(CLIP)}, initial_world=4)
     try:
         out = ("--output", str(tmp / "model.pt"))
         start_in_order(ring, [("a0", "a", out), ("b0", "b", out), ("a1", "a", out),
@@ -103,6 +105,16 @@ def test_every_replica_applies_the_same_updates_in_the_same_order(clean: dict[st
     seqs = [[(s, loss) for s, loss, _ in sorted(v)] for v in by_member.values()]
     assert len(seqs) == 4 and all(s == seqs[0] for s in seqs)
     assert [s for s, _ in seqs[0]] == list(range(1, len(seqs[0]) + 1))
+
+
+def test_every_replica_clips_every_update_by_the_same_norm(clean: dict[str, Any]) -> None:
+    """Job.grad_clip: each replica clips an update as it applies it; the norm (over the
+    update's gradients) is the same on all four at every step, and the clipping bit."""
+    norms: dict[int, set[float]] = defaultdict(set)
+    for r in clean["metrics"]:
+        norms[r["step"]].add(r["grad_norm"])
+    assert len(norms) >= 20 and all(len(v) == 1 for v in norms.values()), norms
+    assert any(v > CLIP for (v,) in norms.values())
 
 
 def test_both_zones_compute_and_no_update_is_staler_than_the_bound(clean: dict[str, Any]

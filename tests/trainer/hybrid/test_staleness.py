@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from trainer.data.sampler import CursorState
-from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_compute,
-                                      updates_left)
+from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, end_update,
+                                      may_compute)
 
 
 def test_tickets_in_order_until_the_data_ends() -> None:
@@ -38,19 +38,25 @@ def test_contiguous_stops_at_the_first_gap() -> None:
     assert contiguous(0, set(range(20)), 8) == 8
 
 
-def test_updates_left_is_the_walk_of_the_cursor() -> None:
+def test_end_update_is_the_walk_of_the_cursor_to_the_jobs_end() -> None:
     rng = random.Random(1)
     for _ in range(200):
         n, b = rng.randint(1, 300), rng.randint(1, 70)
         m = rng.randint(1, min(b, 4))
         epochs = rng.randint(1, 4)
+        limit = rng.choice([None, rng.randint(0, 40)])
+        step0 = rng.randint(0, 5)
+
+        def ends(s: int, e: int) -> bool:
+            return e >= epochs or (limit is not None and s >= limit)
+
         start = CursorState(rng.randint(0, epochs - 1), 0)
         start = cursor_after(start, rng.randint(0, 3), n, b, m)
-        walk, c = 0, start
-        while c.epoch < epochs:
+        walk, c = step0, start
+        while not ends(walk, c.epoch):
             c = cursor_after(c, 1, n, b, m)
             walk += 1
-        assert updates_left(start, n, b, m, epochs) == walk
+        assert end_update(start, step0, n, b, m, ends) == walk
 
 
 def test_no_zone_waits_forever_in_a_simulated_run() -> None:

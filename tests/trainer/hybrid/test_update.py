@@ -36,7 +36,9 @@ def _job() -> tuple[nn.Module, torch.optim.Optimizer]:
     return m, torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1)
 
 
-def test_apply_equals_the_rings_commit() -> None:
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_apply_equals_the_rings_commit(clip: float | None) -> None:
+    """... clipped as the ring clips (Job.grad_clip: the norm over the update's gradients)."""
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g))
                for _ in range(3)]
@@ -44,13 +46,13 @@ def test_apply_equals_the_rings_commit() -> None:
     hyb_m, hyb_o = _job()
     pg = _pg()
     stepper = Stepper(ring_m, ring_o, nn.functional.cross_entropy, world=1, rank=0,
-                      device=torch.device("cpu"))
+                      device=torch.device("cpu"), grad_clip=clip)
     layout = UpdateLayout(hyb_m)
     zs = ZoneStepper(hyb_m, layout, nn.functional.cross_entropy, world=1, rank=0,
                      device=torch.device("cpu"), precision="fp32")
     for step, batch in enumerate(batches):
-        stepper.step(pg, batch, 16, 16, step=step, latest=1, eval_s=0.0,
-                     should_abort=lambda: False)
+        ring = stepper.step(pg, batch, 16, 16, step=step, latest=1, eval_s=0.0,
+                            should_abort=lambda: False)
         before = copy.deepcopy(hyb_m.state_dict())
         res = zs.compute(pg, batch, 16, 16, step=step, latest=1, eval_s=0.0, staleness=2,
                          zone=1, should_abort=lambda: False)
@@ -58,7 +60,11 @@ def test_apply_equals_the_rings_commit() -> None:
         assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved yet
         meta = layout.meta(res.update)
         assert (meta[SAMPLES], meta[STALENESS], meta[ZONE]) == (16, 2, 1)
-        layout.apply(res.update, hyb_o)
+        norm = layout.apply(res.update, hyb_o, clip=clip)
+        assert (norm is None) == (clip is None)
+        if clip is not None:
+            assert ring.grad_norm is not None and norm is not None
+            assert norm > clip and abs(norm - ring.grad_norm) <= 1e-5 * norm  # it clipped
     for (k, a), b in zip(ring_m.state_dict().items(), hyb_m.state_dict().values(), strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-6), k
     assert int(hyb_m.bn.num_batches_tracked) == 3

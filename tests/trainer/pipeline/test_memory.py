@@ -98,20 +98,19 @@ def test_a_member_s_cap_travels_in_the_forming_table() -> None:
     assert [r.cap for r in got] == [4, 0]
 
 
-@pytest.mark.parametrize("field", ["micro_batch", "max_steps"])
-def test_memory_and_step_limits_are_honoured_in_both_modes(field: str) -> None:
+def test_the_pipeline_honours_the_job_s_scheduler() -> None:
+    assert lacking(SimpleNamespace(scheduler=object()), PIPELINE_LACKS, "pipeline") is None
+
+
+@pytest.mark.parametrize("field", ["grad_clip", "micro_batch", "max_steps", "eval_every_steps"])
+def test_clipping_memory_limits_and_evaluations_are_honoured_in_both_modes(field: str) -> None:
     job = SimpleNamespace(**{field: 8})
     assert lacking(job, PIPELINE_LACKS, "pipeline") is None
     assert lacking(job, HYBRID_LACKS, "hybrid (staleness > 0)") is None
 
 
-def test_the_pipeline_honours_the_job_s_scheduler() -> None:
-    assert lacking(SimpleNamespace(scheduler=object()), PIPELINE_LACKS, "pipeline") is None
-
-
 @pytest.mark.parametrize(("fields", "mode", "field"), [
-    (PIPELINE_LACKS, "pipeline", "extra_state"), (PIPELINE_LACKS, "pipeline", "grad_clip"),
-    (HYBRID_LACKS, "hybrid (staleness > 0)", "grad_clip")])
+    (PIPELINE_LACKS, "pipeline", f) for f in PIPELINE_LACKS])
 def test_what_a_mode_still_refuses_is_one_line_naming_the_field_and_the_mode(
         fields: tuple[str, ...], mode: str, field: str) -> None:
     why = lacking(SimpleNamespace(**{field: 1.0}), fields, mode)

@@ -198,3 +198,21 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError):
         pt.Settings(2, 4, schedule="zigzag")
     assert pt.decide([Candidate(0, 0.0)], costs([1.0]), S) is None
+
+
+def test_a_looser_hysteresis_keeps_the_slots_through_speed_noise() -> None:
+    """PipelineSettings.keep_within: VW 0 whole after VW 1 lost a member; the survivor of
+    VW 1 measured twice as fast as VW 0's members (a loaded machine's swings). At 0.9 the
+    fresh layout takes it (VW 0's kept packs lost); at 0.5 VW 0 keeps its slots and
+    boundaries."""
+    from trainer.pipeline.settings import PipelineSettings
+
+    c = costs([1.0] * 8)
+    members = [Candidate(0, 1.0, slot=(0, 0)), Candidate(1, 1.0, slot=(0, 1)),
+               Candidate(2, 2.0, slot=(1, 1))]
+    fresh = pt.decide(members, c, pt.Settings(2, 1), hint=(0, 4, 8))
+    assert fresh is not None and fresh.vws != ((0, 1),)
+    kept = pt.decide(members, c, pt.Settings(2, 1, keep_within=0.5), hint=(0, 4, 8))
+    assert kept is not None and kept.vws == ((0, 1),) and kept.bounds == (0, 4, 8)
+    with pytest.raises(ValueError, match="keep_within"):
+        PipelineSettings(keep_within=0.0)

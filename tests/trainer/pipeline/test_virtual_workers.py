@@ -6,7 +6,8 @@ and takes the dead member's slot, its layers coming from the same stage of the o
 worker; a member is SIGTERMed (notice: it leaves at a wave boundary); another joins. Then a
 stage with no other replica: lost without a snapshot (the job fails at once, saying why),
 and restored from the durable snapshot with one. In two stories (D = 0 and 1) the job's LR
-scheduler warms up over the first waves.
+scheduler warms up over the first waves and the gradients are clipped (``Job.grad_clip``,
+the norm over every stage).
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 JOB = "tests/trainer/jobs/pipe.py"
 EPOCHS = 10
 WARMUP = 10  # waves of the job's LambdaLR warmup (Job.scheduler)
+CLIP = 0.5  # Job.grad_clip in the stories with the warmup
+EVAL_EVERY = 20  # Job.eval_every_steps in the D = 2 story
 
 
-def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+def _story(tmp: Path, env: dict[str, str], oom: bool = False) -> dict[str, Any]:
+    """The story; ``oom``: once the joiner ``f`` holds a slot, one stage-0 member runs out of
+    memory once (``PIPE_OOM_FILE``: the wave is discarded on every member and computed again,
+    that member's cap halved)."""
+    trigger = tmp / "oom"
+    if oom:
+        env = {**env, "PIPE_OOM_FILE": str(trigger)}
     ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(EPOCHS), "PIPE_LAYER_MS": "0.3",
                                    "PIPE_WARMUP": str(WARMUP), **env},
                 initial_world=4, heartbeat_timeout_s=8.0, rollcall_s=0.5)
@@ -47,6 +56,10 @@ def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
         ring.wait_for("the replacement in a slot", lambda: ring.active("e"), 90)
         ring.wait_for("the drain", lambda: ring.procs["c"].poll() is not None, 120)
         ring.worker("f")
+        if oom:
+            ring.wait_for("the joiner in a slot", lambda: ring.active("f"), 90)
+            trigger.touch()
+            ring.wait_for("the out of memory", lambda: not trigger.exists(), 90)
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 180)
         for p in ring.procs.values():
             p.wait(30)
@@ -60,21 +73,25 @@ def _story(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield _story(tmp_path_factory.mktemp("vw"), {})
+    yield _story(tmp_path_factory.mktemp("vw"), {"PIPE_CLIP": str(CLIP)})
 
 
 @pytest.fixture(scope="module")
 def stale_story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # as it was, no warmup (a warmup at D = 2 learned too slowly for this story's bar once:
     # r2 0.62 in 10 epochs)
-    yield _story(tmp_path_factory.mktemp("vw-wsp"), {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe",
-                                                      "PIPE_WARMUP": "0"})
+    # Job.eval_every_steps: an evaluation after waves 20 and 60 (40, 80: epoch ends)
+    tmp = tmp_path_factory.mktemp("vw-wsp")
+    yield _story(tmp, {"PIPE_D": "2", "PIPE_SCHEDULE": "gpipe", "PIPE_WARMUP": "0",
+                       "PIPE_EVAL_EVERY": str(EVAL_EVERY),
+                       "PIPE_EVAL_LOG": str(tmp / "evals.txt")})
 
 
 @pytest.fixture(scope="module")
 def wsp1_story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # D + 1 = V = 2: a VW holds at most its two finished waves unreduced
-    yield _story(tmp_path_factory.mktemp("vw-wsp1"), {"PIPE_D": "1"})
+    yield _story(tmp_path_factory.mktemp("vw-wsp1"), {"PIPE_D": "1", "PIPE_CLIP": str(CLIP)},
+                 oom=True)
 
 
 @pytest.fixture(params=["sync-1f1b", "wsp2-gpipe", "wsp1-1f1b"])
@@ -115,6 +132,41 @@ def test_the_scheduler_steps_once_per_committed_wave_on_every_member(
         assert seen == {round(pipe.LR * min(1.0, (step + 1) / WARMUP), 12)}, (step, seen)
     joiners = {r["member"].split("/")[0] for r in either["metrics"]}
     assert len(joiners) >= 5, joiners  # a, c, d and the replacement and the joiner
+
+
+@pytest.mark.parametrize("name", ["story", "wsp1_story"])
+def test_every_member_clips_every_wave_by_the_same_total_norm(
+        name: str, request: pytest.FixtureRequest) -> None:
+    """Job.grad_clip across stages: every member's norm of a wave (over every stage's
+    gradients: one scalar per stage summed in its virtual worker) is the same, whichever
+    stage or virtual worker it is in, the replacement and the joiners included (a spare
+    holds no stage: no norm); the clipping bit. The members' identical state is the
+    checksums' (test above)."""
+    either = request.getfixturevalue(name)
+    norms: dict[int, set[float]] = defaultdict(set)
+    for r in either["metrics"]:
+        if r["slot"] is not None:
+            norms[r["step"]].add(r["grad_norm"])
+    assert len(norms) >= EPOCHS * 8 - 1
+    assert all(len(v) == 1 for v in norms.values()), {s: v for s, v in norms.items()
+                                                      if len(v) > 1}
+    assert any(v > CLIP for (v,) in norms.values())
+
+
+def test_the_head_evaluates_every_eval_every_steps_the_committed_model(
+        stale_story: dict[str, Any]) -> None:
+    """Job.eval_every_steps at D = 2: a wave after which an evaluation is due is a barrier
+    (every started wave applied), so the head evaluates after exactly that many committed
+    waves (what the gathered optimiser counted), besides the epoch ends."""
+    seen = [int(x) for x in (stale_story["tmp"] / "evals.txt").read_text().split()]
+    per_epoch = pipe.N_TRAIN // 64
+    ends = {per_epoch * e for e in range(1, EPOCHS + 1)}
+    extra = {n for n in range(EVAL_EVERY, EPOCHS * per_epoch + 1, EVAL_EVERY)} - ends
+    assert seen == sorted(set(seen)), seen  # once each, in order
+    assert set(seen) <= ends | extra, seen
+    # a wave rolled forward while a generation forms is not evaluated (a quiet commit): a
+    # loaded machine may add a failure there, so one of the two is enough
+    assert set(seen) & extra, seen
 
 
 def _trained(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,6 +215,20 @@ def test_a_kill_loses_at_most_one_wave_and_a_notice_none(
         assert after and after[0]["steps_lost"] == 0, s["formed"]
 
 
+def test_an_out_of_memory_discards_the_waves_on_every_member_and_computes_them_again(
+        wsp1_story: dict[str, Any]) -> None:
+    """One stage-0 member runs out of memory once (D = 1): every member present discards
+    the same waves, names the same member, and goes on (no generation change, no wave lost:
+    exactly once and identical replicas are the tests above; the job learned)."""
+    seen = {n: re.findall(r"out of memory in wave (\d+) on (.+?): waves (\d+)\.\.(\d+) "
+                          r"discarded on every member",
+                          (wsp1_story["tmp"] / f"{n}.log").read_text()) for n in "adef"}
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert len({v[0] for v in seen.values()}) == 1, seen
+    wave, who, first, last = next(iter(seen.values()))[0]
+    assert "(8 samples)" in who and int(first) <= int(wave) <= int(last) <= int(first) + 1
+
+
 def test_the_replacement_takes_its_stage_from_the_same_stage_of_the_other_worker(
         story: dict[str, Any]) -> None:
     log = (story["tmp"] / "e.log").read_text()
@@ -191,9 +257,11 @@ def test_each_sample_exactly_once_per_epoch(either: dict[str, Any]) -> None:
         assert set(c.values()) == {1}, epoch  # none twice
 
 
-def _one_vw(tmp: Path, epochs: int, fault: str, **coord: Any) -> Ring:
+def _one_vw(tmp: Path, epochs: int, fault: str, env: dict[str, str] | None = None,
+            **coord: Any) -> Ring:
     """One virtual worker of two stages, ``a`` and ``b``; ``b`` meets ``fault``."""
-    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(epochs), "PIPE_LAYER_MS": "0.3"},
+    ring = Ring(tmp, job=JOB, env={"PIPE_EPOCHS": str(epochs), "PIPE_LAYER_MS": "0.3",
+                                   **(env or {})},
                 initial_world=2, heartbeat_timeout_s=3.0, **coord)
     ring.worker("a")
     ring.worker("b", "--fault", fault)
@@ -215,11 +283,15 @@ def test_a_lost_stage_without_another_replica_or_snapshot_fails_at_once(tmp_path
 
 def test_the_only_replica_of_a_stage_hands_it_over_when_it_leaves_with_notice(
         tmp_path: Path) -> None:
-    ring = _one_vw(tmp_path, 4, "term@10")
+    """... and the run's ``--until-epochs`` (4 of the job's 6) ends it: no wave starts in
+    epoch 4 (:meth:`trainer.job.Job.ends_at`, as the ring's steps)."""
+    ring = _one_vw(tmp_path, 6, "term@10", {"SPOTRING_UNTIL_EPOCHS": "4"})
     try:
         ring.wait_for("the job to finish", lambda: ring.coord.stats().get("finished"), 150)
         stats = ring.coord.stats()
         assert stats["outcome"] == "done" and stats["steps_lost"] == 0, (stats, ring.logs())
+        assert stats["epoch"] == 4, stats
+        assert sorted(per_epoch_counts(ring.samples())) == [0, 1, 2, 3]
         assert ring.procs["a"].wait(30) == 0 and ring.procs["b"].wait(30) == 0
         assert "took over layers" in (tmp_path / "a.log").read_text()
         assert all(f["identical"] for f in ring.formed())

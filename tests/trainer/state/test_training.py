@@ -79,6 +79,29 @@ def test_the_meta_is_the_plain_part_a_stage_travels_with() -> None:
     assert dst.checksum() != src.checksum()  # the layers travel apart
 
 
+def test_the_meta_carries_the_scheduler_and_the_hyperparameters_it_sets() -> None:
+    def state(steps: int) -> TrainingState:
+        s = _state(0)
+        s.scheduler = torch.optim.lr_scheduler.OneCycleLR(s.optimizer, max_lr=0.5,
+                                                          total_steps=20)
+        for _ in range(steps):
+            s.optimizer.step()
+            s.scheduler.step()
+        return s
+
+    src, dst = state(7), state(0)
+    assert dst.optimizer.param_groups[0]["lr"] != src.optimizer.param_groups[0]["lr"]
+    dst.load_meta(codec.decode(codec.encode(src.meta())))
+    assert dst.digests()["scheduler"] == src.digests()["scheduler"]
+    for k in ("lr", "betas"):
+        assert dst.optimizer.param_groups[0][k] == src.optimizer.param_groups[0][k]
+    assert isinstance(dst.optimizer.param_groups[0]["betas"], tuple)
+    before = dst.scheduler.state_dict()
+    with pytest.raises(ValueError, match="parameter groups"):
+        dst.load_meta({**src.meta(), "groups": []})
+    assert dst.scheduler.state_dict() == before  # nothing of it loaded
+
+
 def test_checksum_sees_every_parameter_bit() -> None:
     m = torch.nn.Linear(3, 3)
     c = codec.checksum(m)

@@ -88,10 +88,10 @@ def lacking(job: Any, fields: Sequence[str], mode: str) -> str | None:
 
 
 #: The job's fields a pipeline of stages cannot honour (each stage holds only its layers).
-PIPELINE_LACKS = ("extra_state", "grad_clip", "after_step", "forward_loss", "eval_every_steps")
-#: The job's fields the hybrid mode with staleness > 0 cannot honour (a zone's update is
-#: clipped by nobody: each replica applies it as it came).
-HYBRID_LACKS = ("grad_clip",)
+PIPELINE_LACKS = ("extra_state", "after_step", "forward_loss")
+#: The job's fields the hybrid mode with staleness > 0 cannot honour (none: every replica
+#: clips each update as it applies it).
+HYBRID_LACKS: tuple[str, ...] = ()
 
 
 class Mode(Protocol):

@@ -13,7 +13,9 @@ apply, remote, final, newest]`` (plus the other zones' updates its members lack)
 * **apply** the next updates in version order (:meth:`trainer.hybrid.update.UpdateLayout.
   apply`), the zone's own ones from memory, the others' as the shards relayed them; each
   applied update is one commit of the skeleton (``step``, data cursor, metrics line, rank
-  0's evaluation, progress and snapshots);
+  0's evaluation, progress and snapshots); with ``Job.grad_clip`` every replica clips the
+  update's gradients as it applies them (the norm over the update, one global batch's
+  gradients, as the ring clips a step's), the same bits on every replica;
 * **compute** ticket ``v`` (``action`` 1) once the weights are at most ``s`` versions behind
   ``v`` (:func:`trainer.hybrid.staleness.may_compute`): the zone's members split the batch
   of ``v`` (the data cursor after ``v`` updates; sizes by the ring's batch planner over the
@@ -49,7 +51,8 @@ that computation (nothing pushed to the shards, nothing applied), the member's c
 samples, again: never a job error while the cap can halve, exactly-once data kept.
 
 Ends. Every zone stops at one version: the data's end, ``Job.max_steps`` or the run's
-``--until-steps`` (the sequencer issues no ticket beyond the first of them).
+``--until-steps`` and ``--until-epochs`` (the sequencer issues no ticket beyond the first of
+them: :func:`trainer.hybrid.staleness.end_update` over :meth:`trainer.job.Job.ends_at`).
 
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`. ``HybridSettings(staleness=0)``
 runs the ring itself.
@@ -75,8 +78,8 @@ from trainer.errors import GenerationBroken
 from trainer.hybrid import settings_of
 from trainer.hybrid.placement import place, shard_hosts, zone_layout
 from trainer.hybrid.server import Exchange
-from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, may_compute,
-                                      updates_left)
+from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, end_update,
+                                      may_compute)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
 from trainer.protocol import messages as mb
 from trainer.worker.modes.base import HYBRID_LACKS, Commit, Transferred, lacking
@@ -205,11 +208,10 @@ class HybridMode:
         ranks = zl.ranks[zone]
         keys = plan.keys()
         layout = UpdateLayout(job.model)
-        epochs = min(job.epochs, cfg.until_epochs or job.epochs)
-        end = step + updates_left(cursor, len(job), job.global_batch, rt.min_batch, epochs)
-        limit = job.step_limit(cfg.until_steps)
-        if limit is not None:  # Job.max_steps, --until-steps: every zone stops there
-            end = max(step, min(end, limit))
+        end = end_update(  # the epochs, Job.max_steps, --until-*: every zone stops there
+            cursor, step, len(job), job.global_batch, rt.min_batch,
+            lambda s, e: job.ends_at(s, e, until_steps=cfg.until_steps,
+                                     until_epochs=cfg.until_epochs))
         zgroup = self._subgroup(f"z{zone}", ranks.index(rank), len(ranks))
         stepper = ZoneStepper(job.model, layout, job.loss_fn, world=len(ranks),
                               rank=ranks.index(rank), device=rt.device,
@@ -452,12 +454,13 @@ class HybridMode:
         expect = p.cursor.step_total(len(job), job.global_batch, min_batch=w.runtime.min_batch)
         if total != expect:
             raise GenerationBroken(f"update {v} carries {total} samples, its step {expect}")
-        g.layout.apply(update, job.optimizer)
+        norm = g.layout.apply(update, job.optimizer, clip=job.grad_clip)
         b, compute_s, wait_s = g.timing.pop(v, (0, 0.0, 0.0))
         record = {
             "batch": b, "compute_s": round(compute_s, 6), "wait_s": round(wait_s, 6),
             "step_s": round(compute_s + wait_s, 6), "skipped": False, "head_start_s": 0.0,
-            "zone": g.zone, "own": own is not None, "staleness": int(meta[STALENESS])}
+            "zone": g.zone, "own": own is not None, "staleness": int(meta[STALENESS]),
+            **({"grad_norm": norm} if norm is not None else {})}
         if g.exchange is not None:
             record["ps_bytes"] = {str(k): n for k, n in g.exchange.shard_bytes.items()}
         self.m.commit(Commit(total, meta[LOSS_SUM] / total,

@@ -27,8 +27,9 @@ the skeleton's); what differs is inside a generation.
   applied (:mod:`trainer.pipeline.wsp`). The head (VW 0's stage 0) claims the skeleton's
   duties (a snapshot, the export of the trained model) in a wave's control row, so every
   member of VW 0 knows to gather its layers on the head (:meth:`~PipelineMode.whole_model`)
-  at the same wave; an epoch end is a barrier (every wave applied), and the evaluation
-  gathers the same way.
+  at the same wave; an epoch end is a barrier (every wave applied), and so is a wave after
+  which ``Job.eval_every_steps`` asks for an evaluation: the evaluation gathers the same way,
+  on the committed model (no started wave's own buffer changes in it).
 * **Changes.** A newer generation seen in the control reduction of wave ``t`` stops every
   member after wave ``t + D``, every started wave applied: a join or a drain loses nothing.
   After a failure the next generation completes the waves started and not agreed anywhere
@@ -52,8 +53,13 @@ the skeleton's); what differs is inside a generation.
   hyperparameters it sets (``lr``, momentum, ...) travel with every forming move (a
   joiner's take the sender's, as the progress: a stage's move carries only its layers'
   per-parameter state) and its state is in every member's digest of its stage.
-* **Ends.** The data's end, ``Job.max_steps`` or the run's ``--until-steps``: no wave
-  starts beyond the first of them.
+* **Ends.** The data's end, ``Job.max_steps`` or the run's ``--until-steps`` and
+  ``--until-epochs``: no wave starts beyond the first of them (:meth:`trainer.job.Job.ends_at`,
+  as the ring's steps).
+
+Files. The moves of layers (forming, the roll forward and back, the gather on the head) are
+in :mod:`trainer.worker.modes.pipeline_forming` (:class:`PipelineMode`'s base class); the
+waves, their agreement, the out-of-memory discard and the commit are here.
 
 Rule for callers: as :class:`~trainer.worker.modes.base.Mode`; the job's model must be an
 ``nn.Sequential`` and ``Job.pipeline`` a :class:`trainer.pipeline.PipelineSettings`.
@@ -63,9 +69,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -73,59 +77,27 @@ import torch
 from trainer.collective import groups
 from trainer.collective.step import lowered_cap, micro_bounds
 from trainer.data.sampler import CursorState
-from trainer.errors import (BadState, ControlLost, ControlTimeout, GenerationBroken, LayoutError,
-                            Malformed, SnapshotError, StateLost)
+from trainer.errors import (ControlLost, ControlTimeout, GenerationBroken, LayoutError,
+                            Malformed)
 from trainer.pipeline import agree, complete, partition, placement, profile, wsp
-from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
-from trainer.pipeline.backups import Backups, backup_peers
-from trainer.pipeline.moves import GATHER_TAG, HANDOVER_TAG, MOVE_TAG, Moved, run_moves
+from trainer.pipeline.backups import Backups
+from trainer.pipeline.moves import HANDOVER_TAG
 from trainer.pipeline.runner import Micro, StageRunner
 from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
-from trainer.pipeline.stagestate import ModelIndex, StagePack, whole_checksum
+from trainer.pipeline.stagestate import ModelIndex, StagePack, clip_coefficient
 from trainer.protocol import messages as mb
-from trainer.state import codec
-from trainer.state import snapshot as snap
-from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, Transferred, lacking
+from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, lacking
+from trainer.worker.modes.pipeline_forming import Forming, PipelineForming, StartedWave
 
 if TYPE_CHECKING:
     from trainer.worker.member import Member
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_SLOTS = {"SGD": 1, "Adagrad": 1, "RMSprop": 2, "Adadelta": 2}  # else 2 (Adam's)
 
-
-@dataclass
-class _Wave:
-    """A wave this member started and has not applied."""
-
-    wave: int
-    cursor: CursorState
-    total: int
-    ids: list[int]  # the samples of this member's pack at stage 0 (recorded when applied)
-    deltas: list[torch.Tensor] | None = None  # this member's own buffer changes
-    cover: tuple[int, ...] = ()  # the micro-batches this member's pack covers
-    local: torch.Tensor | None = None  # its pack before the reduction (kept for a failure)
-    loss: float = 0.0  # the last stage's loss sum over its pack's samples, and how many
-    loss_n: int = 0
-    parts: tuple[tuple[int, list[int]], ...] = ()  # (member id, ids) of every stage-0 pack
-    reduced: torch.Tensor | None = None  # the stage's reduced pack, when kept (not agreed)
-
-
-@dataclass
-class _Forming:
-    """What :meth:`PipelineMode.transfer_state` leaves for :meth:`PipelineMode.prepare`."""
-
-    rows: list[tb.Row]
-    target: int
-    end: int
-    lost: int
-    missing: bool
-
-
-class PipelineMode:
+class PipelineMode(PipelineForming):
     """The pipeline mode (see the module docstring)."""
 
     def __init__(self, member: Member) -> None:
@@ -159,19 +131,20 @@ class PipelineMode:
         self.layout_gen = 0
         self.layout: partition.Layout | None = None
         self.sgroup: groups.Group | None = None
+        self.vgroup: groups.Group | None = None
         self.runner: StageRunner | None = None
         self.pack: StagePack | None = None
         self.agree: Agreement | None = None
-        self.pending: list[_Wave] = []
+        self.pending: list[StartedWave] = []
         self.ccursor = CursorState()
         self.stop_at: int | None = None
         self.newest = 0
-        self.kept: dict[int, _Wave] = {}  # started, not agreed, kept through a failure
+        self.kept: dict[int, StartedWave] = {}  # started, not agreed, kept through a failure
         self.completion: dict[int, complete.WavePlan] = {}
-        self.history: list[_Wave] = []  # the newest waves applied (the dead's records)
+        self.history: list[StartedWave] = []  # the newest waves applied (the dead's records)
         self.backups: Backups | None = None
         self.backup_kept: dict[int, tuple[torch.Tensor, float, int]] = {}
-        self._forming: _Forming | None = None
+        self._forming: Forming | None = None
         self.caps: dict[str, int] = {}  # every member's samples per pass (agreed; none: no cap)
 
     # -- setup ------------------------------------------------------------------------------
@@ -179,308 +152,19 @@ class PipelineMode:
     def problem(self) -> str | None:
         return self._problem or lacking(self.m.w.job, PIPELINE_LACKS, "pipeline")
 
-    def _settings(self) -> partition.Settings:
-        job, ps = self.m.w.job, self.ps
-        slots = OPTIMIZER_SLOTS.get(type(job.optimizer).__name__, 2)
-        return partition.Settings(ps.stages, ps.micro_batch, ps.schedule, slots,
-                                  max(1, -(-job.global_batch // ps.micro_batch)))
-
-    def is_head(self) -> bool:
-        return self.layout is not None and self.layout.vws[0][0] == self.m.rank
-
     def drop(self) -> None:
         if self.agree is not None:
             self.agree.stop()
-        if self.sgroup is not None:
-            self.sgroup.abort()
-            groups.bury(self.sgroup)
-            self.sgroup = None
+        for g in (self.sgroup, self.vgroup):
+            if g is not None:
+                g.abort()
+                groups.bury(g)
+        self.sgroup = self.vgroup = None
         self.runner = None
 
     def close(self) -> None:
         if self.agree is not None:
             self.agree.stop()
-
-    # -- forming a generation ---------------------------------------------------------------
-
-    def transfer_state(self) -> Transferred:
-        """The table, the roll forward to the agreed wave, the layout and the moves (module
-        docstring). Raises :class:`trainer.errors.StateLost` (layers nobody holds, no
-        snapshot) and :class:`trainer.errors.GenerationBroken`."""
-        m, w = self.m, self.m.w
-        plan, rank = m.plan, m.rank
-        assert plan is not None and m.group is not None and self.index is not None
-        gen, world = plan.generation, len(plan.members)
-        n_layers = len(self.index)
-        step = w.state.progress.step
-        if m.fresh and rank == 0 and plan.resume:
-            self._place_whole(placement.HOST)  # then loaded whole
-            m.resume(plan)  # the whole state: this member holds every layer
-            self.lo, self.hi = 0, n_layers
-        elif rank == 0 and plan.fresh_start and step == 0 and not self.index.released():
-            self.lo, self.hi = 0, n_layers  # the freshly built model
-            m.fresh = False
-        old = self.agree
-        if old is not None:
-            old.stop()
-            old.join(2.0)
-        step = w.state.progress.step
-        started = step + len(self.pending)
-        reach, agreed = self._kept(old)
-        window = 2 * (self.ps.staleness + 1)  # own: D + 1 started; backups: see Backups.held
-        dims = (self.ps.stages, n_layers, window, self._settings().max_micro)
-        backup, self.backup_kept = (self.backups.held(step, window) if self.backups is not None
-                                    else ((complete.Kept(),) * window, {}))
-        self.backups = None
-        mine = tb.Row(w.prior, self.memory, self.lo, self.hi, step, reach, agreed, started,
-                      m.fresh, self.slot, self.layout_gen, self.bounds, *self.measured,
-                      kept=self._kept_waves(old), backup=backup, cap=w.runtime.micro_cap or 0)
-        table = torch.zeros(world, tb.width(*dims), dtype=torch.float64)
-        table[rank] = tb.encode(mine, *dims)
-        groups.allreduce(m.group.ctl, table, m.abort)
-        rows = tb.decode(table, *dims)
-        self.caps = {mid: row.cap for mid, row in zip(plan.members, rows, strict=True)
-                     if row.cap > 0}
-        target = tb.agreed_wave(rows)
-        self._roll_forward(old, target)
-        self.completion = {}
-        end = max([target, *(r.started for r in rows if not r.fresh)])
-        lost = end - target  # every started wave is computed again, unless completed
-        self.agree = None
-        costs = tb.costs(rows, self.index.param_bytes())
-        layout = None if costs is None else partition.decide(
-            [partition.Candidate(r, row.speed, row.memory, row.slot)
-             for r, row in enumerate(rows)], costs, self._settings(), tb.hint(rows))
-        self.layout = layout
-        self._forming = _Forming(rows, target, end, lost, False)
-        if layout is None:
-            self.slot, self.runner, self.pack = None, None, None
-            log.warning("generation %d: no layout of %d stages fits these %d members' memory; "
-                        "waiting for more members", gen, self.ps.stages, world)
-            return Transferred()  # the waves lost: prepare() counts them
-        holdings = [tb.holding(r, row, target) for r, row in enumerate(rows)]
-        moves, missing = partition.transfers(holdings, layout, target, self.index.param_bytes())
-        if missing:
-            target, moves = self._from_snapshot(layout, missing)
-            lost = max(0, started - target) if started else 0
-            self.kept, self.history = {}, []  # every wave after the snapshot is undone
-            self._forming = _Forming(rows, target, end, lost, True)
-        moved = self._move(moves, target, MOVE_TAG)
-        return Transferred(0, moved.source or 0, moved.nbytes)
-
-    def prepare(self) -> int:
-        """This member's slot, stage group, runner and pack; the records of the dead; the
-        waves to complete; the backups. Returns the waves of work lost."""
-        m, w, f = self.m, self.m.w, self._forming
-        plan = m.plan
-        assert plan is not None and f is not None
-        self._forming = None
-        lost = f.lost
-        if self.layout is not None:
-            self._take_slot(self.layout)
-            if not f.missing:
-                for part in complete.records_for_the_dead(
-                        [(wv.wave, wv.cursor.epoch, bool(wv.ids), wv.parts)
-                         for wv in self.history],
-                        {*plan.members, *plan.drained}, f.target, self.ps.staleness):
-                    m.record_samples(part.wave, part.epoch, part.ids, part.member)
-                lost = self._plan_completion(f.rows, self.layout, f.target, f.end)
-            step = w.state.progress.step
-            self.backups = Backups(
-                m.group.pg if m.group is not None else None,
-                (backup_peers(self.layout, self.slot, self.ps.staleness)
-                 if self.pack is not None else None),
-                numel=self.pack.numel if self.pack is not None else 0,
-                max_micro=self._settings().max_micro, staleness=self.ps.staleness,
-                device=w.runtime.device, start=step, abort=m.abort)
-        self.layout_gen = plan.generation
-        self.ccursor, self.stop_at, self.newest = w.state.progress.cursor, None, plan.generation
-        return lost
-
-    def epoch_ended(self, epoch: int) -> None:
-        """Nothing: the stages' replicas are compared when a generation forms."""
-
-    def describe(self) -> str:
-        return f": slot {self.slot}, layers {self.lo}..{self.hi - 1}"
-
-    def _kept(self, old: Agreement | None) -> tuple[int, int]:
-        """``(reach, agreed)``: how far this member can roll forward with the reduced packs it
-        kept, and the newest wave count agreed here."""
-        step = self.m.w.state.progress.step
-        if old is None:
-            return step, step
-        reach = step
-        while reach < step + len(self.pending) and (
-                self.hi <= self.lo or old.reduced.get(reach) is not None):
-            reach += 1
-        return reach, max(step, old.newest + 1)
-
-    def _kept_waves(self, old: Agreement | None) -> tuple[complete.Kept, ...]:
-        """What this member kept of each wave it started (wave ``step + i`` at ``i``)."""
-        held = old is not None and self.hi > self.lo
-        return tuple(complete.Kept(wv.cover, wv.local is not None,
-                                   held and old.reduced.get(wv.wave) is not None)
-                     for wv in self.pending)
-
-    def _roll_forward(self, old: Agreement | None, target: int) -> None:
-        """Apply the kept reduced packs up to ``target`` (the newest wave agreed anywhere);
-        keep what this member computed of every later wave (its own pack, and its stage's
-        reduced pack where that reduction completed) for :meth:`_plan_completion`. A member
-        that cannot reach it stops holding its layers."""
-        progress = lambda: self.m.w.state.progress.step  # noqa: E731
-        while old is not None and progress() < target and self.pending:
-            pack = old.reduced.get(progress())
-            if self.hi > self.lo and pack is None:
-                break
-            self._commit(self.pending[0], pack, None)
-        step = progress()
-        if step != target and self.hi > self.lo:
-            log.warning("layers %d..%d are behind (step %d, agreed %d): taking them from a "
-                        "peer", self.lo, self.hi - 1, step, target)
-            self.lo = self.hi = 0
-        self.kept = {}
-        self.backup_kept = {wave: b for wave, b in self.backup_kept.items()
-                            if step == target <= wave}
-        if step == target:
-            for wv in self.pending:
-                if old is not None and self.hi > self.lo:
-                    wv.reduced = old.reduced.get(wv.wave)
-                self.kept[wv.wave] = wv
-        self.pending.clear()
-        if self.pack is not None:
-            self.pack.restore()
-
-    def _plan_completion(self, rows: list[tb.Row], layout: partition.Layout, target: int,
-                         end: int) -> int:
-        """The waves ``target .. end - 1`` started before the failure and not agreed are
-        completed in this generation from what the survivors kept
-        (:func:`trainer.pipeline.complete.plan`). Returns the waves of work lost."""
-        w = self.m.w
-        job = w.job
-        sizes = partition.wave_micro_sizes(w.state.progress.cursor, end - target, len(job),
-                                           job.global_batch, w.runtime.min_batch,
-                                           self.ps.micro_batch)
-        done = complete.plan(tb.holders(rows, target), layout, target, end, sizes)
-        self.completion = {wp.wave: wp for wp in done.waves}
-        if end > target:
-            log.warning("waves %d..%d were started and not agreed: %s", target, end - 1,
-                        complete.describe(done))
-        return done.lost
-
-    def _from_snapshot(self, layout: partition.Layout, missing: tuple[int, ...]
-                       ) -> tuple[int, tuple[partition.Transferred, ...]]:
-        """Layers ``missing`` are held by nobody: every member rolls back to the newest
-        durable snapshot (rank 0 loads it and sends it on). Raises
-        :class:`trainer.errors.StateLost` when there is none."""
-        m = self.m
-        assert m.plan is not None and m.group is not None and self.index is not None
-        found = torch.zeros(2, dtype=torch.float64)
-        if m.rank == 0:
-            try:
-                raw = m.store.peek([mb.SNAPSHOT])[0]
-                if raw:
-                    manifest = snap.Manifest.parse(raw)
-                    tree = snap.fetch(m.store, manifest)
-                    self._place_whole(placement.HOST)  # then loaded whole
-                    m.w.state.load(tree)
-                    found[:] = torch.tensor([1.0, manifest.step])
-            except (ValueError, KeyError, SnapshotError, BadState) as e:
-                log.error("the durable snapshot cannot be used: %s", e)
-        groups.allreduce(m.group.ctl, found, m.abort)
-        if found[0] == 0:
-            raise StateLost(
-                f"layers {missing[0]}..{missing[-1]} are held by no member left (every "
-                "replica of a stage was lost) and there is no durable snapshot; run more than "
-                "one virtual worker or keep snapshots")
-        step = int(found[1])
-        log.warning("layers %d..%d were lost with their last holders: every member rolls "
-                    "back to the snapshot of step %d", missing[0], missing[-1], step)
-        self.lo, self.hi = (0, len(self.index)) if m.rank == 0 else (0, 0)
-        holdings = [partition.Holding(r, 0, len(self.index) if r == 0 else 0,
-                                      step if r == 0 else -1)
-                    for r in range(len(m.plan.members))]
-        moves, _ = partition.transfers(holdings, layout, step, self.index.param_bytes())
-        return step, moves
-
-    def _move(self, moves: tuple[partition.Transferred, ...], step: int, base: int) -> Moved:
-        """Run the moves this member is in (:func:`trainer.pipeline.moves.run_moves`); a
-        forming move also brings the shared state (a joiner's step, cursor and metrics)."""
-        m, w = self.m, self.m.w
-        assert m.group is not None and m.plan is not None and self.index is not None
-        sch, opt = w.job.scheduler, w.job.optimizer
-        meta = w.state.meta()
-        if sch is not None:  # and the hyperparameters it sets (a stage's move carries only
-            meta["scheduler"] = sch.state_dict()  # its layers' per-parameter state)
-            meta["groups"] = [{k: list(v) if isinstance(v, tuple) else v
-                               for k, v in g.items() if k != "params"
-                               and isinstance(v, (int, float, tuple))}
-                              for g in opt.param_groups]
-        moved = run_moves(m.group.ctl, m.rank, moves, index=self.index,
-                          optimizer=w.job.optimizer, device=w.runtime.device,
-                          meta=meta, step=step, job=m.plan.job, base=base,
-                          abort=m.abort,
-                          slot_of=self.layout.slot_of if self.layout is not None else None)
-        if moved.meta is not None:
-            w.state.load_meta(moved.meta)
-            if sch is not None:  # the scheduler steps with every commit: it travels as the
-                try:  # progress does (a joiner's would restart its warmup)
-                    sch.load_state_dict(moved.meta["scheduler"])
-                    groups_ = moved.meta["groups"]
-                    if len(groups_) != len(opt.param_groups):
-                        raise ValueError(f"{len(groups_)} parameter groups, not "
-                                         f"{len(opt.param_groups)}")
-                    for g, got in zip(opt.param_groups, groups_, strict=True):
-                        for k, v in got.items():
-                            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
-                except (KeyError, TypeError, ValueError) as e:
-                    raise GenerationBroken(f"the LR scheduler's state received: {e}") from e
-        return moved
-
-    def _take_slot(self, layout: partition.Layout) -> None:
-        """Hold this member's layers of ``layout`` (the moves brought the missing ones), form
-        its stage group and build its runner and pack."""
-        m, w = self.m, self.m.w
-        job, plan, rt = w.job, m.plan, w.runtime
-        assert plan is not None and m.group is not None and self.index is not None
-        self.slot = layout.slot_of(m.rank)
-        self.bounds = layout.bounds
-        self.lo, self.hi = layout.layers_of(m.rank)
-        self._release()  # only this stage on the device, with its optimiser state
-        self.runner = self.pack = None
-        if self.slot is None:
-            return
-        v, j = self.slot
-        k, n_vw = layout.stages, len(layout.vws)
-        if n_vw > 1:
-            self.sgroup = groups.form_group(
-                m.store, plan.generation, v, n_vw, w.cfg.collective_timeout_s, m.abort,
-                backend=plan.backend, hostname=w.cfg.ring_host or m.store.local_address,
-                sub=f"s{j}/")
-        row = layout.vws[v]
-        self.runner = StageRunner(
-            torch.nn.Sequential(*self.index.modules[self.lo:self.hi]), pg=m.group.pg,
-            prev=row[j - 1] if j > 0 else None, next_=row[j + 1] if j < k - 1 else None,
-            loss_fn=job.loss_fn, device=rt.device, precision=job.precision,
-            slowdown=w.cfg.slowdown, fixed_shapes=self.ps.fixed_shapes,
-            step=lambda: w.state.progress.step)
-        self.pack = StagePack(self.index.params(self.lo, self.hi),
-                              self.index.buffers(self.lo, self.hi))
-
-    def checksum(self) -> str:
-        """A checksum of the whole model over every stage (VW 0's replicas), the same on every
-        member when every stage's replicas are equal; else this member's own differs."""
-        m = self.m
-        assert m.plan is not None and m.group is not None and self.index is not None
-        t = torch.zeros(len(m.plan.members), 2, dtype=torch.int64)
-        mine = ""
-        if self.slot is not None:
-            mine = self.index.checksum(m.w.job.optimizer, self.lo, self.hi)
-            if m.w.job.scheduler is not None:  # the same on every member: in every digest
-                mine = codec.checksum({"stage": mine,
-                                       "scheduler": m.w.job.scheduler.state_dict()})
-            t[m.rank] = torch.tensor([self.slot[1] + 1, int(mine[:15], 16)])
-        groups.allreduce(m.group.ctl, t, m.abort)
-        return whole_checksum(t.tolist(), mine)
 
     # -- waves ----------------------------------------------------------------------------------
 
@@ -499,8 +183,8 @@ class PipelineMode:
         if not self._apply_through(wsp.needed_before(wave, self.ps.staleness)):
             return gen  # discarded (out of memory): computed again from the next call
         stop = self.stop_at is not None and wave > self.stop_at
-        limit = w.job.step_limit(w.cfg.until_steps)
-        if stop or self.ccursor.epoch >= w.job.epochs or (limit is not None and wave >= limit):
+        if stop or w.job.ends_at(wave, self.ccursor.epoch, until_steps=w.cfg.until_steps,
+                                 until_epochs=w.cfg.until_epochs):
             if not self._apply_through(applied() + len(self.pending)):
                 return gen
             if stop:
@@ -508,7 +192,9 @@ class PipelineMode:
             return self.newest if stop else gen
         epoch = self.ccursor.epoch
         self._compute(wave)
-        if self.ccursor.epoch != epoch:  # an epoch end is a barrier: everything applied
+        # an epoch end and an evaluation (Job.eval_every_steps) are barriers: everything
+        # applied, so the head evaluates the committed model (no wave's own buffer changes)
+        if self.ccursor.epoch != epoch or self.m.eval_due(False, wave + 1):
             if not self._apply_through(applied() + len(self.pending)):
                 return gen
         elif not self._apply_through(wsp.needed_before(wave + 1, self.ps.staleness)):
@@ -564,7 +250,7 @@ class PipelineMode:
         mine: list[int] = []
         step = w.state.progress.step
         rt.maybe_fault(step)
-        self.pending.append(_Wave(wave, cur, total, mine, parts=parts))
+        self.pending.append(StartedWave(wave, cur, total, mine, parts=parts))
         flat = None
         if self.slot is not None:
             assert self.runner is not None and self.pack is not None
@@ -635,8 +321,24 @@ class PipelineMode:
             sg = self.sgroup.pg if self.sgroup is not None else None
             gen = m.plan.generation
             self.agree = Agreement(sg, m.group.ctl, len(m.plan.members),
-                                   lambda: m.broken(gen))
+                                   lambda: m.broken(gen), clip=self._clip_part())
         return self.agree
+
+    def _clip_part(self) -> tuple[Any, Callable[[torch.Tensor], torch.Tensor]] | None:
+        """With ``Job.grad_clip``: the VW's group (this member's alone for one stage) and this
+        member's stage's part of the total norm (:class:`trainer.pipeline.agree.Agreement`);
+        else None."""
+        if self.m.w.job.grad_clip is None or self.slot is None or self.pack is None:
+            return None
+        pack, (j, k) = self.pack, (self.slot[1], self.ps.stages)
+        pg = self.vgroup.ctl if self.vgroup is not None else None
+
+        def part(reduced: torch.Tensor) -> torch.Tensor:
+            vec = torch.zeros(k, dtype=torch.float64)
+            vec[j] = pack.grad_sqnorm(reduced)
+            return vec
+
+        return pg, part
 
     def _apply_through(self, count: int) -> bool:
         """Apply agreed waves in order until ``count`` waves are applied. Returns False when
@@ -648,7 +350,7 @@ class PipelineMode:
             if float(got.rows[:, agree.OOM].max()) > 0:
                 self._discard(got)
                 return False
-            self._commit(self.pending[0], got.pack, got.rows)
+            self._commit(self.pending[0], got.pack, got.rows, got.norm)
             if self.backups is not None:
                 self.backups.done(got.wave)
         return True
@@ -693,14 +395,25 @@ class PipelineMode:
                     waves[0], waves[-1],
                     [self._vw_cap(vw) for vw in self.layout.vws] if self.layout else [])
 
-    def _commit(self, wv: _Wave, pack: torch.Tensor | None, rows: torch.Tensor | None) -> None:
-        """Apply wave ``wv`` (its reduced pack) and commit it; ``rows``: its control rows
-        when agreed here (None: rolled forward while forming, a quiet commit)."""
+    def _commit(self, wv: StartedWave, pack: torch.Tensor | None, rows: torch.Tensor | None,
+                norm: float | None = None) -> None:
+        """Apply wave ``wv`` (its reduced pack, its gradients clipped to ``Job.grad_clip``
+        by the VW's total ``norm``) and commit it; ``rows``: its control rows when agreed
+        here (None: rolled forward while forming, a quiet commit). Raises
+        :class:`trainer.errors.GenerationBroken` when the job clips and the norm is missing."""
         m, w = self.m, self.m.w
         job = w.job
-        self.pending.pop(0)
         if self.pack is not None and pack is not None:
-            self.pack.apply(pack, job.optimizer, [p.deltas for p in self.pending if p.deltas])
+            clip = None
+            if job.grad_clip is not None:
+                if norm is None:
+                    raise GenerationBroken(f"wave {wv.wave}: no gradient norm to clip by")
+                clip = clip_coefficient(norm, job.grad_clip)
+            self.pending.pop(0)
+            self.pack.apply(pack, job.optimizer, [p.deltas for p in self.pending if p.deltas],
+                            clip=clip)
+        else:
+            self.pending.pop(0)
         ids = wv.ids if self.slot is not None and self.slot[1] == 0 else []
         wv.local = wv.reduced = wv.deltas = None
         self.history = [*self.history[-self.ps.staleness - 1:], wv]
@@ -717,44 +430,7 @@ class PipelineMode:
             "batch": len(wv.ids), "compute_s": round(float(me[agree.BUSY]), 6),
             "wait_s": round(float(me[agree.WALL] - me[agree.BUSY]), 6),
             "slot": list(self.slot) if self.slot else None, "layers": [self.lo, self.hi],
-            "resident": list(self.index.resident(job.optimizer, w.runtime.device))},
+            "resident": list(self.index.resident(job.optimizer, w.runtime.device)),
+            **({"grad_norm": norm} if norm is not None else {})},
             duties=Duties(snapshot=float(rows[:, agree.SNAP].max()) > 0,
                           export=float(rows[:, agree.EXPORT].max()) > 0)))
-
-    # -- the whole model on the head: evaluation, snapshots, the trained model -------------------
-
-    @contextmanager
-    def whole_model(self) -> Iterator[bool]:
-        """VW 0's stages send their layers to the head, which holds the whole model and
-        optimiser state inside the context (yields True there) and only its own layers
-        again after it."""
-        here = self._gather()
-        try:
-            yield here
-        finally:
-            if here:
-                self._release()
-
-    def _gather(self) -> bool:
-        m, layout = self.m, self.layout
-        if layout is None or m.rank not in layout.vws[0] or self.index is None:
-            return False
-        moves = partition.gather(layout)
-        if self.is_head():  # the whole model in one place, the others' layers received there
-            self._place_whole(placement.gather_target(
-                self.index.param_bytes(), self.lo, self.hi, self._settings().optimizer_slots,
-                self.memory))
-        if moves:
-            self._move(moves, m.w.state.progress.step, GATHER_TAG)
-        return self.is_head()
-    def _release(self) -> None:
-        """Keep only this member's layers (:meth:`trainer.pipeline.stagestate.ModelIndex.
-        hold`)."""
-        assert self.index is not None
-        w = self.m.w
-        self.index.hold(w.job.optimizer, self.lo, self.hi, w.runtime.device)
-
-    def _place_whole(self, where: str) -> None:
-        assert self.index is not None
-        w = self.m.w
-        self.index.place_whole(where, w.runtime.device, w.job.optimizer)
