@@ -71,6 +71,10 @@ class OutageLog:
         (beyond it, spot may not come back: the line no longer waits)."""
         return sum(self.lengths) + min(self.running_s(t), self.typical_s())
 
+    def out_s(self, t: float) -> float:
+        """Seconds spent in outages up to ``t``: those that ended and the one going on."""
+        return sum(self.lengths) + self.running_s(t)
+
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
         outages seen (the one still running counted at its length so far): the expected
@@ -238,3 +242,35 @@ def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float,
     target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
     floor = deadline_floor(target, work_left, hours_left, od_rate, safety, overhead_h)
     return target, floor, safety
+
+
+def spot_time_rate(work_left: float, line_left_s: float, out_s: float, elapsed_s: float
+                   ) -> float:
+    """Samples/s to run while the cheap hardware is there so that the work left is done by
+    the line in the time it is expected to be there: the line's rate divided by the share of
+    the time so far that it was (``1 - out_s / elapsed_s``, the outages seen). Where spot
+    is out a third of the time, a hard deadline's pace over wall time leaves a third of its
+    work to the on-demand net at three times the price; this spreads it over the spot time
+    instead. 0 when nothing is left or no time is (the caller's floor takes over)."""
+    if work_left <= 0 or line_left_s <= 0 or elapsed_s <= 0:
+        return 0.0
+    share = min(1.0, max(1.0 - out_s / elapsed_s, 0.0))
+    if share <= 0.0:
+        return 0.0
+    return work_left / (line_left_s * share)
+
+
+def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, model_mb: float,
+                global_batch: int, gbps: float) -> float:
+    """The most useful samples/s a ring of one of ``cands`` delivers at a cost per useful
+    sample of at most ``per_sample`` USD (0 when none does): a ring's efficiency only falls
+    with its size, so past that rate a sample costs more than ``per_sample``."""
+    best = 0.0
+    for c in cands:
+        if c.useful <= 0 or c.price_per_hour <= 0:
+            continue
+        for n in range(1, most_units(c, max_size, capped=False) + 1):
+            rate = ring_rate(n, c.useful, model_mb, global_batch, gbps)
+            if n * c.price_per_hour / rate <= per_sample:
+                best = max(best, rate)
+    return best

@@ -53,7 +53,7 @@ from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
-                                     per_sample_fleet)
+                                     per_sample_fleet, rate_within, spot_time_rate)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -484,6 +484,7 @@ class Planner:
             return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
                             notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
+        all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
             line_s = deadline_s - safety * 3600
@@ -491,15 +492,40 @@ class Planner:
                                    line_s, horizon_s)
             bank_s = (self.outages.bank_s(now) if s.bank_hours is None
                       else s.bank_hours * 3600)
-            if bank_s > 0 and line_s > 0 and any(
-                    c.max_count is None and c.offering in cheap for c in cands) and any(
-                    c.offering.market == "spot" and c.offering not in cheap for c in cands):
+            there = line_s > 0 and any(c.max_count is None and c.offering in cheap
+                                       for c in cands)
+            dearer_spot = any(c.offering.market == "spot" and c.offering not in cheap
+                              for c in cands)
+            if bank_s > 0 and there and dearer_spot:
                 # the cheapest capacity per sample is there, and dearer spot is what an
                 # outage of it would leave: bank bank_s of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
                 if bank > target:
                     target, good = bank, cheap
+            od = [c for c in all_cands if c.offering.market == "on-demand"
+                  and c.price_per_hour > 0 and c.useful > 0]
+            # A user's deadline whose only fallback is on-demand, after outages of the
+            # cheap hardware longer than its safety margin (which the line already keeps
+            # for shorter ones): while the cheap hardware is there, run at the rate that
+            # does the work left in the time it is expected to be there (the share of the
+            # time so far it was, the churn horizon counted as time it was: one outage
+            # early on is not the rule), up to the ring whose samples cost what on-demand's
+            # do. Paced over wall time, the V100 10-minute probes (out together for 3.8 h
+            # and 6.2 h) fell behind and bought 16 on-demand instances in the last hours,
+            # then 12-16 spot rings in the flapping catch-up: 1.387x the bound. A constant
+            # rate over the expected spot time is also the cheaper schedule of the two (a
+            # ring's cost per sample only rises with its size).
+            if (pr.hard and od and there and not dearer_spot
+                    and self.outages.typical_s() > safety * 3600):
+                spot_rate = spot_time_rate(left, pr.start + line_s - now,
+                                           self.outages.out_s(now), now - pr.start + horizon_s)
+                od_per = min(c.price_per_hour / c.useful for c in od)
+                spot_rate = min(spot_rate, rate_within(
+                    [c for c in cands if c.offering in cheap], od_per, b.max_size,
+                    b.model_mb, b.global_batch, b.intra_zone_gbps))
+                if spot_rate > target:
+                    target, good = spot_rate, cheap
             if good is not None:
                 cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
