@@ -53,7 +53,7 @@ from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
-                                     per_sample_fleet, rate_within, spot_time_rate)
+                                     per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -503,29 +503,15 @@ class Planner:
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
                 if bank > target:
                     target, good = bank, cheap
-            od = [c for c in all_cands if c.offering.market == "on-demand"
-                  and c.price_per_hour > 0 and c.useful > 0]
-            # A user's deadline whose only fallback is on-demand, after outages of the
-            # cheap hardware longer than its safety margin (which the line already keeps
-            # for shorter ones): while the cheap hardware is there, run at the rate that
-            # does the work left in the time it is expected to be there (the share of the
-            # time so far it was, the churn horizon counted as time it was: one outage
-            # early on is not the rule), up to the ring whose samples cost what on-demand's
-            # do. Paced over wall time, the V100 10-minute probes (out together for 3.8 h
-            # and 6.2 h) fell behind and bought 16 on-demand instances in the last hours,
-            # then 12-16 spot rings in the flapping catch-up: 1.387x the bound. A constant
-            # rate over the expected spot time is also the cheaper schedule of the two (a
-            # ring's cost per sample only rises with its size).
-            if (pr.hard and od and there and not dearer_spot
-                    and self.outages.typical_s() > safety * 3600):
-                spot_rate = spot_time_rate(left, pr.start + line_s - now,
-                                           self.outages.out_s(now), now - pr.start + horizon_s)
-                od_per = min(c.price_per_hour / c.useful for c in od)
-                spot_rate = min(spot_rate, rate_within(
-                    [c for c in cands if c.offering in cheap], od_per, b.max_size,
-                    b.model_mb, b.global_batch, b.intra_zone_gbps))
-                if spot_rate > target:
-                    target, good = spot_rate, cheap
+            if pr.hard and there and not dearer_spot:  # on-demand is the fallback
+                rate = spot_time_target(
+                    [c for c in cands if c.offering in cheap], all_cands, self.outages, now,
+                    left=left, line_left_s=pr.start + line_s - now,
+                    elapsed_s=now - pr.start, horizon_s=horizon_s, safety_s=safety * 3600,
+                    max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
+                    gbps=b.intra_zone_gbps)
+                if rate > target:
+                    target, good = rate, cheap
             if good is not None:
                 cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
