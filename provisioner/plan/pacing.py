@@ -7,7 +7,9 @@ line``. Behind the line every offering may help catch up; ahead of it the work d
 and waiting is free, so only hardware within a tolerance of the cheapest per sample is
 bought (:func:`good_offerings`, :func:`ahead_offerings`). While the cheapest hardware is
 free and dearer spot is what an outage would leave, the job banks progress with it, as far
-ahead as :class:`OutageLog` learned its outages last. Among fleets that keep pace, the one
+ahead as :class:`OutageLog` learned its outages last; when only on-demand is left to fall
+back on, a user's deadline spreads its work over the time the cheap hardware is expected to
+be there (:func:`spot_time_target`). Among fleets that keep pace, the one
 with the most useful work per dollar is taken (:func:`per_sample_fleet`).
 
 :func:`pace` is the rate and the on-demand floor (Uniform Progress' safety net).
@@ -70,6 +72,10 @@ class OutageLog:
         that ended (spot came back from it), and the one going on up to the typical length
         (beyond it, spot may not come back: the line no longer waits)."""
         return sum(self.lengths) + min(self.running_s(t), self.typical_s())
+
+    def out_s(self, t: float) -> float:
+        """Seconds spent in outages up to ``t``: those that ended and the one going on."""
+        return sum(self.lengths) + self.running_s(t)
 
     def bank_s(self, t: float) -> float:
         """How far ahead to bank: the length-biased mean outage, sum(d^2) / sum(d) over the
@@ -238,3 +244,63 @@ def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float,
     target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
     floor = deadline_floor(target, work_left, hours_left, od_rate, safety, overhead_h)
     return target, floor, safety
+
+
+def spot_time_rate(work_left: float, line_left_s: float, out_s: float, elapsed_s: float
+                   ) -> float:
+    """Samples/s to run while the cheap hardware is there so that the work left is done by
+    the line in the time it is expected to be there: the line's rate divided by the share of
+    the time so far that it was (``1 - out_s / elapsed_s``, the outages seen). Where spot
+    is out a third of the time, a hard deadline's pace over wall time leaves a third of its
+    work to the on-demand net at three times the price; this spreads it over the spot time
+    instead. 0 when nothing is left or no time is (the caller's floor takes over)."""
+    if work_left <= 0 or line_left_s <= 0 or elapsed_s <= 0:
+        return 0.0
+    share = min(1.0, max(1.0 - out_s / elapsed_s, 0.0))
+    if share <= 0.0:
+        return 0.0
+    return work_left / (line_left_s * share)
+
+
+def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, model_mb: float,
+                global_batch: int, gbps: float) -> float:
+    """The most useful samples/s a ring of one of ``cands`` delivers at a cost per useful
+    sample of at most ``per_sample`` USD (0 when none does): a ring's efficiency only falls
+    with its size, so past that rate a sample costs more than ``per_sample``."""
+    best = 0.0
+    for c in cands:
+        if c.useful <= 0 or c.price_per_hour <= 0:
+            continue
+        for n in range(1, most_units(c, max_size, capped=False) + 1):
+            rate = ring_rate(n, c.useful, model_mb, global_batch, gbps)
+            if n * c.price_per_hour / rate <= per_sample:
+                best = max(best, rate)
+    return best
+
+
+def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log: OutageLog,
+                     now: float, *, left: float, line_left_s: float, elapsed_s: float,
+                     horizon_s: float, safety_s: float, max_size: int, model_mb: float,
+                     global_batch: int, gbps: float) -> float:
+    """Samples/s a user's deadline runs at on its ``cheap`` hardware (the cheapest per
+    sample, there now) when an outage of it leaves only on-demand (in ``cands``) to fall
+    back on; 0 when the rule does not apply.
+
+    After outages of the cheap hardware longer than the deadline's safety margin
+    (``log.typical_s() > safety_s``; the line already keeps the margin for shorter ones),
+    the work left is done in the time the hardware is expected to be there
+    (:func:`spot_time_rate`: the share of the time so far that it was, ``horizon_s`` (the
+    churn horizon) counted as time it was, so one outage early on is not the rule), up to
+    the fastest ring whose samples cost no more than on-demand's (:func:`rate_within`).
+    Paced over wall time, the V100 10-minute probes (out together for 3.8 h and 6.2 h) fell
+    behind, bought 16 on-demand instances in the last hours and 12-16 spot rings in the
+    flapping catch-up: 1.387x the bound. A constant rate over the expected spot time is
+    also the cheaper schedule of the two (a ring's cost per sample only rises with its
+    size)."""
+    od = [c for c in cands if c.offering.market == "on-demand"
+          and c.price_per_hour > 0 and c.useful > 0]
+    if not od or log.typical_s() <= safety_s:
+        return 0.0
+    rate = spot_time_rate(left, line_left_s, log.out_s(now), elapsed_s + horizon_s)
+    od_per = min(c.price_per_hour / c.useful for c in od)
+    return min(rate, rate_within(cheap, od_per, max_size, model_mb, global_batch, gbps))

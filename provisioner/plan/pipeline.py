@@ -53,7 +53,7 @@ from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
-                                     per_sample_fleet)
+                                     per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -484,6 +484,7 @@ class Planner:
             return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
                             notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
+        all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
             line_s = deadline_s - safety * 3600
@@ -491,15 +492,26 @@ class Planner:
                                    line_s, horizon_s)
             bank_s = (self.outages.bank_s(now) if s.bank_hours is None
                       else s.bank_hours * 3600)
-            if bank_s > 0 and line_s > 0 and any(
-                    c.max_count is None and c.offering in cheap for c in cands) and any(
-                    c.offering.market == "spot" and c.offering not in cheap for c in cands):
+            there = line_s > 0 and any(c.max_count is None and c.offering in cheap
+                                       for c in cands)
+            dearer_spot = any(c.offering.market == "spot" and c.offering not in cheap
+                              for c in cands)
+            if bank_s > 0 and there and dearer_spot:
                 # the cheapest capacity per sample is there, and dearer spot is what an
                 # outage of it would leave: bank bank_s of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
                 if bank > target:
                     target, good = bank, cheap
+            if pr.hard and there and not dearer_spot:  # on-demand is the fallback
+                rate = spot_time_target(
+                    [c for c in cands if c.offering in cheap], all_cands, self.outages, now,
+                    left=left, line_left_s=pr.start + line_s - now,
+                    elapsed_s=now - pr.start, horizon_s=horizon_s, safety_s=safety * 3600,
+                    max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
+                    gbps=b.intra_zone_gbps)
+                if rate > target:
+                    target, good = rate, cheap
             if good is not None:
                 cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)

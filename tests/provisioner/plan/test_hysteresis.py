@@ -137,3 +137,34 @@ def test_the_planner_says_when_the_on_demand_ramp_must_start():
     later = p.decide(market({A: 1.0, OD: 3.0}), replace(fleet, failed={A: d.wake_at - 5}),
                      pr, d.wake_at)
     assert later.target.get(OD, 0) > 0
+
+
+def _after_outage(out_s: float, prices: dict) -> dict:
+    """The target of a hard-deadline job (2 instances keep its line, 30 h of work for 38 h
+    to the line) back on A after an outage of ``out_s`` of A, the only cheap hardware."""
+    p = Planner(settings(model_mb=0.0))
+    work = 2 * 100.0 * 3600 * 30
+    pr = Progress(start=0.0, work=work, done=0.0, deadline_s=40 * 3600.0, hard=True)
+    p.decide(market(prices), FleetView(held={}), pr, 0.0)
+    p.decide(market(prices), FleetView(held={A: 2}), pr, 600.0)
+    gone = FleetView(held={}, failed={A: 3_600.0})  # revoked at 1 h
+    p.decide(market(prices), gone, replace(pr, done=6e5), 3_660.0)
+    back = 3_600.0 + out_s
+    p.decide(market(prices), gone, replace(pr, done=6e5), back - 60.0)
+    d = p.decide(market(prices), FleetView(held={A: 2}, failed={A: 3_600.0}),
+                 replace(pr, done=6e5), back)
+    return dict(d.target)
+
+
+def test_a_hard_deadline_runs_faster_on_spot_after_outages_longer_than_its_margin():
+    # Out 3 h of the first 4 (longer than the 2 h safety margin), with only on-demand to
+    # fall back on: the work left is spread over the time A is expected to be there (a share
+    # 1 - 3 h / (4 h + the 1 h churn horizon) = 0.4), 2.5x the line's rate: 5 instances,
+    # not the 2 that keep the line over wall time (which left the V100 10-minute probes'
+    # outages to on-demand at 3.3x the price: 1.387x the bound).
+    assert _after_outage(3 * 3600.0, {A: 1.0, OD: 3.0}).get(A, 0) == 5
+    # outages within the margin: the line's own rate
+    assert _after_outage(1 * 3600.0, {A: 1.0, OD: 3.0}).get(A, 0) == 2
+    # dearer spot is what an outage would leave (not on-demand): the bank's rule, not this
+    # (its bank is 0 in these settings)
+    assert _after_outage(3 * 3600.0, {A: 1.0, C: 2.0, OD: 3.0}).get(A, 0) == 2

@@ -62,3 +62,44 @@ def test_catch_up_is_limited_to_rings_near_the_cost_per_sample_of_the_pace():
     assert catch_up_rate(cands, 1455.0, 1.10, 16, 50.0, 1024, 10.0) == pytest.approx(ring(7))
     assert catch_up_rate(cands, 1455.0, 100.0, 16, 50.0, 1024, 10.0) == pytest.approx(ring(16))
     assert catch_up_rate(cands, 1e9, 1.05, 16, 50.0, 1024, 10.0) is None  # no ring keeps it
+
+
+def test_outage_time_counts_the_ended_outages_and_the_running_one():
+    log = OutageLog()
+    log.observe(0.0, held=False, last_failure=0.0)
+    log.observe(3_600.0, held=True, last_failure=0.0)  # out for an hour
+    assert log.out_s(5_000.0) == pytest.approx(3_600.0)
+    log.observe(6_000.0, held=False, last_failure=5_400.0)  # out again since 5,400 s
+    assert log.out_s(7_200.0) == pytest.approx(3_600.0 + 1_800.0)
+
+
+@pytest.mark.parametrize("left, line_left_s, out_s, elapsed_s, rate", [
+    (3.6e6, 10_000.0, 0.0, 5_000.0, 360.0),  # spot there all the time: the line's rate
+    (3.6e6, 10_000.0, 2_500.0, 5_000.0, 720.0),  # out half the time: twice it on spot
+    (3.6e6, 10_000.0, 1_000.0, 4_000.0, 480.0),  # out a quarter: 4/3 of it
+    (0.0, 10_000.0, 1_000.0, 4_000.0, 0.0),  # nothing left
+    (3.6e6, 0.0, 1_000.0, 4_000.0, 0.0),  # no time left: the floor's, not this
+    (3.6e6, 10_000.0, 4_000.0, 4_000.0, 0.0),  # never there: no rate (the floor's case)
+])
+def test_spot_time_rate_spreads_the_work_over_the_time_spot_is_there(
+        left, line_left_s, out_s, elapsed_s, rate):
+    from provisioner.plan.pacing import spot_time_rate
+    assert spot_time_rate(left, line_left_s, out_s, elapsed_s) == pytest.approx(rate)
+
+
+def test_rate_within_stops_at_the_ring_whose_samples_cost_the_limit():
+    # 400/s instances at $0.918/h, 50 MB gradient, batch 1,024, 10 Gb/s: a ring's cost per
+    # useful sample rises with its size (efficiency 0.941 at 3, 0.681 at 16)
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate, ring_rate
+    from provisioner.plan.pacing import rate_within
+    spot = Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "spot")
+    cands = [Candidate(spot, 0.918, 400.0)]
+    per = lambda n: n * 0.918 / ring_rate(n, 400.0, 50.0, 1024, 10.0)  # noqa: E731
+    # the limit at the 8-ring's cost per sample: the 8-ring is the fastest within it
+    assert rate_within(cands, per(8) * (1 + 1e-9), 16, 50.0, 1024, 10.0) == pytest.approx(
+        ring_rate(8, 400.0, 50.0, 1024, 10.0))
+    # on-demand's cost per sample ($3.06/h for 400/s) is above every spot ring: max_size
+    assert rate_within(cands, 3.06 / 400.0, 16, 50.0, 1024, 10.0) == pytest.approx(
+        ring_rate(16, 400.0, 50.0, 1024, 10.0))
+    assert rate_within(cands, per(1) * 0.99, 16, 50.0, 1024, 10.0) == 0.0  # none within
