@@ -362,6 +362,13 @@ class SnapshotSettings(_Section):
     folder; the job id is appended (``.../<job.id>``) so jobs sharing a bucket never resume
     each other's state. Unset: the daemon host's disk, ``WORKDIR/snapshots`` for a local run
     and ``snapshots/<job.id>`` beside ``daemon.state_path`` for a cloud run.
+
+    ``direct``: while the daemon is away (killed, restarting) the coordinator cannot store
+    anything; with ``direct = true`` it tells the workers where the store is, and rank 0 writes
+    its snapshot there itself (signed with the job token), so losing every worker during the
+    outage costs one interval. The workers then need a put grant under ``url/<job.id>/`` (the
+    terraform modules' ``snapshots.tf``); without it their write fails and they retry through
+    the coordinator as before.
     """
 
     url: str | None = Field(None, min_length=1, description="where snapshots go (see above)")
@@ -372,6 +379,10 @@ class SnapshotSettings(_Section):
     keep: int = Field(3, ge=1, le=1000, description="newest complete snapshots kept")
     endpoint_url: str | None = Field(None, description="S3 endpoint override (a moto server)")
     api_endpoint: str | None = Field(None, description="GCS endpoint override (a fake)")
+    direct: bool | None = Field(None, description="may rank 0 write its snapshot to the store "
+                                "itself while the daemon is away? (true: the workers hold a put "
+                                "grant under the prefix, as terraform/aws and terraform/gcp give; "
+                                "unset: only a folder with the coordinator on loopback)")
 
     @field_validator("url")
     @classmethod

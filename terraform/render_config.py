@@ -81,13 +81,14 @@ def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
     """The daemon configuration as nested dicts (TOML tables), from terraform outputs.
 
     ``endpoint_url`` points the driver at an emulator (``[aws] endpoint_url`` or ``[gcp]
-    api_endpoint``); ``state_path`` overrides where the daemon keeps its SQLite state;
+    api_endpoint``; on AWS the snapshots' S3 too, ``[snapshot] endpoint_url``); ``state_path`` overrides where the daemon keeps its SQLite state;
     ``token_path`` where it reads the ring token (the daemon runs the trainer's coordinator with
     it); ``coordinator`` the (host, port) the coordinator binds (for a daemon run off the host,
     e.g. in tests). ``[cloud] artifacts`` comes from the outputs; ``wheel`` is the spotring
     wheel this daemon runs (``[cloud] wheel``: the daemon host's own copy means nothing
     elsewhere, so it is never taken from the outputs; unset, a daemon run from a checkout
-    builds one). Raises RenderError on incomplete outputs.
+    builds one). ``[snapshot]`` (``url``, ``direct``) comes from the outputs' ``snapshot_url``.
+    Raises RenderError on incomplete outputs.
     """
     s = settings_from_outputs(outputs)
     cloud = s["cloud"]
@@ -119,6 +120,14 @@ def render(outputs: Mapping[str, Any], *, endpoint_url: str | None = None,
                    "coordinator_port": int(coordinator[1] if coordinator
                                            else s["coordinator_port"]),
                    "token_path": token_path or s["token_path"]},
+        # the ring's snapshots in the module's bucket, where its workers may put them while
+        # the daemon is away (the modules' snapshots.tf grants it); older outputs: none
+        **({"snapshot": {"url": s["snapshot_url"], "direct": True,
+                         # a moto server serves S3 at the same endpoint; a GCP emulator's
+                         # endpoint is Compute's, not Cloud Storage's
+                         **({"endpoint_url": endpoint_url}
+                            if endpoint_url and cloud == "aws" else {})}}
+           if s.get("snapshot_url") else {}),
     }
 
 

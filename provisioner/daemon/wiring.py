@@ -172,7 +172,8 @@ def _trainer_snapshot(snap: SnapshotSettings, url: str) -> Any:
 
     return RingSnapshots(url=url, every_s=snap.every_s if snap.every_s > 0 else BY_STEPS_ONLY_S,
                          every_steps=snap.every_steps, keep=snap.keep,
-                         endpoint_url=snap.endpoint_url, api_endpoint=snap.api_endpoint)
+                         endpoint_url=snap.endpoint_url, api_endpoint=snap.api_endpoint,
+                         direct=snap.direct)
 
 
 def cloud_parts(settings: Settings, traces: list[str] | None) -> tuple[CloudDriver, PriceFeed]:

@@ -65,6 +65,18 @@ resource "aws_s3_bucket_lifecycle_configuration" "artifacts" {
       days_after_initiation = 1
     }
   }
+  # snapshots (snapshots.tf) are large and replaced every interval: the ones the coordinator
+  # forgets, or a worker overwrites, are kept one day, not thirty
+  rule {
+    id     = "forgotten-snapshots"
+    status = "Enabled"
+    filter {
+      prefix = "${local.snapshot_prefix}/"
+    }
+    noncurrent_version_expiration {
+      noncurrent_days = 1
+    }
+  }
 }
 
 resource "aws_s3_bucket_policy" "artifacts" {

@@ -37,6 +37,8 @@ locals {
     # launch; `wheel` is where the daemon host keeps that wheel ("" with the index opt-in).
     artifacts = var.spotring_wheel == null ? "" : local.artifacts_url
     wheel     = var.spotring_wheel == null ? "" : "/opt/spotring-dist/${basename(var.spotring_wheel)}"
+    # The ring's snapshots (snapshots.tf): the workers may put there while the daemon is away
+    snapshot_url = local.snapshot_url
   }
 }
 

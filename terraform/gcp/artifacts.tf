@@ -32,6 +32,18 @@ resource "google_storage_bucket" "artifacts" {
       type = "Delete"
     }
   }
+
+  # snapshots (snapshots.tf) are large and replaced every interval: the ones the coordinator
+  # forgets are kept one day, not thirty
+  lifecycle_rule {
+    condition {
+      days_since_noncurrent_time = 1
+      matches_prefix             = ["${local.snapshot_prefix}/"]
+    }
+    action {
+      type = "Delete"
+    }
+  }
 }
 
 resource "google_storage_bucket_object" "wheel" {
@@ -45,17 +57,32 @@ resource "google_storage_bucket_object" "wheel" {
 
 # The daemon stores the wheel it runs (objects.create) and checks what is there (objects.get),
 # and lists and reads the workers' shipped logs; the workers read, and create their log chunks
-# and exit reports (logs/, exits/: provisioner/drivers/shiplog.py). objectCreator cannot
-# overwrite or delete an object, so a worker cannot replace the wheel or another's lines.
+# and exit reports (logs/, exits/: provisioner/drivers/shiplog.py) and, while the daemon is
+# away, the ring's snapshots (snapshots.tf): their create grant is conditioned on those
+# prefixes. objectCreator cannot overwrite or delete an object, so a worker cannot replace the
+# wheel, another's lines or a snapshot.
 resource "google_storage_bucket_iam_member" "artifacts" {
   for_each = {
-    daemon-create = { role = "roles/storage.objectCreator", member = google_service_account.daemon.email }
-    daemon-read   = { role = "roles/storage.objectViewer", member = google_service_account.daemon.email }
-    worker-read   = { role = "roles/storage.objectViewer", member = google_service_account.worker.email }
-    worker-ship   = { role = "roles/storage.objectCreator", member = google_service_account.worker.email }
+    daemon-create = { role = "roles/storage.objectCreator", member = google_service_account.daemon.email, where = [] }
+    daemon-read   = { role = "roles/storage.objectViewer", member = google_service_account.daemon.email, where = [] }
+    worker-read   = { role = "roles/storage.objectViewer", member = google_service_account.worker.email, where = [] }
+    worker-ship = {
+      role  = "roles/storage.objectCreator", member = google_service_account.worker.email,
+      where = ["${local.artifacts_prefix}/logs/", "${local.artifacts_prefix}/exits/", "${local.snapshot_job_prefix}/"]
+    }
   }
 
   bucket = google_storage_bucket.artifacts.name
   role   = each.value.role
   member = "serviceAccount:${each.value.member}"
+
+  dynamic "condition" {
+    for_each = length(each.value.where) > 0 ? [each.value.where] : []
+    content {
+      title       = "spotring-${each.key}"
+      description = "only objects under ${join(", ", condition.value)}"
+      expression = join(" || ", [for p in condition.value :
+      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.artifacts.name}/objects/${p}\")"])
+    }
+  }
 }

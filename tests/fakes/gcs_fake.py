@@ -18,6 +18,12 @@ the paths that client uses and no more:
 - preconditions ``ifGenerationMatch`` (0: only if absent) and ``ifGenerationNotMatch``
   (412 when unmet); generations count up per write.
 
+Grants: :meth:`GcsFake.creator_only` holds every request from then on to a conditioned
+``roles/storage.objectCreator`` (what terraform/gcp gives the workers): creating a new object
+whose name starts with one of the prefixes is allowed; an overwrite, a delete, a read, a
+listing or a create elsewhere answers 403, as GCS does. The fake has no principals (the client
+runs with anonymous credentials), so a test switches it on while it acts as the worker.
+
 Fault injection: :meth:`GcsFake.fail_next` answers the next matching requests with an HTTP
 error (503 and 429 are retried by the client). Object names in paths are percent-encoded
 (``a%2Fb``) and decoded here.
@@ -70,6 +76,7 @@ class GcsFake(HttpFake):
         self.sessions: dict[str, dict[str, Any]] = {}
         self.failures: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
+        self.create_prefixes: tuple[str, ...] | None = None  # creator_only
         self._gen = itertools.count(1_700_000_000_000_000)
         for b in buckets:
             self.create_bucket(b)
@@ -91,6 +98,11 @@ class GcsFake(HttpFake):
         with self.lock:
             self.failures.append(dict(status=status, method=method, path=path_contains,
                                       times=times))
+
+    def creator_only(self, prefixes: Iterable[str] | None) -> None:
+        """From now on, only create new objects under ``prefixes`` (None: everything again)."""
+        with self.lock:
+            self.create_prefixes = None if prefixes is None else tuple(prefixes)
 
     def names(self, bucket: str, prefix: str = "") -> list[str]:
         """The object names in ``bucket`` under ``prefix``, sorted."""
@@ -142,6 +154,10 @@ def _error(status: int, message: str, reason: str) -> dict[str, Any]:
                       "errors": [{"message": message, "domain": "global", "reason": reason}]}}
 
 
+def _denied(permission: str) -> dict[str, Any]:
+    return _error(403, f"the caller does not have {permission} access", "forbidden")
+
+
 def _missing(bucket: str, name: str) -> dict[str, Any]:
     return _error(404, f"No such object: {bucket}/{name}", "notFound")
 
@@ -191,6 +207,10 @@ def _handler(fake: GcsFake) -> type[BaseHTTPRequestHandler]:
             if failure is not None:
                 return self._send(failure["status"], _error(failure["status"], "injected",
                                                             "backendError"))
+            with fake.lock:
+                creator_only = fake.create_prefixes is not None
+            if creator_only and not (_UPLOAD.match(url.path) and method in ("POST", "PUT")):
+                return self._send(403, _denied(f"storage.objects.{method.lower()}"))
             if _UPLOAD.match(url.path):
                 bucket = unquote(_UPLOAD.match(url.path).group(1))  # type: ignore[union-attr]
                 if method == "POST":
@@ -254,6 +274,10 @@ def _handler(fake: GcsFake) -> type[BaseHTTPRequestHandler]:
                    query: dict[str, list[str]]) -> None:
             with fake.lock:
                 current = fake.objects.get((bucket, name))
+                allowed = fake.create_prefixes
+                if allowed is not None and (current is not None or not name.startswith(allowed)):
+                    return self._send(403, _denied("storage.objects.delete" if current
+                                                   else "storage.objects.create"))
                 if not _precondition(query, current[0] if current else None):
                     return self._send(412, _error(412, "At least one of the pre-conditions "
                                                   "you specified did not hold.",

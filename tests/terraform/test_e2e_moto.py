@@ -226,6 +226,10 @@ def _host_config_matches_rendered(aws: dict, outputs: dict, rendered: dict) -> N
     assert on_host.cloud.model_copy(update={"wheel": None}) == ours.cloud.model_copy(
         update={"wheel": None})
     assert on_host.cloud.wheel == f"/opt/spotring-dist/{_wheel().name}"
+    # the ring's snapshots in the module's bucket, the workers allowed to put there
+    assert on_host.snapshot.model_copy(update={"endpoint_url": None}) == ours.snapshot.model_copy(
+        update={"endpoint_url": None})
+    assert on_host.snapshot.direct and on_host.snapshot.url.endswith("/snapshots")
     assert on_host.daemon.coordinator_host == outputs["daemon_settings"]["value"]["coordinator_host"]
     assert on_host.daemon.coordinator_port == outputs["daemon_settings"]["value"]["coordinator_port"]
     assert on_host.daemon.token_path == outputs["daemon_settings"]["value"]["token_path"]

@@ -53,7 +53,8 @@ OUTPUTS = {"daemon_settings": {"sensitive": False, "value": {
     "coordinator_host": "10.0.1.10", "coordinator_port": 29500, "token_path": "/etc/spotring/t",
     "state_path": "/var/lib/spotring/state.sqlite",
     "artifacts": "s3://spotring-e2e-artifacts-x/artifacts/",
-    "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl"}}}
+    "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl",
+    "snapshot_url": "s3://spotring-e2e-artifacts-x/snapshots"}}}
 
 
 def test_rendered_config_is_what_the_daemon_reads() -> None:
@@ -72,6 +73,11 @@ def test_rendered_config_is_what_the_daemon_reads() -> None:
     # taken from the outputs
     assert settings.cloud.artifacts == "s3://spotring-e2e-artifacts-x/artifacts/"
     assert settings.cloud.wheel is None
+    # the ring's snapshots in the module's bucket, where the workers may put them while the
+    # daemon is away (snapshots.tf grants them that)
+    assert settings.snapshot.url == "s3://spotring-e2e-artifacts-x/snapshots"
+    assert settings.snapshot.direct is True
+    assert settings.snapshot.endpoint_url == "http://127.0.0.1:5000"  # moto serves S3 too
 
 
 def test_incomplete_outputs_name_the_missing_field(tmp_path: Path, capsys) -> None:

@@ -35,7 +35,8 @@ SETTINGS = {"cloud": "gcp", "job_id": "gcp-job", "job_file": "examples.digits", 
             "token_path": "/etc/spotring/ring-token",
             "state_path": "/var/lib/spotring/state.sqlite",
             "artifacts": "gs://spotring-gcp-job-artifacts-123456/artifacts/",
-            "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl"}
+            "wheel": "/opt/spotring-dist/spotring-0.1.0-py3-none-any.whl",
+            "snapshot_url": "gs://spotring-gcp-job-artifacts-123456/snapshots"}
 #: GcpSettings gains `subnetwork` in the lead's driver change (custom-mode networks need it).
 HAS_SUBNETWORK = "subnetwork" in GcpSettings.model_fields
 
@@ -90,6 +91,9 @@ def test_the_gcp_daemon_config_template_renders_a_valid_config(rendered: dict[st
     assert settings.daemon.token_path == "/etc/spotring/ring-token"
     # Nothing listens on all interfaces: no metrics port (off, or loopback from the CLI).
     assert "metrics_port" not in rendered["daemon"]
+    # the ring's snapshots in the module's bucket, where the workers may create them while the
+    # daemon is away (snapshots.tf)
+    assert settings.snapshot.url == SETTINGS["snapshot_url"] and settings.snapshot.direct
 
 
 @pytest.mark.xfail(condition=not HAS_SUBNETWORK, strict=True,

@@ -7,9 +7,14 @@ its rendezvous), never the global default group: re-initialising the default gro
 failed collective hangs or fails (torch issues #55967, #119196). A group is destroyed off the
 caller's path, by a reaper thread that drops the last reference (its destructor joins gloo's
 threads, ~25 ms each): a generation that ended cleanly at once (:func:`release`); a broken
-one only after ``GRAVE_S`` (:func:`bury`: its threads may be blocked until the collective
-timeout, and a destructor must not wait on them), so threads and sockets stay flat over any
-number of generations (each gloo group holds 3 threads: 1,092 leaked generations held 554).
+one (:func:`bury`) as soon as nobody else holds it or its process groups (a mode's machinery
+or an exception's frames may keep them a while; then at the latest after ``GRAVE_S``), on a
+thread of its own: its destructor waits, without the GIL (torch drops it there), for
+collectives still queued on its threads, which end at once when a peer died and at the
+collective timeout when one hangs; a destructor run on a caller's path would stall it that
+long. So threads and sockets stay flat over any number of generations, broken ones included
+(each gloo group holds 3 threads: 1,092 leaked generations held 554; kept 60 s after each
+kill, a chaos run's worker grew by 9).
 
 Waiting is abortable: :func:`wait` waits on the work in slices (``Work.wait(timeout)``, which
 blocks in C++ without the GIL and leaves the work running when a slice runs out; a future
@@ -37,6 +42,7 @@ from __future__ import annotations
 import datetime
 import heapq
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,20 +65,41 @@ WAIT_SLICE_S = 0.05
 _SLICE = datetime.timedelta(seconds=WAIT_SLICE_S)
 
 
+def _unshared(entry: list[Any]) -> bool:
+    """Does only the reaper's ``entry`` hold its object (and, for a :class:`Group`, its
+    process groups)? Then dropping it destroys it on the reaper's side, never on a caller's
+    path. Counted references: the entry's slot, the local name and :func:`sys.getrefcount`'s
+    argument; a group's process group: each field of the group naming it and its slot in
+    the tuple iterated here, the loop name and the argument."""
+    obj = entry[3]
+    if sys.getrefcount(obj) > 3:
+        return False
+    if isinstance(obj, Group):
+        for pg in (obj.pg, obj.ctl):
+            fields = (obj.pg is pg) + (obj.ctl is pg)
+            if sys.getrefcount(pg) > 2 * fields + 2:
+                return False
+    return True
+
+
 class _Reaper:
-    """Drops references at their deadlines, on a thread of its own (see the module
-    docstring); :meth:`pending` counts those not dropped yet."""
+    """Drops references at their deadlines, or a buried one once :func:`_unshared`, on
+    threads of its own (see the module docstring); :meth:`pending` counts those not dropped
+    yet."""
+
+    POLL_S = 0.1  # how often buried objects are checked for other holders
 
     def __init__(self) -> None:
-        self._due: list[tuple[float, int, Any]] = []
+        self._due: list[list[Any]] = []  # [deadline, seq, early, obj]; obj None once taken
         self._seq = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._destroying = 0
 
-    def add(self, obj: Any, after_s: float) -> None:
+    def add(self, obj: Any, after_s: float, *, early: bool = False) -> None:
         with self._cv:
             self._seq += 1
-            heapq.heappush(self._due, (time.monotonic() + after_s, self._seq, obj))
+            heapq.heappush(self._due, [time.monotonic() + after_s, self._seq, early, obj])
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="spotring-reaper",
                                                 daemon=True)
@@ -81,24 +108,47 @@ class _Reaper:
 
     def pending(self) -> int:
         with self._cv:
-            return len(self._due) + (1 if self._busy else 0)
+            return sum(1 for e in self._due if e[3] is not None) + self._destroying
 
-    _busy = False
+    def _take(self) -> list[Any]:
+        """The entries to destroy now (the caller holds the lock): those due, and buried
+        ones nobody else holds."""
+        now, out = time.monotonic(), []
+        while self._due and (self._due[0][0] <= now or self._due[0][3] is None):
+            e = heapq.heappop(self._due)
+            if e[3] is not None:
+                out.append(e)
+        for e in self._due:
+            if e[2] and e[3] is not None and _unshared(e):
+                out.append([e[0], e[1], e[2], e[3]])
+                e[3] = None  # left in the heap (popped when it comes first), dropped here
+        return out
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._cv.wait(None if not self._due
-                                  else max(0.0, self._due[0][0] - time.monotonic()))
-                _, _, obj = heapq.heappop(self._due)
-                self._busy = True
-            try:
-                del obj  # the last reference: the destructor joins the group's threads here
-            except Exception:  # noqa: BLE001 - a destructor that fails frees what it can
-                log.debug("destroying a group failed", exc_info=True)
-            with self._cv:
-                self._busy = False
+                while not (taken := self._take()):
+                    wait = None if not self._due else max(0.0, self._due[0][0] - time.monotonic())
+                    if any(e[2] and e[3] is not None for e in self._due):
+                        wait = self.POLL_S if wait is None else min(wait, self.POLL_S)
+                    self._cv.wait(wait)
+                self._destroying += len(taken)
+            for e in taken:
+                if e[2]:  # broken: its destructor may wait for a hung collective
+                    threading.Thread(target=self._destroy, args=(e,), name="spotring-grave",
+                                     daemon=True).start()
+                else:
+                    self._destroy(e)
+            del taken, e
+
+    def _destroy(self, entry: list[Any]) -> None:
+        obj = entry.pop()
+        try:
+            del obj  # the last reference: the destructor joins the group's threads here
+        except Exception:  # noqa: BLE001 - a destructor that fails frees what it can
+            log.debug("destroying a group failed", exc_info=True)
+        with self._cv:
+            self._destroying -= 1
 
 
 _REAPER = _Reaper()
@@ -112,10 +162,11 @@ def release(obj: Any) -> None:
 
 
 def bury(obj: Any) -> None:
-    """Keep a broken group (or its store connection) alive ``GRAVE_S`` (its threads may be
-    blocked until the collective timeout), then destroy it off any caller's path."""
+    """Destroy a broken group (or its store connection) off any caller's path, on a thread
+    of its own (its destructor may wait for a collective blocked until its timeout), as soon
+    as nobody else holds it, at the latest after ``GRAVE_S``."""
     if obj is not None:
-        _REAPER.add(obj, GRAVE_S)
+        _REAPER.add(obj, GRAVE_S, early=True)
 
 
 def pending() -> int:

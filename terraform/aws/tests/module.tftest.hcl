@@ -127,6 +127,16 @@ run "wires_least_privilege_and_closed_network" {
   }
 
   assert {
+    condition     = [for s in data.aws_iam_policy_document.worker_snapshots.statement : s.actions] == [toset(["s3:PutObject"])] && alltrue([for r in data.aws_iam_policy_document.worker_snapshots.statement[0].resources : endswith(r, "/snapshots/${var.job_id}/*")])
+    error_message = "workers may only put the ring's snapshots, under snapshots/<job_id>/ (no read, delete or list)"
+  }
+
+  assert {
+    condition     = strcontains(aws_instance.daemon.user_data, "[snapshot]") && strcontains(aws_instance.daemon.user_data, "direct = true") && strcontains(aws_instance.daemon.user_data, "/snapshots\"")
+    error_message = "the daemon must keep the ring's snapshots in the module's bucket and tell the workers they may put there"
+  }
+
+  assert {
     condition     = strcontains(aws_instance.daemon.user_data, "provision run --config /etc/spotring/config.toml") && strcontains(aws_instance.daemon.user_data, "launch_template_id = \"${aws_launch_template.worker.id}\"")
     error_message = "the daemon host must run provision run with a config naming the worker template"
   }
