@@ -169,3 +169,19 @@ def test_every_metric_evaluate_returns_reaches_every_view(tmp_path, monkeypatch)
     finally:
         m.close()
         state.close()
+
+
+def test_the_planner_learns_an_instance_s_throughput_not_one_gpu_s(tmp_path):
+    """Issue 29.3: a host with several GPUs runs a worker per GPU (``<instance>/<gpu>``);
+    the throughput model the next plan reads gets the instance's samples/s (its workers'
+    sum), averaged over the instances of a type; a worker of an instance the daemon does
+    not hold teaches nothing."""
+    state = State(tmp_path / "s.sqlite")
+    quad = Offering("aws", "us-east-1", "us-east-1a", "g4dn.12xlarge", "spot")
+    state.begin_launch("t1", quad, 2, 0.0)
+    state.finish_launch("t1", [("i-1", quad), ("i-2", quad)], 0.0)
+    tel = Telemetry(state, ThroughputModel(priors={"g4dn.12xlarge": 50.0}, unit=400.0))
+    tel.observe({"i-1/0": 100.0, "i-1/1": 120.0, "i-1/2": 90.0, "i-1/3": 110.0,
+                 "i-2/0": 95.0, "i-2/1": 105.0, "i-2/2": 100.0, "i-2/3": 100.0,
+                 "i-9/0": 5000.0})
+    assert tel.throughput.samples_per_s("g4dn.12xlarge") == pytest.approx((420.0 + 400.0) / 2)
