@@ -8,12 +8,12 @@ from __future__ import annotations
 import copy
 import datetime
 import math
-import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from tests.trainer.ranks import on_ranks
 from trainer.pipeline.agree import Agreement
 from trainer.pipeline.local import _gloo
 from trainer.pipeline.stagestate import StagePack, clip_coefficient
@@ -51,34 +51,24 @@ def test_the_total_norm_is_over_every_stage_and_the_step_is_torch_s() -> None:
     flats = [p.pack(b, torch.device("cpu"))[0] for p, b in zip(packs, before, strict=True)]
 
     store = dist.HashStore()
-    got: dict[int, float | None] = {}
-    errors: list[BaseException] = []
 
-    def stage(j: int) -> None:
-        try:
-            t = datetime.timedelta(seconds=30)
-            vw = _gloo(dist.PrefixStore("v/", store), j, 2, t)
-            ctl = _gloo(dist.PrefixStore("c/", store), j, 2, t)
+    def stage(j: int) -> float | None:
+        t = datetime.timedelta(seconds=30)
+        vw = _gloo(dist.PrefixStore("v/", store), j, 2, t)
+        ctl = _gloo(dist.PrefixStore("c/", store), j, 2, t)
 
-            def part(reduced: torch.Tensor) -> torch.Tensor:
-                vec = torch.zeros(2, dtype=torch.float64)
-                vec[j] = packs[j].grad_sqnorm(reduced)
-                return vec
+        def part(reduced: torch.Tensor) -> torch.Tensor:
+            vec = torch.zeros(2, dtype=torch.float64)
+            vec[j] = packs[j].grad_sqnorm(reduced)
+            return vec
 
-            a = Agreement(None, ctl, 2, lambda: False, clip=(vw, part))
-            a.submit(0, flats[j], torch.zeros(2, 12, dtype=torch.float64))
-            agreed = a.wait(0)
-            a.stop()
-            got[j] = agreed.norm
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        a = Agreement(None, ctl, 2, lambda: False, clip=(vw, part))
+        a.submit(0, flats[j], torch.zeros(2, 12, dtype=torch.float64))
+        agreed = a.wait(0)
+        a.stop()
+        return agreed.norm
 
-    threads = [threading.Thread(target=stage, args=(j,), daemon=True) for j in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors and len(got) == 2, errors
+    got = on_ranks(stage, 2)
     assert got[0] == got[1]  # the same bits on every stage: every member clips alike
     assert got[0] is not None and math.isclose(got[0], ref_norm, rel_tol=1e-5)
     coef = clip_coefficient(got[0], CLIP)

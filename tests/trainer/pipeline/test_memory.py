@@ -5,7 +5,6 @@ wave, the members' caps travel in the forming table, and what each mode now hono
 from __future__ import annotations
 
 import datetime
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tests.trainer.jobs.tight import Tight
+from tests.trainer.ranks import on_ranks
 from trainer.pipeline import agree
 from trainer.pipeline import table as tb
 from trainer.pipeline.agree import Agreement
@@ -32,29 +32,18 @@ def _two_stages(limit: int, sizes: list[int]) -> dict[int, tuple[object, torch.n
     offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     micros = [Micro(i, n, n / sum(sizes)) for i, n in enumerate(sizes)]
     store = dist.HashStore()
-    out: dict[int, tuple[object, torch.nn.Module]] = {}
-    errors: list[BaseException] = []
 
-    def rank(r: int) -> None:
-        try:
-            pg = _gloo(dist.PrefixStore("g/", store), r, 2, datetime.timedelta(seconds=30))
-            run = StageRunner(mods[r], pg=pg, prev=0 if r else None, next_=None if r else 1,
-                              loss_fn=torch.nn.functional.mse_loss, device=torch.device("cpu"))
-            stats = run.run(schedule("1f1b", len(micros), 2, r), micros, 0,
-                            (lambda i: x[offs[i]:offs[i + 1]]) if r == 0 else None,
-                            (lambda i: y[offs[i]:offs[i + 1]]) if r == 1 else None,
-                            lambda: False)
-            out[r] = (stats, mods[r])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def rank(r: int) -> tuple[object, torch.nn.Module]:
+        pg = _gloo(dist.PrefixStore("g/", store), r, 2, datetime.timedelta(seconds=30))
+        run = StageRunner(mods[r], pg=pg, prev=0 if r else None, next_=None if r else 1,
+                          loss_fn=torch.nn.functional.mse_loss, device=torch.device("cpu"))
+        stats = run.run(schedule("1f1b", len(micros), 2, r), micros, 0,
+                        (lambda i: x[offs[i]:offs[i + 1]]) if r == 0 else None,
+                        (lambda i: y[offs[i]:offs[i + 1]]) if r == 1 else None,
+                        lambda: False)
+        return stats, mods[r]
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors and len(out) == 2, errors
-    return out
+    return on_ranks(rank, 2)
 
 
 def _grads(mod: torch.nn.Module) -> torch.Tensor:
