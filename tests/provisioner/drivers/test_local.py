@@ -143,8 +143,11 @@ def test_hard_kill_and_manual_revoke_from_another_driver(env):
     other = make()
     assert other.revoke(survivor, window_s=5)
     assert not other.revoke(survivor)  # already noticed
-    notes = d.notices()
-    assert [(n.instance_id, n.kind) for n in notes] == [(survivor, INTERRUPTION)]
+    notes = [(n.instance_id, n.kind) for n in d.notices()]
+    # the notice first; on a loaded machine the fake worker may have drained and exited
+    # before this read, and then its exit comes in the same batch (handled once each)
+    assert notes[:1] == [(survivor, INTERRUPTION)]
+    assert notes[1:] in ([], [(survivor, TERMINATED_NOTICE)]), notes
     assert wait_for(lambda: (out / f"{survivor}.noticed").exists(), 10.0)
     assert wait_for(lambda: d.list("job") == [], 10.0)  # the fake worker drains and exits
     assert not other.revoke("loc-nope")
