@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -243,16 +244,16 @@ def _trained_twice(run: Any) -> int:
     return int(bool(restarts) and passed > 0)
 
 
-def baseline_run(root: Path, args: argparse.Namespace, chaos_s: float) -> dict[str, Any]:
-    """The same job with no fault: its spend and steps (``chaos_s``: how long the chaos run
-    took; the baseline may take three times that before it is given up as timed out)."""
+def baseline_run(root: Path, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
+    """The same job with no fault: its spend and steps (given up as timed out after
+    ``timeout_s``)."""
     from tests.fakes.local_run import RunProcess
 
     run = RunProcess(root / "b", *_flags(args), config=_config(root), log_name="baseline.log")
     try:
         run.start()
-        try:  # as long as the chaos run took, and more: the same job without its faults
-            code = run.wait(max(args.timeout_s * 4, 3.0 * chaos_s))
+        try:
+            code = run.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return {"baseline_exit_code": None, "baseline_outcome": "timed out",
                     "baseline_spend_usd": None, "baseline_steps_lost": None}
@@ -278,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the runs' work directories under this folder")
+    parser.add_argument("--baseline-beside", action="store_true",
+                        help="run the baseline at the same time as the chaos run, so both "
+                             "see the same load (on a shared machine the load can change "
+                             "between one run and the next)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     for name, v in (("--kills", args.kills), ("--epochs", args.epochs),
@@ -290,8 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="spotring-chaos-") as tmp:
         root = Path(tmp) if args.keep is None else args.keep
         root.mkdir(parents=True, exist_ok=True)
-        figures = chaos_run(root, args)
-        figures.update(baseline_run(root, args, time.monotonic() - t0))
+        if args.baseline_beside:  # the no-fault job beside the chaos run, at the same load
+            with ThreadPoolExecutor(1) as pool:
+                beside = pool.submit(baseline_run, root, args,
+                                     args.timeout_s * (4 + args.kills))
+                figures = chaos_run(root, args)
+                figures.update(beside.result())
+        else:  # after it: as long as the chaos run took, and more
+            figures = chaos_run(root, args)
+            figures.update(baseline_run(root, args, max(args.timeout_s * 4,
+                                                        3.0 * (time.monotonic() - t0))))
+        figures["baseline"] = "beside" if args.baseline_beside else "after"
     base = figures.get("baseline_spend_usd") or 0.0
     figures["spend_ratio"] = round(figures["spend_usd"] / base, 3) if base else None
     figures["snapshot_interval_s"] = SNAPSHOT_EVERY_S

@@ -108,3 +108,33 @@ def test_checksum_sees_every_parameter_bit() -> None:
     with torch.no_grad():
         m.bias[0] = torch.nextafter(m.bias[0], torch.tensor(10.0))
     assert codec.checksum(m) != c
+
+
+def _host_copy_holds_the_instant(device: torch.device) -> None:
+    from trainer.state.snapshot import host_copy
+
+    st = _state()
+    st.model.to(device)
+    image = torch.randn(2, 3, 4, 4, device=device).to(memory_format=torch.channels_last)
+    tree = {"state": st.to_tree(), "image": image, "pair": (image[0], 7), "names": ["a", 1.5]}
+    copy = host_copy(tree)
+    before = codec.checksum(copy["state"])
+    with torch.no_grad():
+        for p in st.model.parameters():
+            p.add_(1.0)  # training goes on with the originals
+        image.zero_()
+    assert codec.checksum(copy["state"]) == before
+    assert copy["image"].device.type == "cpu" and copy["image"].abs().sum() > 0
+    assert copy["image"].is_contiguous(memory_format=torch.channels_last)  # strides kept
+    assert isinstance(copy["pair"], tuple) and copy["pair"][1] == 7
+    assert copy["names"] == ["a", 1.5]
+
+
+def test_a_host_copy_holds_the_instant_it_was_taken() -> None:
+    _host_copy_holds_the_instant(torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_host_copy_of_gpu_state_is_pinned_and_complete() -> None:
+    """The copies are queued without blocking; one synchronisation makes them whole."""
+    _host_copy_holds_the_instant(torch.device("cuda"))
