@@ -319,8 +319,10 @@ def _adopt(t: _Tick) -> None:
         t.set(malformed=t.r.malformed + bad)
     if not reports:
         return
-    if t.r.first_report is None:
-        t.set(first_report=t.r.clock)
+    first = t.r.first_report
+    if first is None:
+        first = t.r.clock
+        t.set(first_report=first)
     by_gen = {}
     for r in reports:
         if r.plan:
@@ -328,7 +330,7 @@ def _adopt(t: _Tick) -> None:
             by_gen[p.generation] = p
     by_id = {r.member_id: r for r in reports}
     best = by_gen[max(by_gen)] if by_gen else None
-    waited = t.r.clock - (t.r.first_report or t.r.clock)
+    waited = t.r.clock - first  # (never `first or clock`: a first report at 0.0 is one)
     if best is not None and not set(best.members) <= set(by_id) and waited < ADOPT_WAIT_S:
         return
     if best is None and waited < ADOPT_WAIT_S:

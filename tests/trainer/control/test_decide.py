@@ -398,6 +398,32 @@ def test_a_restarted_coordinator_adopts_members_that_prove_the_state() -> None:
     assert w.kv[mb.SNAPSHOT_NOW] == b"1"  # those missed while it was away: one at once
 
 
+def test_a_plan_member_that_never_reports_is_waited_for_a_while_then_left_to_its_heartbeat(
+        ) -> None:
+    """The chaos run's livelock: the daemon was killed while generation 13 formed, one of its
+    two members died with it; the survivor and an admitted joiner reported to the restarted
+    coordinator on its very first tick (its clock at 0.0). The wait for every member's
+    report measured from 0.0 read as "no report yet" (a falsy 0.0): the coordinator waited
+    for the dead member forever and no generation was ever published (the ring stood still
+    for minutes with three live workers)."""
+    w = World()
+    plan = mb.Plan(13, (11, 12), ("a", "b"), job="job1")
+    w.kv[mb.REPORTS] = b"\n".join([
+        mb.Report(11, "a", plan.to_json(), 40, holds=True, formed=False).to_json().encode(),
+        mb.Report(21, "j", "", 0).to_json().encode()])  # a joiner the old coordinator admitted
+    w.tick()
+    assert w.ring.first_report == 0.0 and not w.ring.adopted  # waits for member 12's report
+    for _ in range(int(dc.ADOPT_WAIT_S / 0.05) + 20):
+        w.beat(11, 21)
+        w.tick()
+    assert w.ring.adopted and w.ring.holders == {11}
+    for _ in range(40):  # 12 never beats: the roll call drops it, 11 and the joiner go on
+        w.beat(11, 21)
+        w.tick()
+    assert w.ring.plan.generation > 13 and w.ring.plan.members == (11, 21)
+    assert not w.ring.plan.resume  # from the member that holds the state, not a snapshot
+
+
 def test_a_member_reporting_a_forged_digest_is_not_adopted_as_a_holder() -> None:
     """30.3: the members report the digest of the newest committed step they hold; one whose
     digest disagrees with the others' at that step (forged, or diverged) is not counted as
