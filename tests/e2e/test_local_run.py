@@ -120,39 +120,66 @@ def test_ctrl_c_then_a_rerun_continues_the_same_run(tmp_path):
 @pytest.mark.timeout(420)
 def test_daemon_killed_during_training_and_restarted_adopts_the_ring(tmp_path):
     """The daemon is not in the data path: SIGKILLed while the ring trains, its workers go on
-    (same pids); restarted on the same workdir it adopts them, runs the coordinator on the
-    same address with the same token, the ring re-reports (``adopted``), and training goes on
-    where it was: no step lost for the restart, every sample once per epoch."""
-    epochs = 40
-    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", str(epochs),
+    (same pids, more steps); restarted on the same workdir it adopts them, runs the coordinator
+    on the same address with the same token, the ring re-reports (``adopted``), and training
+    goes on where it was: no step lost for the restart, no sample twice in an epoch.
+
+    The job is far longer than the test: it ends the run (Ctrl-C) once the adopted ring has
+    trained on. A job the ring could finish while nobody coordinated (on a loaded machine the
+    restart took longer than the rest of a 40-epoch job) leaves nothing to adopt."""
+    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "400",
                     "--record-samples").start() as run:
-        assert wait_for(lambda: run.training(3, 30), 180, step_s=0.2, abort=run.exited)
+        # a ring of three formed and training (killed while a generation forms, the ring
+        # waits for the coordinator: forming needs its store)
+        assert wait_for(lambda: _last_step(run, world=3) >= 30, 180, step_s=0.2,
+                        abort=run.exited)
         coord = run.meta("coordinator")
         pids = sorted(r["pid"] for r in run.workers())
-        step_at_kill = int(run.ring()["step"])
+        step_at_kill = _last_step(run)
         launches = len(run.events("launch"))
         run.send(signal.SIGKILL)
         run.wait(10)
-        time.sleep(2.0)
+        assert wait_for(lambda: _last_step(run) > step_at_kill + 2, 120, step_s=0.1)
         assert sorted(r["pid"] for r in run.workers()) == pids  # the ring outlived the daemon
         run.start("run2.log")
         assert wait_for(lambda: bool(run.ring().get("adopted")), 120, step_s=0.2,
                         abort=run.exited), run.log()
         assert run.meta("coordinator") == coord
         assert int(run.ring()["step"]) >= step_at_kill
-        assert run.wait(timeout=300) == 0, run.log()
+        adopted_at = _last_step(run)
+        assert wait_for(lambda: int(run.ring().get("step") or 0) > adopted_at + 10, 120,
+                        step_s=0.2, abort=run.exited), run.log()  # on, coordinated again
+        run.send(signal.SIGINT)
+        assert run.wait(timeout=120) == 130, run.log()  # drained, reported, 128 + SIGINT
         assert len(run.events("launch")) == launches, "the fleet was relaunched, not adopted"
         fig = run.report()
-        assert fig["outcome"] == "done" and fig["daemon_restarts"] == 1, fig
+        assert fig["daemon_restarts"] == 1, fig
         assert fig["restart_steps_lost"] == 0 and fig["steps_lost"] == 0, fig
         seen: dict[int, list[int]] = {}
         for f in (run.workdir / "samples").glob("*.jsonl"):
             for line in f.read_text().splitlines():
                 rec = json.loads(line)
                 seen.setdefault(rec["epoch"], []).extend(rec["ids"])
-        assert sorted(seen) == list(range(epochs))
+        assert sorted(seen) == list(range(len(seen))) and len(seen) >= 2
+        full = len(set(seen[0]))
         for epoch, ids in seen.items():
             assert len(ids) == len(set(ids)), f"epoch {epoch}: a sample trained twice"
+            assert epoch == max(seen) or len(ids) == full, f"epoch {epoch}: samples missing"
+
+
+def _last_step(run: RunProcess, world: int = 1) -> int:
+    """The newest step any member logged in a ring of at least ``world`` members (the
+    members' own step lines: the daemon may be down)."""
+    last = 0
+    for f in (run.workdir / "workers").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                if int(rec["world"]) >= world:
+                    last = max(last, int(rec["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line being written
+    return last
 
 
 @needs_trainer
