@@ -21,14 +21,22 @@ process's would over the same micro-batches (to first order in the momentum), an
 ``num_batches_tracked`` counts every micro-batch exactly. Replicas apply the same reduced
 tensor in the same wave order, so they hold the same bits.
 
+The *live* buffers (the ones the stage's forward passes move) are the committed ones plus this
+member's own changes of the waves it computed and has not applied (D > 0); the committed ones
+(:attr:`StagePack.committed`) move only when a wave is applied. Whatever leaves the member as
+the state of a step (a snapshot, an export: the head's gather) is the committed state:
+:meth:`StagePack.committed_in_place`.
+
 Rule for callers: pack a wave only after its last backward; apply reduced packs in wave
-order; after a discarded wave, put the buffers back to :attr:`StagePack.committed`.
+order; after a discarded wave, put the buffers back to :attr:`StagePack.committed`; send a
+stage's state as a step's only inside :meth:`StagePack.committed_in_place`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,6 +316,21 @@ class StagePack:
                     c.add_(torch.round(d).to(c.dtype))
                 o += n
         self.restore(pending)
+
+    @contextmanager
+    def committed_in_place(self) -> Iterator[None]:
+        """Inside the context the live buffers hold the committed ones (what a snapshot, an
+        export or a gathered evaluation must see: the state of the newest applied wave);
+        after it, exactly what they held before (this member's own changes of the waves in
+        flight included), even when the context raised."""
+        live = self.live_buffers()
+        self.restore()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for b, v in zip(self.buffers, live, strict=True):
+                    b.copy_(v)
 
     def restore(self, pending: Sequence[Sequence[torch.Tensor]] = ()) -> None:
         """Live buffers := committed plus ``pending`` own changes (none: a discarded wave)."""

@@ -27,9 +27,12 @@ the skeleton's); what differs is inside a generation.
   applied (:mod:`trainer.pipeline.wsp`). The head (VW 0's stage 0) claims the skeleton's
   duties (a snapshot, the export of the trained model) in a wave's control row, so every
   member of VW 0 knows to gather its layers on the head (:meth:`~PipelineMode.whole_model`)
-  at the same wave; an epoch end is a barrier (every wave applied), and so is a wave after
-  which ``Job.eval_every_steps`` asks for an evaluation: the evaluation gathers the same way,
-  on the committed model (no started wave's own buffer changes in it).
+  at the same wave. What is gathered is the committed state of that wave: with D > 0 the
+  later waves are already computed and each stage's live buffers hold its own changes of
+  them, so the gather sends the buffers as committed with the wave
+  (:meth:`trainer.pipeline.stagestate.StagePack.committed_in_place`). An epoch end is a
+  barrier (every wave applied), and so is a wave after which ``Job.eval_every_steps`` asks
+  for an evaluation: the evaluation gathers the same way, on the committed model.
 * **Changes.** A newer generation seen in the control reduction of wave ``t`` stops every
   member after wave ``t + D``, every started wave applied: a join or a drain loses nothing.
   After a failure the next generation completes the waves started and not agreed anywhere

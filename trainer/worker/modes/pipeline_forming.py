@@ -12,7 +12,9 @@ waves, is in :mod:`trainer.worker.modes.pipeline`; the mode's docstring tells th
   held by nobody, this member's slot, stage group, runner and pack, and the checksum over
   every stage;
 * **the whole model on the head** (:meth:`~PipelineForming.whole_model`): VW 0's stages
-  gather on the head for an evaluation, a snapshot or the trained model.
+  gather on the head for an evaluation, a snapshot or the trained model: the committed
+  state of the wave just applied (each stage's buffers without its own changes of the waves
+  in flight).
 
 The two halves share the attributes :class:`PipelineMode` sets in its ``__init__`` (declared
 below) and the waves this member started (:class:`StartedWave`); the forming half calls the
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -407,13 +409,18 @@ class PipelineForming:
     def whole_model(self) -> Iterator[bool]:
         """VW 0's stages send their layers to the head, which holds the whole model and
         optimiser state inside the context (yields True there) and only its own layers
-        again after it."""
-        here = self._gather()
-        try:
-            yield here
-        finally:
-            if here:
-                self._release()
+        again after it. What is gathered is the committed state of the newest applied wave:
+        each stage's buffers as committed with it, without this member's own changes of the
+        waves in flight (D > 0), which its live buffers hold again after the context."""
+        pack, layout = self.pack, self.layout
+        sends = layout is not None and self.m.rank in layout.vws[0]
+        with pack.committed_in_place() if pack is not None and sends else nullcontext():
+            here = self._gather()
+            try:
+                yield here
+            finally:
+                if here:
+                    self._release()
 
     def _gather(self) -> bool:
         m, layout = self.m, self.layout
