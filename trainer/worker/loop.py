@@ -265,7 +265,22 @@ class Worker:
         the pass is profiled again with half the samples, and the member's micro-batch cap
         starts there (:func:`trainer.collective.step.lowered_cap`; in the pipeline mode,
         whose profile runs the whole model a layer at a time, a stage's waves find it).
+        The model's buffers are put back as they were: the passes run in train mode, and
+        step 0's committed state is the model the user built, not one with a few profiling
+        batches in its BatchNorm statistics.
         """
+        before = {k: v.detach().clone() for k, v in self.job.model.named_buffers()}
+        try:
+            return self._profile_passes()
+        finally:  # the passes ran in train mode: BatchNorm's statistics are the user's again
+            with torch.no_grad():
+                for k, v in self.job.model.named_buffers():
+                    if k in before:
+                        v.copy_(before[k])
+
+    def _profile_passes(self) -> float:
+        """:meth:`_profile`'s passes (they move the model's buffers; the caller restores
+        them)."""
         from trainer.pipeline import profile as pipeline_profile
 
         job, rt = self.job, self.runtime
