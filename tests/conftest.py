@@ -10,12 +10,19 @@ so the longest work starts at once and the quick files fill the gaps, instead of
 file starting last and running alone. Order inside a file is kept. Every test already runs
 in its own tmp dir, ports are taken from the kernel (port 0) and each process of the session
 has its own registry (above), so files can run at the same time; the network-namespace tests
-use names and subnets of their own (tests/fakes/netns.py)."""
+use names and subnets of their own (tests/fakes/netns.py).
+
+``SPOTRING_TEST_CPU=FILE`` appends one line per test to FILE: the processor seconds it cost
+(the test process's and its waited-for children's, so the processes a run starts count) and
+its wall seconds: the suite is CPU-bound on two cores, so its time is cut where the CPU goes,
+which ``--durations`` (wall time) does not show."""
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import time
 import tempfile
 from pathlib import Path
 
@@ -38,6 +45,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: a file keeps its order
+
+
+def _cpu_s() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    out = os.environ.get("SPOTRING_TEST_CPU")
+    if not out:
+        yield
+        return
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    with open(out, "a") as fh:
+        fh.write(f"{_cpu_s() - cpu:.2f} {time.monotonic() - wall:.2f} {item.nodeid}\n")
 
 
 @pytest.fixture(scope="session")
