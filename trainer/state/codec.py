@@ -53,9 +53,55 @@ _LEN = struct.Struct("!Q")
 # -- encode -------------------------------------------------------------------------------------
 
 
+def to_host(tree: Any, *, copy: bool) -> Any:
+    """``tree`` with its tensors in host memory (``copy``: host tensors copied too, so the
+    result holds this instant while training goes on with the originals; otherwise they are
+    kept as they are). A GPU tensor is copied into pinned host memory without blocking, and
+    each device is synchronised once after the last copy: one wait for the whole state, not
+    a pageable copy (and a wait) per tensor. Strides are kept (``empty_like``)."""
+    if not copy and not _any_gpu(tree):
+        return tree  # nothing to move: the tree as it is
+    on_gpu: list[torch.device] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            t = x.detach()
+            if t.device.type != "cuda":
+                return t.to("cpu", copy=True) if copy else t
+            out = torch.empty_like(t, device="cpu", pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            if t.device not in on_gpu:
+                on_gpu.append(t.device)
+            return out
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    out = walk(tree)
+    for device in on_gpu:  # the copies are queued on each device's current stream
+        torch.cuda.current_stream(device).synchronize()
+    return out
+
+
+def _any_gpu(x: Any, depth: int = 0) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "cuda"
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(x, dict):
+        return any(_any_gpu(v, depth + 1) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_any_gpu(v, depth + 1) for v in x)
+    return False
+
+
 def encode(tree: Any) -> torch.Tensor:
     """``tree`` as one uint8 tensor (see the module docstring). Raises ``TypeError`` for a
-    value of another type (a class instance: convert it to plain data first)."""
+    value of another type (a class instance: convert it to plain data first). GPU tensors
+    come to the host first through :func:`to_host` (pinned, one synchronisation)."""
+    tree = to_host(tree, copy=False)
     table: list[list[Any]] = []
     parts: list[torch.Tensor] = []
     offset = 0

@@ -475,31 +475,8 @@ def recorded_end(store: BlobStore, key: bytes | None) -> dict[str, Any] | None:
 
 def host_copy(tree: Any) -> Any:
     """``tree`` with every tensor copied to host memory (what a snapshot holds of this
-    instant; training goes on with the originals). A GPU tensor is copied into pinned host
-    memory without blocking, and the device is synchronised once after the last copy: one
-    wait for the whole state, not a pageable copy (and a wait) per tensor."""
-    on_gpu: list[torch.device] = []
-
-    def walk(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            t = x.detach()
-            if t.device.type != "cuda":
-                return t.to("cpu", copy=True)
-            out = torch.empty_like(t, device="cpu", pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            if t.device not in on_gpu:
-                on_gpu.append(t.device)
-            return out
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(walk(v) for v in x)
-        return x
-
-    out = walk(tree)
-    for device in on_gpu:  # the copies are queued on each device's current stream
-        torch.cuda.current_stream(device).synchronize()
-    return out
+    instant; training goes on with the originals): :func:`trainer.state.codec.to_host`."""
+    return st.to_host(tree, copy=True)
 
 
 RETRY_S = 2.0  # a failed snapshot is taken again after this, doubling while it fails

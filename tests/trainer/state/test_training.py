@@ -119,6 +119,8 @@ def _host_copy_holds_the_instant(device: torch.device) -> None:
     tree = {"state": st.to_tree(), "image": image, "pair": (image[0], 7), "names": ["a", 1.5]}
     copy = host_copy(tree)
     before = codec.checksum(copy["state"])
+    sent = codec.decode(codec.encode({"image": image, "pair": (image[0], 7)}))  # a joiner's
+    assert torch.equal(sent["image"], image.cpu()) and sent["pair"][1] == 7
     with torch.no_grad():
         for p in st.model.parameters():
             p.add_(1.0)  # training goes on with the originals
