@@ -16,8 +16,9 @@ Figures (goal in brackets):
   ``--max-size`` [0];
 * ``orphans``: worker processes of the job alive once the run ended [0];
 * ``threads_per_worker_first`` / ``_last`` / ``threads_growth_max``: the thread count of each
-  worker once settled (``SETTLE_S`` after it was first seen: past its boot) and when last
-  seen, and the most any one grew through the generations it lived [flat];
+  worker once settled (a member: it has logged a committed step, and ``SETTLE_S`` after it
+  was first seen) and when last seen, and the most any one grew through the generations it
+  lived [flat];
 * ``runs_lost``: the run ended ``lost`` [0]; ``runs_trained_twice``: the ring trained from
   step 1 again after it had passed a snapshot, or a start after the end trained again [0];
 * ``steps_redone_per_kill``: steps committed more than once (the ledger's ``steps_lost``)
@@ -99,6 +100,16 @@ class Watch:
         self.first: dict[int, int] = {}  # pid -> threads once it settled (trained a while)
         self.last: dict[int, int] = {}
 
+    def _member(self, rec: dict[str, Any]) -> bool:
+        """Has the worker committed a step (its step log is not empty)? Before that it is
+        booting (importing, profiling, waiting to join) with fewer threads than a member
+        has, and counting from there read as growth (a loaded machine boots for minutes)."""
+        log = self.run.workdir / "workers" / f"{rec.get('id')}.jsonl"
+        try:
+            return log.stat().st_size > 0
+        except OSError:
+            return False
+
     def sample(self) -> list[dict[str, Any]]:
         live = self.run.workers()
         self.duplicates = max(self.duplicates, len(live) - self.max_size)
@@ -107,8 +118,8 @@ class Watch:
             pid = int(r["pid"])
             self.seen.setdefault(pid, now)
             n = _threads(pid)
-            if n is not None and now - self.seen[pid] >= SETTLE_S:  # past its boot
-                self.first.setdefault(pid, n)
+            if n is not None and self._member(r) and now - self.seen[pid] >= SETTLE_S:
+                self.first.setdefault(pid, n)  # past its boot: it has trained a step
                 self.last[pid] = n
         return live
 
