@@ -18,9 +18,8 @@ from typing import Callable
 
 import pytest
 
-from tests.e2e.test_local_run import QUIET, needs_trainer
+from tests.e2e.test_local_run import QUIET, kill_every_worker_and_see_the_resume, needs_trainer
 from tests.fakes.local_run import JOB, RunProcess
-from tests.fakes.wait import wait_for
 
 pytestmark = [pytest.mark.slow, needs_trainer]
 
@@ -29,17 +28,12 @@ def run_and_kill_everyone(tmp_path: Path, snapshot_toml: str, env: dict[str, str
     cfg = tmp_path / "c.toml"
     cfg.write_text('[fleet]\nmarkets = ["spot"]\nmax_size = 3\n[snapshot]\nevery_s = 60\n'
                    + snapshot_toml)
-    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "30", config=cfg,
+    with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "400", config=cfg,
                     env=env).start() as run:
-        assert wait_for(lambda: run.training(3, 40) and run.ring().get("snapshot"), 180,
-                        step_s=0.2, abort=run.exited)
-        run.kill_workers()
-        assert run.wait(timeout=240) == 0, run.log()
+        fig = kill_every_worker_and_see_the_resume(run)
         snaps = run.workdir / "snapshots"
         assert not snaps.exists() or not any(snaps.rglob("*")), \
             "snapshots went to the daemon's disk instead of the bucket"
-        fig = run.report()
-    assert fig["outcome"] == "done" and fig["resumed_from"] is not None, fig
     return fig
 
 
