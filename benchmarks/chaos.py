@@ -16,8 +16,8 @@ Figures (goal in brackets):
   ``--max-size`` [0];
 * ``orphans``: worker processes of the job alive once the run ended [0];
 * ``threads_per_worker_first`` / ``_last`` / ``threads_growth_max``: the thread count of each
-  worker once settled (a member: it has logged a committed step, and ``SETTLE_S`` after it
-  was first seen) and when last seen, and the most any one grew through the generations it
+  worker once settled (``SETTLE_S`` after it was first seen as a member: it has logged a
+  committed step) and when last seen, and the most any one grew through the generations it
   lived [flat];
 * ``runs_lost``: the run ended ``lost`` [0]; ``runs_trained_twice``: the ring trained from
   step 1 again after it had passed a snapshot, or a start after the end trained again [0];
@@ -55,7 +55,7 @@ log = logging.getLogger("chaos")
 
 SNAPSHOT_EVERY_S = 60  # simulated seconds (1 real second at --speed 60)
 SPEED = 60  # the runs' --speed
-SETTLE_S = 30.0  # a worker's threads are counted from this long after it was first seen
+SETTLE_S = 5.0  # a worker's threads are counted from this long after its first step
 
 
 def _wait(predicate: Any, timeout_s: float, step_s: float = 0.2) -> bool:
@@ -97,6 +97,7 @@ class Watch:
         self.run, self.max_size = run, max_size
         self.duplicates = 0
         self.seen: dict[int, float] = {}  # pid -> when first seen
+        self.member_since: dict[int, float] = {}  # pid -> when first seen as a member
         self.first: dict[int, int] = {}  # pid -> threads once it settled (trained a while)
         self.last: dict[int, int] = {}
 
@@ -118,9 +119,11 @@ class Watch:
             pid = int(r["pid"])
             self.seen.setdefault(pid, now)
             n = _threads(pid)
-            if n is not None and self._member(r) and now - self.seen[pid] >= SETTLE_S:
-                self.first.setdefault(pid, n)  # past its boot: it has trained a step
-                self.last[pid] = n
+            if n is not None and self._member(r):  # past its boot: it has trained a step
+                since = self.member_since.setdefault(pid, now)
+                if now - since >= SETTLE_S:  # its group and loaders started
+                    self.first.setdefault(pid, n)
+                    self.last[pid] = n
         return live
 
 
