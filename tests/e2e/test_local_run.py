@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.local_run import REPO, RunProcess
-from tests.fakes.wait import wait_for
+from tests.fakes.wait import BOOT_S, wait_for
 
 pytestmark = pytest.mark.slow
 needs_trainer = pytest.mark.skipif(
@@ -42,7 +42,7 @@ def no_snapshots(tmp_path: Path) -> Path:
     return cfg
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_every_worker_killed_without_snapshots_is_a_lost_job_and_a_second_run_is_refused(
         tmp_path):
     """The issue's run: every worker SIGKILLed at once. With snapshots off, the job is lost:
@@ -51,7 +51,7 @@ def test_every_worker_killed_without_snapshots_is_a_lost_job_and_a_second_run_is
     money), never "steps lost 0"."""
     with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "200",
                     config=no_snapshots(tmp_path)).start() as run:
-        assert wait_for(lambda: run.training(3, 20), 180, step_s=0.2, abort=run.exited)
+        assert wait_for(lambda: run.training(3, 20), BOOT_S, step_s=0.2, abort=run.exited)
         # a second run on the same workdir is refused, and the first is untouched
         second = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--workdir",
                                  str(run.workdir), "--no-dashboard"], cwd=REPO,
@@ -74,7 +74,7 @@ def test_every_worker_killed_without_snapshots_is_a_lost_job_and_a_second_run_is
         assert run.meta("run")["ended"]["outcome"] == "lost"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_ctrl_c_then_a_rerun_continues_the_same_run(tmp_path):
     """Ctrl-C drains and terminates the fleet and keeps everything; the same command again
     continues that run (same run id, same coordinator address and token, the simulated clock
@@ -82,7 +82,7 @@ def test_ctrl_c_then_a_rerun_continues_the_same_run(tmp_path):
     interruption cost. The run after a finished one moves it to ``runs/``."""
     with RunProcess(tmp_path / "w", *QUIET, "--until-epochs", "12").start() as run:
         wd = run.workdir
-        assert wait_for(lambda: run.training(2, 5), 180, step_s=0.2, abort=run.exited)
+        assert wait_for(lambda: run.training(2, 5), BOOT_S, step_s=0.2, abort=run.exited)
         run.send(signal.SIGINT)
         assert run.wait(timeout=120) == 130, run.log()  # drained, reported, 128 + SIGINT
         run1 = run.meta("run")
@@ -117,7 +117,7 @@ def test_ctrl_c_then_a_rerun_continues_the_same_run(tmp_path):
 
 
 @needs_trainer
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 def test_daemon_killed_during_training_and_restarted_adopts_the_ring(tmp_path):
     """The daemon is not in the data path: SIGKILLed while the ring trains, its workers go on
     (same pids, more steps); restarted on the same workdir it adopts them, runs the coordinator
@@ -131,7 +131,7 @@ def test_daemon_killed_during_training_and_restarted_adopts_the_ring(tmp_path):
                     "--record-samples").start() as run:
         # a ring of three formed and training (killed while a generation forms, the ring
         # waits for the coordinator: forming needs its store)
-        assert wait_for(lambda: _last_step(run, world=3) >= 30, 180, step_s=0.2,
+        assert wait_for(lambda: _last_step(run, world=3) >= 30, BOOT_S, step_s=0.2,
                         abort=run.exited)
         coord = run.meta("coordinator")
         pids = sorted(r["pid"] for r in run.workers())
@@ -188,7 +188,7 @@ def kill_every_worker_and_see_the_resume(run: RunProcess) -> dict:
     replacements resume from the newest snapshot and train on, then Ctrl-C ends the run.
     The job is far longer than the story (the ring could otherwise finish before the kill
     lands, leaving nothing to resume, as it did beside a chaos run). Returns the report."""
-    assert wait_for(lambda: run.training(3, 40) and run.ring().get("snapshot"), 180,
+    assert wait_for(lambda: run.training(3, 40) and run.ring().get("snapshot"), BOOT_S,
                     step_s=0.2, abort=run.exited)
     run.kill_workers()
     assert wait_for(lambda: run.ring().get("resumed_from") is not None, 240, step_s=0.2,
@@ -203,7 +203,7 @@ def kill_every_worker_and_see_the_resume(run: RunProcess) -> dict:
     return fig
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_every_worker_killed_resumes_from_the_newest_snapshot(tmp_path):
     """With snapshots on (every 60 simulated seconds = 1 real second at --speed 60), every
     worker killed at once costs at most one interval: the replacements resume from the
@@ -249,7 +249,7 @@ def make_job(seed):
 '''
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_until_epochs_applies_to_the_users_job_and_its_metrics_reach_the_report(tmp_path):
     """Issue 31.3 and 31.4: --until-epochs reaches any job that takes it (not only the digits
     example): the job ends there by itself, its on_finish runs, the run says done; what its

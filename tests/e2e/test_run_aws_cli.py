@@ -25,7 +25,7 @@ from tests.fakes.aws_world import AwsWorld  # noqa: E402
 pytestmark = pytest.mark.slow
 JOB = "cli-aws"
 from tests.conftest import REPO  # noqa: E402
-from tests.fakes.wait import wait_for  # noqa: E402
+from tests.fakes.wait import BOOT_S, wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +99,13 @@ def alive(world: AwsWorld) -> set[str]:
     return {i["InstanceId"] for i in world.instances(JOB)}
 
 
+@pytest.mark.timeout(900)
 def test_provision_run_against_moto(world, tmp_path):
     cfg = write_inputs(world, tmp_path)
     first = start(cfg, tmp_path, 1)
     try:
-        assert wait_for(lambda: len(alive(world)) == 2, 60), (tmp_path / "run1.log").read_text()
+        assert wait_for(lambda: len(alive(world)) == 2, BOOT_S), \
+            (tmp_path / "run1.log").read_text()
         fleet = alive(world)
         # every launch pins the wheel the daemon stored with the run ([cloud] artifacts)
         from provisioner.drivers.artifacts import sha256_of

@@ -37,7 +37,7 @@ def run_and_kill_everyone(tmp_path: Path, snapshot_toml: str, env: dict[str, str
     return fig
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(900)
 def test_snapshots_in_s3_resume_the_job(tmp_path):
     boto3 = pytest.importorskip("boto3")
     pytest.importorskip("moto.server")
@@ -53,7 +53,7 @@ def test_snapshots_in_s3_resume_the_job(tmp_path):
         assert keys and all(k.startswith(f"runs/{JOB}/") for k in keys), keys
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(900)
 def test_snapshots_in_gcs_resume_the_job(tmp_path):
     pytest.importorskip("google.cloud.storage")
     from tests.fakes.gcs_fake import GcsFake

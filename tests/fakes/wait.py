@@ -13,6 +13,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+#: How long a test waits for processes it started to boot and train (a daemon, its workers):
+#: at load 15-20 on two cores one ``import torch`` took 45 s of wall time, and three workers
+#: boot at once. The waits return as soon as the condition holds, so this is a guard against
+#: a hang, not a margin a quiet machine ever spends.
+BOOT_S = 600.0
+
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, *, step_s: float = 0.05,
              abort: Callable[[], str | None] | None = None) -> bool:

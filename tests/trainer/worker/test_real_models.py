@@ -144,7 +144,12 @@ def test_an_error_in_the_jobs_forward_ends_the_job_once_not_as_a_revocation(tmp_
         stats = ring.coord.stats()
         assert stats["outcome"] == "failed", stats
         assert "forward raised RuntimeError" in stats["failure"] and "step" in stats["failure"]
-        assert ring.procs["a"].wait(30) == 2 and ring.procs["b"].wait(30) == 2
+        assert ring.procs["a"].wait(30) == 2
+        # b ends failed too, unless the batch planner drained it first as a straggler (beside
+        # a chaos run, load 15-20, it measured 5x slower than a and left at step 2, exit 0)
+        code_b = ring.procs["b"].wait(30)
+        assert code_b == 2 or (code_b == 0 and "drained at generation" in
+                               (tmp_path / "b.log").read_text()), code_b
         assert not ring.events("lost")  # not treated like a revocation
         logs = ring.logs()
         assert logs.count("forward raised RuntimeError") <= 4, logs  # reported, not looped
