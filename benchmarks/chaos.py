@@ -96,7 +96,6 @@ class Watch:
     def __init__(self, run: Any, max_size: int) -> None:
         self.run, self.max_size = run, max_size
         self.duplicates = 0
-        self.seen: dict[int, float] = {}  # pid -> when first seen
         self.member_since: dict[int, float] = {}  # pid -> when first seen as a member
         self.first: dict[int, int] = {}  # pid -> threads once it settled (trained a while)
         self.last: dict[int, int] = {}
@@ -117,13 +116,13 @@ class Watch:
         now = time.monotonic()
         for r in live:
             pid = int(r["pid"])
-            self.seen.setdefault(pid, now)
+            if not self._member(r):  # still booting: it has not trained a step
+                continue
+            since = self.member_since.setdefault(pid, now)
             n = _threads(pid)
-            if n is not None and self._member(r):  # past its boot: it has trained a step
-                since = self.member_since.setdefault(pid, now)
-                if now - since >= SETTLE_S:  # its group and loaders started
-                    self.first.setdefault(pid, n)
-                    self.last[pid] = n
+            if n is not None and now - since >= SETTLE_S:  # its group and loaders started
+                self.first.setdefault(pid, n)
+                self.last[pid] = n
         return live
 
 
