@@ -131,22 +131,22 @@ def test_daemon_killed_during_training_and_restarted_adopts_the_ring(tmp_path):
                     "--record-samples").start() as run:
         # a ring of three formed and training (killed while a generation forms, the ring
         # waits for the coordinator: forming needs its store)
-        assert wait_for(lambda: _last_step(run, world=3) >= 30, BOOT_S, step_s=0.2,
+        assert wait_for(lambda: run.last_step(world=3) >= 30, BOOT_S, step_s=0.2,
                         abort=run.exited)
         coord = run.meta("coordinator")
         pids = sorted(r["pid"] for r in run.workers())
-        step_at_kill = _last_step(run)
+        step_at_kill = run.last_step()
         launches = len(run.events("launch"))
         run.send(signal.SIGKILL)
         run.wait(10)
-        assert wait_for(lambda: _last_step(run) > step_at_kill + 2, 120, step_s=0.1)
+        assert wait_for(lambda: run.last_step() > step_at_kill + 2, 120, step_s=0.1)
         assert sorted(r["pid"] for r in run.workers()) == pids  # the ring outlived the daemon
         run.start("run2.log")
         assert wait_for(lambda: bool(run.ring().get("adopted")), 120, step_s=0.2,
                         abort=run.exited), run.log()
         assert run.meta("coordinator") == coord
         assert int(run.ring()["step"]) >= step_at_kill
-        adopted_at = _last_step(run)
+        adopted_at = run.last_step()
         assert wait_for(lambda: int(run.ring().get("step") or 0) > adopted_at + 10, 120,
                         step_s=0.2, abort=run.exited), run.log()  # on, coordinated again
         run.send(signal.SIGINT)
@@ -165,21 +165,6 @@ def test_daemon_killed_during_training_and_restarted_adopts_the_ring(tmp_path):
         for epoch, ids in seen.items():
             assert len(ids) == len(set(ids)), f"epoch {epoch}: a sample trained twice"
             assert epoch == max(seen) or len(ids) == full, f"epoch {epoch}: samples missing"
-
-
-def _last_step(run: RunProcess, world: int = 1) -> int:
-    """The newest step any member logged in a ring of at least ``world`` members (the
-    members' own step lines: the daemon may be down)."""
-    last = 0
-    for f in (run.workdir / "workers").glob("*.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-                if int(rec["world"]) >= world:
-                    last = max(last, int(rec["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line being written
-    return last
 
 
 @needs_trainer

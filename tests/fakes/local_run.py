@@ -22,6 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,18 +140,28 @@ class RunProcess:
                 pass
         return pids
 
-    def step_times(self) -> dict[int, float]:
-        """Committed step -> the earliest wall time a member logged it."""
-        out: dict[int, float] = {}
+    def _step_lines(self) -> Iterator[dict[str, Any]]:
+        """Every member's step lines (the members' own logs: readable while the daemon is
+        down)."""
         for f in (self.workdir / "workers").glob("*.jsonl"):
             for line in f.read_text().splitlines():
                 try:
-                    rec = json.loads(line)
+                    yield json.loads(line)
                 except json.JSONDecodeError:
-                    continue  # a torn last line of a killed worker
-                s, t = int(rec["step"]), float(rec["t"])
-                out[s] = min(out.get(s, t), t)
+                    continue  # a torn last line of a killed worker, or one being written
+
+    def step_times(self) -> dict[int, float]:
+        """Committed step -> the earliest wall time a member logged it."""
+        out: dict[int, float] = {}
+        for rec in self._step_lines():
+            s, t = int(rec["step"]), float(rec["t"])
+            out[s] = min(out.get(s, t), t)
         return out
+
+    def last_step(self, world: int = 1) -> int:
+        """The newest step any member logged in a ring of at least ``world`` members."""
+        return max((int(rec["step"]) for rec in self._step_lines()
+                    if int(rec.get("world", 0)) >= world), default=0)
 
 
 # -- a local run in this process ------------------------------------------------------------
