@@ -74,15 +74,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def spawn(args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start a child in its own process group, its output into ``log_path``."""
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A benchmark child's environment: ours, one OpenMP thread unless set, ``env`` over it,
+    and the repository put before the ``PYTHONPATH`` we were given, never in its place (a
+    device machine brings the project's own dependencies through ``PYTHONPATH``)."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
-    )
     if env:
         full_env.update(env)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return full_env
+
+
+def spawn(args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a child in its own process group, its output into ``log_path``."""
+    full_env = child_env(env)
     out = open(log_path, "ab")
     log.debug("spawn %s", " ".join(args))
     return subprocess.Popen(

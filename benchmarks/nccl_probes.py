@@ -139,7 +139,9 @@ def child_f3(backend: str, port: int, how: str, probe_s: float) -> None:
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int, dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    from _common import child_env
+
+    env = child_env({"OMP_NUM_THREADS": "1"})
     try:
         p = subprocess.run([sys.executable, __file__, *argv], capture_output=True, env=env,
                            cwd=str(REPO), timeout=timeout)

@@ -309,7 +309,7 @@ def _records(ring: Ring, name: str) -> list[dict[str, Any]]:
 
 def revoke(workdir: Path, layer_ms: float, settle: int, staleness: int = 0) -> dict[str, Any]:
     env = {"PIPE_EPOCHS": "200", "PIPE_LAYER_MS": str(layer_ms), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "PIPE_D": str(staleness)}
+           "PIPE_D": str(staleness)}
     with Ring(workdir, job=JOB, env=env, initial_world=4, heartbeat_timeout_s=2.0) as ring:
         names = ["a", "b", "c", "d"]
         for n in names:
