@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,6 +151,9 @@ def quick(device: str, dry: bool, join_pin: str, workdir: Path) -> dict[str, Any
         got = run(fig, workdir, QUICK_TIMEOUT_S[name])
         line["figures"][name] = got.get("result", got)
         line["met"][name] = met(name, fig["goal"], got["result"]) if "result" in got else None
+        # each figure as it comes, so a lease that ends early still leaves the first ones
+        print(f"[gpu.py] {name}: " + json.dumps(line["figures"][name], sort_keys=True),
+              file=sys.stderr, flush=True)
     probe = [str(HERE / "nccl_probes.py")]
     probe += (["--backend", "double", "--tiny", "--group-timeout", "1", "--probe-s", "1.5"]
               if dry else ["--group-timeout", "4", "--probe-s", "10"])
@@ -202,12 +206,14 @@ def run(fig: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
     argv = [*fig["argv"], "--workdir", str(workdir / fig["figure"])]
     t0 = time.monotonic()
     with open(logf, "wb") as err:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=err,
+                                env=env, cwd=str(REPO))
         try:
-            proc = subprocess.run([sys.executable, *argv], stdout=subprocess.PIPE, stderr=err,
-                                  env=env, cwd=str(REPO), timeout=timeout)
+            stdout, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            _end_tree(proc)
             return {"error": f"timed out after {timeout:.0f}s", "log": str(logf)}
-    line = (proc.stdout.decode(errors="replace").strip().splitlines() or [""])[-1]
+    line = (stdout.decode(errors="replace").strip().splitlines() or [""])[-1]
     try:
         result = json.loads(line)
     except json.JSONDecodeError:
@@ -216,6 +222,34 @@ def run(fig: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
                 "tail": tail}
     result["wall_s"] = round(time.monotonic() - t0, 1)
     return {"result": result}
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (neither gone nor a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _end_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End a benchmark that ran past its time and every process below it: its rings run in
+    sessions of their own, and one left behind kept a GPU busy under the next figures (seen
+    on the first H200 run: a worker of ``a_plain`` trained on through ``c_gpt2``)."""
+    from _common import descendants
+
+    tree = descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+            proc.poll()  # reap the benchmark itself; its children are reaped by init
+            time.sleep(0.2)
+    proc.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:

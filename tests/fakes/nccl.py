@@ -34,6 +34,7 @@ import datetime
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -94,13 +95,34 @@ class FakeWork:
         return fut
 
 
+def _held_as_nccl_holds(store: Any) -> Any:
+    """A getter of ``store`` that keeps a store written in Python only weakly (NCCL holds the
+    C++ half alone); a store of torch's own (TCPStore, HashStore) strongly."""
+    if type(store).__module__.startswith("torch"):
+        return lambda: store
+    ref = weakref.ref(store)
+
+    def get() -> Any:
+        got = ref()
+        if got is None:  # what the trampoline says when the Python object is gone
+            raise RuntimeError("fn INTERNAL ASSERT FAILED (the double): Not implemented.")
+        return got
+
+    return get
+
+
 class FakeNCCL:
     """A process group with NCCL's failure semantics over a real gloo group (module
     docstring). ``timeout_s``: the group's timeout (the watchdog's)."""
 
     def __init__(self, store: Any, rank: int, world: int, timeout_s: float) -> None:
-        self.store, self._rank, self._world, self.timeout_s = store, rank, world, timeout_s
-        self.root = root_of(store)
+        # NCCL holds only the C++ half of its store: a store written in Python (the
+        # generation's NamespacedStore) answers only while its caller holds the Python object,
+        # else torch's trampoline fails ("fn INTERNAL ASSERT FAILED ... Not implemented", as
+        # on an H200); the double holds it the same way, through a C++ PrefixStore
+        self.store = dist.PrefixStore("fake-nccl", store)
+        self._rank, self._world, self.timeout_s = rank, world, timeout_s
+        self._root = _held_as_nccl_holds(root_of(store))
         self._gloo: Any = None
         self._pending: list[FakeWork] = []
         self._lock = threading.Lock()
@@ -111,6 +133,11 @@ class FakeNCCL:
             _FIRST.append(self)
             threading.Thread(target=self._monitor, daemon=True,
                              name="fake-nccl-monitor").start()
+
+    @property
+    def root(self) -> Any:
+        """The store under every prefix, where the watchdog writes its dump."""
+        return self._root()
 
     def rank(self) -> int:
         return self._rank
@@ -124,7 +151,7 @@ class FakeNCCL:
         if self._gloo is None:  # ncclCommInitRank: blocks until every rank arrived
             # gloo's own timeout only bounds the rendezvous and the transport here: the
             # watchdog (timeout_s) is what ends a pending collective, as in NCCL
-            self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("fake-nccl/", self.store),
+            self._gloo = dist.ProcessGroupGloo(self.store,
                                                self._rank, self._world,
                                                datetime.timedelta(seconds=max(60.0,
                                                                               self.timeout_s)))

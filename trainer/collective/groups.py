@@ -227,6 +227,11 @@ class Group:
     ctl: Any
     store: Any
     timeout_s: float = 0.0
+    #: the Python store NCCL reads through (:class:`~trainer.collective.nccl.NamespacedStore`):
+    #: ``ProcessGroupNCCL`` holds only its C++ half, and once the Python object is collected
+    #: pybind's trampoline finds no ``set``/``get`` ("fn INTERNAL ASSERT FAILED ... Not
+    #: implemented", seen on an H200): the communicator's lazy init then fails every time
+    keep: Any = None
 
     @property
     def is_nccl(self) -> bool:
@@ -300,6 +305,7 @@ def form_group(
     conn = store.clone() if isinstance(store, ControlStore) else store
     prefix = PrefixStore(f"g{generation}/{sub}", conn)
     timeout = datetime.timedelta(seconds=timeout_s)
+    keep: list[Any] = []  # the NCCL group's Python store: held as long as the group (Group.keep)
 
     def gloo(where: Store, limit: datetime.timedelta = timeout) -> Any:
         if hostname is None:
@@ -316,8 +322,8 @@ def form_group(
             # out rank 0's evaluation (a dead peer still fails it within tens of ms)
             ctl = gloo(PrefixStore("ctl/", prefix),
                        datetime.timedelta(seconds=nc.backstop_s(timeout_s)))
-            root = nc.NamespacedStore(f"g{generation}/{sub}nccl/", conn)
-            pg = make_nccl(root, rank, world, nc.backstop_s(timeout_s))
+            keep.append(nc.NamespacedStore(f"g{generation}/{sub}nccl/", conn))
+            pg = make_nccl(keep[-1], rank, world, nc.backstop_s(timeout_s))
             return pg, ctl
         pg = gloo(prefix)
         return pg, pg
@@ -335,13 +341,13 @@ def form_group(
     except GenerationBroken:
         bury(conn)  # may still be blocked in the abandoned rendezvous: closing ends it
         if backend == "nccl" and "pg" in locals():
-            failed = Group(pg, ctl, conn)
+            failed = Group(pg, ctl, conn, keep=keep)
             failed.abort()
             bury(failed)  # its gloo group may hold the canary: never destroyed while running
         if isinstance(conn, ControlStore):
             conn.close()
         raise
-    group = Group(pg, ctl, conn, timeout_s)
+    group = Group(pg, ctl, conn, timeout_s, keep=keep)
     if backend != "nccl":
         group.close()  # gloo's rendezvous is over; NCCL reads the store again lazily
     return group

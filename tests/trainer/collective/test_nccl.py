@@ -181,7 +181,10 @@ def test_form_group_connects_nccl_eagerly_under_the_generations_namespace(monkey
     assert set(out) == {0, 1}
     for g in out.values():
         assert g.is_nccl and g.pg._gloo is not None  # eager: connected while forming
-        assert isinstance(g.pg.store, nc.NamespacedStore) and g.pg.store.prefix == "g3/nccl/"
+        # NCCL holds its store's C++ half alone: the Python NamespacedStore lives on in the
+        # Group, or torch's trampoline no longer finds its methods (seen on an H200)
+        assert isinstance(g.pg.root, nc.NamespacedStore) and g.pg.root.prefix == "g3/nccl/"
+        assert g.keep == [g.pg.root]
     tensors = {r: torch.full((3,), float(r + 1)) for r in (0, 1)}
     works = {r: out[r].pg.allreduce([tensors[r]]) for r in (0, 1)}
     for r in (0, 1):
