@@ -144,8 +144,10 @@ class Reducer:
         if not self.buckets or self.buckets[-1].buffer.numel() == self.buckets[-1].grad_numel:
             dev = self.params[0].device if self.params else torch.device("cpu")
             self._separate_tail = torch.zeros(tail_numel, dtype=torch.float32, device=dev)
-        self._used = torch.zeros(len(self.params), dtype=torch.float32)
-        self._marked = torch.zeros(len(self.params), dtype=torch.float32)  # counted in pending
+        # plain Python flags, not tensors: the hook runs once per parameter per step, and a
+        # tensor's item get/set costs tens of microseconds (ResNet-50: 161 hooks a step)
+        self._used = bytearray(len(self.params))
+        self._marked = bytearray(len(self.params))  # counted in pending
         self._held = False  # hold(): gradients accumulate, no launch (a micro-batch)
         self._hooks: list[Any] = []
         self._next = 0  # the next bucket to launch
@@ -198,8 +200,8 @@ class Reducer:
         self._watch = watch
         self._next = 0
         self._failed = None
-        self._used.zero_()
-        self._marked.zero_()
+        self._used = bytearray(len(self.params))
+        self._marked = bytearray(len(self.params))
         self._held = False
         for b in self.buckets:
             b.buffer.zero_()
@@ -229,11 +231,11 @@ class Reducer:
                 v.copy_(g)
             p.grad = v
         if self._held:
-            self._used[i] = 1.0
+            self._used[i] = 1
             return
-        if self._marked[i] == 0:
-            self._marked[i] = 1.0
-            self._used[i] = 1.0
+        if not self._marked[i]:
+            self._marked[i] = 1
+            self._used[i] = 1
             b.pending -= 1
         try:
             self._launch_ready()
@@ -300,7 +302,7 @@ class Reducer:
     def used(self) -> torch.Tensor:
         """1.0 for each parameter (registration order) whose gradient this member's backward
         produced this step, else 0.0 (a CPU tensor; read it before :meth:`finish`)."""
-        return self._used.clone()
+        return torch.tensor(self._used, dtype=torch.float32)
 
     @property
     def nbytes(self) -> int:

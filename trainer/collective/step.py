@@ -324,18 +324,22 @@ class Stepper:
         dev = self._tail_device()
         parts = [head.to(dev)]
         zeros = 0  # a run of zeros not yet appended
+        # a few whole-list operations, not a few per buffer: ResNet-50's 161 buffers took
+        # ~1,000 small launches a step, each one host time on a GPU that waits for it
         with torch.no_grad():
             if b > 0 and self._avg:
-                parts += [buf.detach().reshape(-1).float() * (b / total) for buf in self._avg]
+                parts.append(_flat(self._avg).mul_(b / total))
             else:
                 zeros += self._o_copy - self._o_avg
             if self.rank == 0:
                 if zeros:
                     parts.append(torch.zeros(zeros, device=dev))
                     zeros = 0
-                parts += [buf.detach().reshape(-1).float() for buf in self._copy]
-                for buf in self._ints:
-                    v = buf.detach().reshape(-1).to(torch.int64)
+                if self._copy:
+                    parts.append(_flat(self._copy))
+                if self._ints:  # every integer as hi, then every integer as lo
+                    v = torch.cat([buf.detach().reshape(-1).to(torch.int64)
+                                   for buf in self._ints])
                     parts += [torch.div(v, int(_SPLIT), rounding_mode="floor").float(),
                               torch.remainder(v, int(_SPLIT)).float()]
             else:
@@ -381,20 +385,26 @@ class Stepper:
     def _set_buffers(self, reduced: torch.Tensor) -> None:
         with torch.no_grad():
             reduced = reduced.to(self._tail_device())
+            floats = [*self._avg, *self._copy]
             o = self._o_avg
-            for buf in self._avg:
-                n = buf.numel()
-                buf.copy_(reduced[o:o + n].view_as(buf))
-                o += n
-            for buf in self._copy:
-                n = buf.numel()
-                buf.copy_(reduced[o:o + n].view_as(buf))
-                o += n
-            for buf in self._ints:
-                n = buf.numel()
-                hi, lo = reduced[o:o + n].double(), reduced[o + n:o + 2 * n].double()
-                buf.copy_(torch.round(hi * _SPLIT + lo).to(buf.dtype).view_as(buf))
-                o += 2 * n
+            n = self._o_int - o
+            if floats:
+                torch._foreach_copy_(floats, [v.view_as(buf) for v, buf in zip(
+                    reduced[o:o + n].split([buf.numel() for buf in floats]), floats,
+                    strict=True)])
+            if self._ints:
+                k = (self.tail_numel - self._o_int) // 2
+                hi = reduced[self._o_int:self._o_int + k].double()
+                lo = reduced[self._o_int + k:self._o_int + 2 * k].double()
+                ints = torch.round(hi * _SPLIT + lo).to(torch.int64)
+                torch._foreach_copy_(self._ints, [v.view_as(buf) for v, buf in zip(
+                    ints.split([buf.numel() for buf in self._ints]), self._ints,
+                    strict=True)])
+
+
+def _flat(bufs: list[torch.Tensor]) -> torch.Tensor:
+    """The buffers, flattened into one new float32 tensor (one concatenation)."""
+    return torch.cat([buf.detach().reshape(-1).float() for buf in bufs])
 
 
 def micro_bounds(b: int, cap: int, min_batch: int = 1) -> list[tuple[int, int]]:
