@@ -138,23 +138,37 @@ def child_f3(backend: str, port: int, how: str, probe_s: float) -> None:
     print(json.dumps({"alive": True}), flush=True)
 
 
-def _run(argv: list[str], timeout: float) -> tuple[int, dict[str, Any]]:
+LOGS: list[Path] = []  # where each child's stderr goes (--workdir), else nowhere
+
+
+def _run(argv: list[str], timeout: float, name: str) -> tuple[int, dict[str, Any]]:
+    """Run one probe child; its exit code (124: timed out) and its last JSON line. Its stderr
+    goes to ``<workdir>/<name>.log`` (the first H200 run's probes timed out and left
+    nothing to read)."""
     from _common import child_env
 
     env = child_env({"OMP_NUM_THREADS": "1"})
+    err = open(LOGS[0] / f"{name}.log", "wb") if LOGS else subprocess.DEVNULL
     try:
-        p = subprocess.run([sys.executable, __file__, *argv], capture_output=True, env=env,
-                           cwd=str(REPO), timeout=timeout)
+        p = subprocess.run([sys.executable, __file__, *argv], stdout=subprocess.PIPE,
+                           stderr=err, env=env, cwd=str(REPO), timeout=timeout)
     except subprocess.TimeoutExpired:
+        print(f"[nccl_probes] {name}: timed out after {timeout:.0f}s",
+              file=sys.stderr, flush=True)
         return 124, {}
+    finally:
+        if LOGS:
+            err.close()
     lines = [ln for ln in p.stdout.decode(errors="replace").splitlines() if ln.startswith("{")]
+    print(f"[nccl_probes] {name}: exit {p.returncode} {lines[-1:] or ''}",
+          file=sys.stderr, flush=True)
     return p.returncode, (json.loads(lines[-1]) if lines else {})
 
 
 def probe_f1(backend: str, group_timeout: float) -> dict[str, Any]:
     limit = 180 + 4 * group_timeout  # a loaded CPU may take a minute to import torch
-    code_new, new = _run(["child-f1", backend, "new", str(group_timeout)], limit)
-    code_old, old = _run(["child-f1", backend, "old", str(group_timeout)], limit)
+    code_new, new = _run(["child-f1", backend, "new", str(group_timeout)], limit, "f1-new")
+    code_old, old = _run(["child-f1", backend, "old", str(group_timeout)], limit, "f1-old")
     return {**new, "new_path_exit": code_new, "old_path_exit": code_old,
             "old_path_alive": bool(old.get("old_path_alive")),
             "group_timeout_s": group_timeout}
@@ -172,7 +186,8 @@ def probe_f3(backend: str, probe_s: float) -> dict[str, Any]:
     store.set("exception_dump", "0")  # a failed generation of an earlier process left it
     out: dict[str, Any] = {"probe_s": probe_s}
     for how in ("prefix", "namespaced"):
-        code, got = _run(["child-f3", backend, str(port), how, str(probe_s)], 180 + 2 * probe_s)
+        code, got = _run(["child-f3", backend, str(port), how, str(probe_s)], 180 + 2 * probe_s,
+                         f"f3-{how}")
         out[f"{how}_alive"] = bool(got.get("alive")) and code == 0
         out[f"{how}_exit"] = code
     return out
@@ -239,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-timeout", type=float, default=4.0)
     ap.add_argument("--probe-s", type=float, default=20.0)
     ap.add_argument("--tiny", action="store_true", help="a small model for the memory probe")
-    ap.add_argument("--workdir", type=Path, default=None, help="unused (gpu.py passes one)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where each probe child's stderr is kept (default: not kept)")
     args = ap.parse_args(argv)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        LOGS.append(args.workdir)
     t0 = time.monotonic()
     out = {"backend": args.backend,
            "f1": probe_f1(args.backend, args.group_timeout),

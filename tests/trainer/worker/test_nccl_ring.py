@@ -49,10 +49,18 @@ def test_kills_before_the_first_bucket_and_mid_step_cost_one_step_each(tmp_path:
         assert all(f["steps_lost"] <= 1 for f in formed), formed
         assert ring.coord.stats()["steps_lost"] <= 2
         assert {e["name"] for e in ring.events("lost")} == {"b", "c"}
-        # the survivor trained again long before any timeout could have ended the wait
+        # the survivor trained again long before any timeout could have ended the wait: b's
+        # kill (before its first bucket) is always found by the canary
         ts = sorted((m["t"], m["generation"]) for m in ring.metrics() if m["member"])
         gaps = [t2 - t1 for (t1, g1), (t2, g2) in zip(ts, ts[1:]) if g2 != g1]
-        assert gaps and max(gaps) < TIMEOUT_S / 3, gaps
+        why = {e["name"]: e["detail"] for e in ring.events("lost")}
+        assert len(gaps) == 2 and "collective failed" in why["b"], (gaps, why)
+        assert gaps[0] < TIMEOUT_S / 3, gaps
+        # c's, wherever it lands, too; except in the window after the step's canary round and
+        # before its collective completed, where no wait of the survivor fails any more and the
+        # heartbeat finds it (docs/trainer.md, "GPUs and NCCL": about 1 run in 10 here)
+        late = "heartbeat stopped" in why["c"]
+        assert gaps[1] < (TIMEOUT_S + 10 if late else TIMEOUT_S / 3), (gaps, why)
     finally:
         ring.close()
 
