@@ -198,6 +198,11 @@ def grad_bucket_mb(job_path: Path, env: dict[str, str], workers: int,
             "params": sum(p.numel() for p in job.model.parameters())}
 
 
+def _ms(xs: list[float]) -> float | None:
+    """The median of ``xs`` seconds in milliseconds (None when empty)."""
+    return round(statistics.median(xs) * 1e3, 2) if xs else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -292,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ratios, ratios_train, rates = [], [], {"ring": [], "ddp": []}
     totals = {"ring": [0.0, 0], "ddp": [0.0, 0]}
     waits: list[float] = []
+    computes: list[float] = []
+    steps: list[float] = []
+    gaps: list[float] = []
     for k in range(args.pairs):
         got, per_sample = {}, {}
         for (side, t0, t1), used in zip(measured[2 * k: 2 * k + 2],
@@ -305,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 waits += [r["wait_s"] / r["step_s"] for r in recs[side]
                           if t0 <= r["t"] < t1 and r.get("step_s")]
+                inside = [r for r in recs[side] if t0 <= r["t"] < t1]
+                computes += [r["compute_s"] for r in inside if "compute_s" in r]
+                steps += [r["step_s"] for r in inside if "step_s" in r]
+                gaps += [b["t"] - a["t"] for a, b in zip(inside, inside[1:])]
             rates[side].append(rate)
             totals[side][0] += rate * n
             totals[side][1] += n
@@ -340,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_ms_per_step": round((args.global_batch / ring_rate
                                        - args.global_batch / base_rate) * 1e3, 2),
         "spotring_wait_share": round(statistics.median(waits), 3) if waits else None,
+        # where a spotring step's time goes (medians, ms): the compute (forward and backward,
+        # the GPU's stream included), the compute and the reduction's wait, and the interval
+        # from one step's record to the next; interval - step is the host's own time (commit,
+        # batch, records) that neither hides
+        "spotring_compute_ms": _ms(computes),
+        "spotring_step_ms": _ms(steps),
+        "spotring_interval_ms": _ms(gaps),
         # CPU seconds per sample of the baseline's processes / of spotring's (coordinator
         # included): above 1, spotring needs less CPU per sample; it sets the ratio on a
         # machine whose cores are saturated by others
