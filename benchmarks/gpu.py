@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -206,12 +205,17 @@ def run(fig: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
     argv = [*fig["argv"], "--workdir", str(workdir / fig["figure"])]
     t0 = time.monotonic()
     with open(logf, "wb") as err:
+        # a session of its own, so that a figure past its time ends with every process below
+        # it (its rings run in sessions of their own: one left behind kept the GPU busy under
+        # the next figures on the first H200 run)
         proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=err,
-                                env=env, cwd=str(REPO))
+                                env=env, cwd=str(REPO), start_new_session=True)
         try:
             stdout, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _end_tree(proc)
+            from _common import stop
+
+            stop([proc])
             return {"error": f"timed out after {timeout:.0f}s", "log": str(logf)}
     line = (stdout.decode(errors="replace").strip().splitlines() or [""])[-1]
     try:
@@ -222,34 +226,6 @@ def run(fig: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
                 "tail": tail}
     result["wall_s"] = round(time.monotonic() - t0, 1)
     return {"result": result}
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (neither gone nor a zombie waiting for its parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _end_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """End a benchmark that ran past its time and every process below it: its rings run in
-    sessions of their own, and one left behind kept a GPU busy under the next figures (seen
-    on the first H200 run: a worker of ``a_plain`` trained on through ``c_gpt2``)."""
-    from _common import descendants
-
-    tree = descendants(proc.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in tree:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p) for p in tree):
-            proc.poll()  # reap the benchmark itself; its children are reaped by init
-            time.sleep(0.2)
-    proc.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:

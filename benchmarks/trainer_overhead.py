@@ -311,9 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             if side == "ddp":
                 got["ddp_train"] = slice_rate(recs[side], t0, t1, exclude="eval_s")[0]
             else:
-                waits += [r["wait_s"] / r["step_s"] for r in recs[side]
-                          if t0 <= r["t"] < t1 and r.get("step_s")]
                 inside = [r for r in recs[side] if t0 <= r["t"] < t1]
+                waits += [r["wait_s"] / r["step_s"] for r in inside if r.get("step_s")]
                 computes += [r["compute_s"] for r in inside if "compute_s" in r]
                 steps += [r["step_s"] for r in inside if "step_s" in r]
                 gaps += [b["t"] - a["t"] for a, b in zip(inside, inside[1:])]

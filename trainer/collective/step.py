@@ -389,22 +389,24 @@ class Stepper:
             o = self._o_avg
             n = self._o_int - o
             if floats:
-                torch._foreach_copy_(floats, [v.view_as(buf) for v, buf in zip(
-                    reduced[o:o + n].split([buf.numel() for buf in floats]), floats,
-                    strict=True)])
+                _unflat_into(floats, reduced[o:o + n])
             if self._ints:
                 k = (self.tail_numel - self._o_int) // 2
                 hi = reduced[self._o_int:self._o_int + k].double()
                 lo = reduced[self._o_int + k:self._o_int + 2 * k].double()
-                ints = torch.round(hi * _SPLIT + lo).to(torch.int64)
-                torch._foreach_copy_(self._ints, [v.view_as(buf) for v, buf in zip(
-                    ints.split([buf.numel() for buf in self._ints]), self._ints,
-                    strict=True)])
+                _unflat_into(self._ints, torch.round(hi * _SPLIT + lo).to(torch.int64))
 
 
 def _flat(bufs: list[torch.Tensor]) -> torch.Tensor:
     """The buffers, flattened into one new float32 tensor (one concatenation)."""
     return torch.cat([buf.detach().reshape(-1).float() for buf in bufs])
+
+
+def _unflat_into(bufs: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` back into ``bufs`` (the inverse of :func:`_flat`; each buffer keeps its
+    dtype), in one ``_foreach_copy_``."""
+    torch._foreach_copy_(bufs, [v.view_as(buf) for v, buf in zip(
+        flat.split([buf.numel() for buf in bufs]), bufs, strict=True)])
 
 
 def micro_bounds(b: int, cap: int, min_batch: int = 1) -> list[tuple[int, int]]:
