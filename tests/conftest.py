@@ -14,7 +14,8 @@ use names and subnets of their own (tests/fakes/netns.py).
 
 ``SPOTRING_TEST_CPU=FILE`` appends one line per test to FILE: the processor seconds it cost
 (the test process's and its waited-for children's, so the processes a run starts count) and
-its wall seconds: the suite is CPU-bound on two cores, so its time is cut where the CPU goes,
+its wall seconds, then when it started (Unix time) and which xdist worker ran it (a timeline of
+the run): the suite is CPU-bound on two cores, so its time is cut where the CPU goes,
 which ``--durations`` (wall time) does not show."""
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not out:
         yield
         return
-    cpu, wall = _cpu_s(), time.monotonic()
+    cpu, wall, start = _cpu_s(), time.monotonic(), time.time()
     yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     with open(out, "a") as fh:
-        fh.write(f"{_cpu_s() - cpu:.2f} {time.monotonic() - wall:.2f} {item.nodeid}\n")
+        fh.write(f"{_cpu_s() - cpu:.2f} {time.monotonic() - wall:.2f} {start:.1f} {worker} "
+                 f"{item.nodeid}\n")
 
 
 @pytest.fixture(scope="session")

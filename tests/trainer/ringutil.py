@@ -28,7 +28,7 @@ from trainer.control.coordinator import Coordinator
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = b"test-token-0123456789"
-PRELOAD = ["torch", "torch.distributed", "trainer.worker.loop", "trainer.__main__",
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "trainer.worker.loop", "trainer.__main__",
            "sklearn.datasets", "sklearn.model_selection"]
 _CTX: Any = None
 
