@@ -123,6 +123,7 @@ def test_full_size_jobs_have_the_published_parameter_counts(monkeypatch):
     assert counts["gpt"] == 124_439_808 - (1024 - 8) * 768
 
 
+@pytest.mark.slow  # its probes wait out watchdogs: started first, it does not end the suite
 def test_dry_runs_the_quick_device_check_on_the_cpu_and_prints_one_line(tmp_path):
     """``gpu.py --dry`` (CI): the probes run for real with the NCCL double and meet their
     goals (the new wait gives up and the process outlives the watchdog; the old blocking
