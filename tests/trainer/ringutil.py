@@ -5,8 +5,8 @@ entry point (``trainer.__main__.main``). They are forked from a multiprocessing 
 that imported torch, sklearn and the trainer once, because on the shared 2-core machine a
 fresh ``python -m trainer`` spends most of its start importing (test_cli.py runs the real
 command line). ``env={"SPOTRING_TEST_NCCL_DOUBLE": "1"}`` runs the workers with the NCCL
-double (``tests/fakes/nccl.py``): every generation is then an NCCL one. The coordinator runs in the test process so the test reads its events and
-stats directly.
+double (``tests/fakes/nccl.py``): every generation is then an NCCL one. The coordinator runs
+in the test process so the test reads its events and stats directly.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from trainer.control.coordinator import Coordinator
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = b"test-token-0123456789"
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "trainer.worker.loop", "trainer.__main__",
-           "sklearn.datasets", "sklearn.model_selection"]
+# torch._dynamo: the first optimizer a job builds imports it (torch/_compile.py), 1.2-2 CPU-s
+# in every forked worker otherwise; importing it starts no thread, so forking after it is safe
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "trainer.worker.loop",
+           "trainer.__main__", "sklearn.datasets", "sklearn.model_selection"]
 _CTX: Any = None
 
 
