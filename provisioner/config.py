@@ -189,6 +189,12 @@ class PacingSettings(_Section):
     bank_hours: float | None = Field(None, ge=0, le=1000, description="hours of the pace to "
                                      "bank ahead with the cheapest hardware while dearer spot "
                                      "is the fallback; unset: learned from the outages seen")
+    spot_share: float | None = Field(None, gt=0, le=1, description="the share of the time "
+                                     "the cheapest spot is expected to be there, for a "
+                                     "deadline with only on-demand to fall back on: its work "
+                                     "is spread over that time from the start; unset: learned "
+                                     "from the outages seen (none assumed before one longer "
+                                     "than the safety margin)")
     work_per_dollar_steps: list[float] = Field(default_factory=lambda: [2.0, 4.0],
                                                description="also try these multiples of the "
                                                "pace; keep the fleet cheapest per sample")

@@ -191,13 +191,16 @@ def run(args: argparse.Namespace) -> int:
     m = money(results, world, params)
     if m is not None:
         figs["spotring"]["money"] = m
+    shares = world.spot_shares()
+    if "spotring" in figs and shares:
+        figs["spotring"]["spot_share"] = shares
     if args.report:
         path = write_report(args.report, world, results, params=params, work=args.work,
                             deadline_h=args.deadline, traces=args.trace)
     if args.json:
         print_json(figs, sort_keys=True)
     else:
-        print(summary(figs, m))
+        print(summary(figs, m, shares))
         if args.report:
             print(f"report written to {path}")
     return 0

@@ -246,20 +246,25 @@ def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float,
     return target, floor, safety
 
 
-def spot_time_rate(work_left: float, line_left_s: float, out_s: float, elapsed_s: float
-                   ) -> float:
+def spot_share(out_s: float, elapsed_s: float) -> float:
+    """The share of ``elapsed_s`` the cheap hardware was there (``out_s`` of it out),
+    clipped to [0, 1]; 1 before any time has passed."""
+    if elapsed_s <= 0:
+        return 1.0
+    return min(1.0, max(1.0 - out_s / elapsed_s, 0.0))
+
+
+def spot_time_rate(work_left: float, line_left_s: float, share: float) -> float:
     """Samples/s to run while the cheap hardware is there so that the work left is done by
-    the line in the time it is expected to be there: the line's rate divided by the share of
-    the time so far that it was (``1 - out_s / elapsed_s``, the outages seen). Where spot
-    is out a third of the time, a hard deadline's pace over wall time leaves a third of its
-    work to the on-demand net at three times the price; this spreads it over the spot time
-    instead. 0 when nothing is left or no time is (the caller's floor takes over)."""
-    if work_left <= 0 or line_left_s <= 0 or elapsed_s <= 0:
+    the line in the time it is expected to be there: the line's rate divided by ``share``,
+    the share of the time it is expected to be there (:func:`spot_share` of the outages
+    seen, or the user's ``pacing.spot_share``). Where spot is out a third of the time, a
+    hard deadline's pace over wall time leaves a third of its work to the on-demand net at
+    three times the price; this spreads it over the spot time instead. 0 when nothing is
+    left, no time is, or the hardware is never there (the caller's floor takes over)."""
+    if work_left <= 0 or line_left_s <= 0 or share <= 0.0:
         return 0.0
-    share = min(1.0, max(1.0 - out_s / elapsed_s, 0.0))
-    if share <= 0.0:
-        return 0.0
-    return work_left / (line_left_s * share)
+    return work_left / (line_left_s * min(share, 1.0))
 
 
 def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, model_mb: float,
@@ -281,7 +286,7 @@ def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, mo
 def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log: OutageLog,
                      now: float, *, left: float, line_left_s: float, elapsed_s: float,
                      horizon_s: float, safety_s: float, max_size: int, model_mb: float,
-                     global_batch: int, gbps: float) -> float:
+                     global_batch: int, gbps: float, share: float | None = None) -> float:
     """Samples/s a user's deadline runs at on its ``cheap`` hardware (the cheapest per
     sample, there now) when an outage of it leaves only on-demand (in ``cands``) to fall
     back on; 0 when the rule does not apply.
@@ -289,9 +294,15 @@ def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log
     After outages of the cheap hardware longer than the deadline's safety margin
     (``log.typical_s() > safety_s``; the line already keeps the margin for shorter ones),
     the work left is done in the time the hardware is expected to be there
-    (:func:`spot_time_rate`: the share of the time so far that it was, ``horizon_s`` (the
-    churn horizon) counted as time it was, so one outage early on is not the rule), up to
-    the fastest ring whose samples cost no more than on-demand's (:func:`rate_within`).
+    (:func:`spot_time_rate` over :func:`spot_share`, the share of the time so far that it
+    was, ``horizon_s`` (the churn horizon) counted as time it was, so one outage early on
+    is not the rule), up to the fastest ring whose samples cost no more than on-demand's
+    (:func:`rate_within`).
+    ``share`` (the user's ``pacing.spot_share``) applies from the start, the outages of a
+    market the user knows before the job has seen them; once it has seen long ones, the
+    lower of the two (on a deadline whose fallback is on-demand, a share guessed too high
+    leaves work to the net at three times the price, one guessed too low costs a few
+    percent of ring efficiency).
     Paced over wall time, the V100 10-minute probes (out together for 3.8 h and 6.2 h) fell
     behind, bought 16 on-demand instances in the last hours and 12-16 spot rings in the
     flapping catch-up: 1.387x the bound. A constant rate over the expected spot time is
@@ -299,8 +310,13 @@ def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log
     size)."""
     od = [c for c in cands if c.offering.market == "on-demand"
           and c.price_per_hour > 0 and c.useful > 0]
-    if not od or log.typical_s() <= safety_s:
+    if not od:
         return 0.0
-    rate = spot_time_rate(left, line_left_s, log.out_s(now), elapsed_s + horizon_s)
+    if log.typical_s() > safety_s:
+        seen = spot_share(log.out_s(now), elapsed_s + horizon_s)
+        share = seen if share is None else min(share, seen)
+    if share is None or share >= 1.0:
+        return 0.0
+    rate = spot_time_rate(left, line_left_s, share)
     od_per = min(c.price_per_hour / c.useful for c in od)
     return min(rate, rate_within(cheap, od_per, max_size, model_mb, global_batch, gbps))

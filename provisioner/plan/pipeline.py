@@ -77,6 +77,7 @@ class PlanSettings:
     ahead_tolerance: float = 1.10
     catch_up_tolerance: float = 1.05
     bank_hours: float | None = None
+    spot_share: float | None = None  # of the time spot is expected there; None: learned
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
     max_launches: int = 4  # the churn limit per round and the round's period: how long a
     plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
@@ -118,7 +119,7 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         gpus=frozenset(g.lower() for g in settings.source.gpus), step_s=fleet.step_s,
         default_hazard=opt.default_spot_hazard_per_hour, time_limit_s=opt.time_limit_s,
         ahead_tolerance=pace.ahead_tolerance, catch_up_tolerance=pace.catch_up_tolerance,
-        bank_hours=pace.bank_hours,
+        bank_hours=pace.bank_hours, spot_share=pace.spot_share,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
         max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s,
         max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price,
@@ -509,7 +510,7 @@ class Planner:
                     left=left, line_left_s=pr.start + line_s - now,
                     elapsed_s=now - pr.start, horizon_s=horizon_s, safety_s=safety * 3600,
                     max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
-                    gbps=b.intra_zone_gbps)
+                    gbps=b.intra_zone_gbps, share=s.spot_share)
                 if rate > target:
                     target, good = rate, cheap
             if good is not None:

@@ -148,9 +148,19 @@ def money_line(m: Mapping[str, float | None]) -> str:
     return line
 
 
-def summary(figs: Mapping[str, Mapping], m: Mapping | None) -> str:
+def share_line(shares: Mapping[str, float]) -> str:
+    """One line of :meth:`World.spot_shares` for people ('' when no type has spot)."""
+    if not shares:
+        return ""
+    each = ", ".join(f"{t} {v:.0%}" for t, v in shares.items())
+    return (f"spot had capacity over the traces' whole period: {each} of the time (a deadline on "
+            "this market may set [pacing] spot_share to its type's share)")
+
+
+def summary(figs: Mapping[str, Mapping], m: Mapping | None,
+            shares: Mapping[str, float] | None = None) -> str:
     """The figures as a small table for a terminal (``provision simulate`` without
-    ``--json`` or ``--report``), then the money line."""
+    ``--json`` or ``--report``), then the money line and the spot share line."""
     rows = [("policy", "cost USD", "hours", "$/1M samples", "spotring x", "deadline",
              "launches", "revoked", "status")]
     for n, f in figs.items():
@@ -166,6 +176,8 @@ def summary(figs: Mapping[str, Mapping], m: Mapping | None) -> str:
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     if m is not None:
         lines += ["", money_line(m)]
+    if shares:
+        lines += [share_line(shares)]
     return "\n".join(lines)
 
 
@@ -212,6 +224,9 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     m = money(results, world, params)
     if m is not None:
         md += ["", money_line(m) + "."]
+    shares = world.spot_shares()
+    if shares:
+        md += ["", share_line(shares) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
            "the same work; a run that did not finish is compared per sample of unequal work and "
            "marked so. Hindsight is an offline bound: it knows the whole trace, keeps max_size "
@@ -234,6 +249,8 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     if m is not None:
         figs["spotring"]["money"] = m
+    if "spotring" in figs and shares:
+        figs["spotring"]["spot_share"] = shares
     (d / "figures.json").write_text(json.dumps(figs, indent=2, sort_keys=True, allow_nan=False)
                                     + "\n", encoding="utf-8")
     return path

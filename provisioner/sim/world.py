@@ -91,6 +91,27 @@ class World:
         s = self.avail.get(o)
         return UNLIMITED if s is None else int(s.at(t))
 
+    def spot_shares(self) -> dict[str, float]:
+        """Per instance type with spot offerings: the share of [start, end] some spot
+        offering of it had capacity (1 where one has no availability series): what
+        ``[pacing] spot_share`` asks of a market, read from its history."""
+        out: dict[str, float] = {}
+        span = self.end - self.start
+        if span <= 0:
+            return out
+        for itype in sorted({o.instance_type for o in self.price if o.market == "spot"}):
+            offs = [o for o in self.price if o.market == "spot" and o.instance_type == itype]
+            if any(self.avail.get(o) is None for o in offs):
+                out[itype] = 1.0
+                continue
+            cuts = sorted({self.start, self.end} | {float(t) for o in offs
+                                                    for t in self.avail[o].t
+                                                    if self.start < t < self.end})
+            up = sum(b - a for a, b in zip(cuts, cuts[1:])
+                     if any(self.available(o, a) > 0 for o in offs))
+            out[itype] = float(up / span)
+        return out
+
 
 def _plausible(q: PriceQuote, notes: list[str]) -> bool:
     p = q.price_per_hour

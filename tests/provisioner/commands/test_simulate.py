@@ -109,3 +109,22 @@ def test_raw_describe_spot_price_history_json_simulates(tmp_path, capsys):
                  "--on-demand", "p3.2xlarge=3.06", "--policy", "spotring", "on-demand"]) == 0
     figs = json.loads(capsys.readouterr().out)
     assert figs["spotring"]["finished"] and figs["spotring"]["money"]["saved_vs_on_demand_usd"] > 0
+
+
+def test_the_share_of_time_spot_had_capacity_is_reported_for_pacing_spot_share(
+        tmp_path, capsys):
+    # zone a there 0-3 h, out 3-9 h; zone b out 0-6 h, there 6-12 h: some zone had spot
+    # 0-3 h and 6-12 h, 9 of the 12 h (a zone out is not spot out, both out is)
+    rows = [("00", "a", 4), ("03", "a", 0), ("09", "a", 4), ("12", "a", 4),
+            ("00", "b", 0), ("06", "b", 4), ("12", "b", 4)]
+    t = tmp_path / "t.csv"
+    t.write_text(HEADER + "".join(
+        f"2024-01-01T{h}:00:00Z,aws,us-east-1,us-east-1{z},p3.2xlarge,spot,1.0,4.0,{n}\n"
+        for h, z, n in rows))
+    args = ["simulate", "--trace", str(t), "--work", "1e5", "--policy", "spotring"]
+    assert main(args + ["--json"]) == 0
+    figs = json.loads(capsys.readouterr().out)
+    assert figs["spotring"]["spot_share"] == {"p3.2xlarge": pytest.approx(0.75)}
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "p3.2xlarge 75% of the time" in out and "[pacing] spot_share" in out

@@ -83,8 +83,55 @@ def test_outage_time_counts_the_ended_outages_and_the_running_one():
 ])
 def test_spot_time_rate_spreads_the_work_over_the_time_spot_is_there(
         left, line_left_s, out_s, elapsed_s, rate):
-    from provisioner.plan.pacing import spot_time_rate
-    assert spot_time_rate(left, line_left_s, out_s, elapsed_s) == pytest.approx(rate)
+    from provisioner.plan.pacing import spot_share, spot_time_rate
+    share = spot_share(out_s, elapsed_s)
+    assert spot_time_rate(left, line_left_s, share) == pytest.approx(rate)
+
+
+def test_spot_share_is_the_time_there_clipped():
+    from provisioner.plan.pacing import spot_share
+    assert spot_share(0.0, 0.0) == 1.0  # no time yet: nothing says it was ever out
+    assert spot_share(900.0, 3_600.0) == pytest.approx(0.75)
+    assert spot_share(5_000.0, 3_600.0) == 0.0  # (more out than elapsed: clipped)
+
+
+def _spot_time(share, log, now=36_000.0, left=3.6e6, line_left_s=20_000.0):
+    """spot_time_target for one $0.918/h 400/s spot offering beside on-demand at $3.06/h
+    (2 h safety margin, 1 h churn horizon, 16 instances at most)."""
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate
+    from provisioner.plan.pacing import spot_time_target
+    spot = Candidate(Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "spot"),
+                     0.918, 400.0)
+    od = Candidate(Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "on-demand"),
+                   3.06, 400.0)
+    return spot_time_target([spot], [spot, od], log, now, left=left,
+                            line_left_s=line_left_s, elapsed_s=now, horizon_s=3_600.0,
+                            safety_s=7_200.0, max_size=16, model_mb=50.0, global_batch=1024,
+                            gbps=10.0, share=share)
+
+
+def test_spot_time_target_takes_the_users_share_from_the_start():
+    # nothing seen yet (no outage at all): the learned rule does not apply, the user's
+    # share does, from the first decision: the line's 180/s over half the time, 360/s
+    quiet = OutageLog()
+    quiet.observe(0.0, held=True, last_failure=None)
+    assert _spot_time(None, quiet) == 0.0
+    assert _spot_time(1.0, quiet) == 0.0  # spot there all the time: the wall-time pace
+    assert _spot_time(0.5, quiet) == pytest.approx(3.6e6 / (20_000.0 * 0.5))
+
+
+def test_spot_time_target_keeps_the_lower_of_the_users_share_and_the_one_seen():
+    # one 3 h outage (longer than the 2 h margin) in 10 h: share seen 1 - 3 / (10 + 1 h)
+    log = OutageLog()
+    log.observe(0.0, held=True, last_failure=None)
+    log.observe(3_600.0, held=False, last_failure=3_600.0)
+    log.observe(14_400.0, held=True, last_failure=3_600.0)
+    seen = 1.0 - 10_800.0 / (36_000.0 + 3_600.0)
+    line = 3.6e6 / 20_000.0
+    assert _spot_time(None, log) == pytest.approx(line / seen)
+    assert _spot_time(0.9, log) == pytest.approx(line / seen)  # the data says less: it wins
+    assert _spot_time(0.5, log) == pytest.approx(line / 0.5)  # the user's is lower: it wins
 
 
 def test_rate_within_stops_at_the_ring_whose_samples_cost_the_limit():

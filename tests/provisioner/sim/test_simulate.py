@@ -35,6 +35,7 @@ SETTING = {"boot_s": ("fleet", "boot_s"), "reform_s": ("fleet", "reform_s"),
            "avoid_s": ("daemon", "zone_avoid_ttl_s"), "plan_s": ("daemon", "plan_s"),
            "bank_hours": ("pacing", "bank_hours"),
            "catch_up_tolerance": ("pacing", "catch_up_tolerance"),
+           "spot_share": ("pacing", "spot_share"),
            "ahead_tolerance": ("pacing", "ahead_tolerance"),
            "default_hazard": ("optimizer", "default_spot_hazard_per_hour"),
            "safety_hours": ("objective", "safety_hours"),
@@ -539,3 +540,36 @@ def test_spotring_stops_within_its_budget_and_the_report_says_what_is_left():
     assert m["budget_left_usd"] >= -0.02 and m["on_demand_usd"] == pytest.approx(
         4.0 / 100 / 3600 * ours.done, abs=1e-4)  # $4/h per 100/s: on-demand alone
     assert "budget $2.00" in money_line(m) and "saved" in money_line(m)
+
+
+def test_a_users_spot_share_spreads_a_deadline_over_the_spot_time_from_the_start():
+    # A ($1/h, on-demand $4/h, 100/s) is there for 5 h, then out for 7 h; 2.3M samples by
+    # 10 h (line at 8 h, the 2 h margin). Paced over wall time (the default: no outage seen,
+    # so none assumed) one A runs 80/s-worth at 100/s until the outage, 1.8M by 5 h, and the
+    # last 0.5M fall to the on-demand net (~$5.6). Told spot is there half the time
+    # (pacing.spot_share 0.5), it runs the work left over half the time left from the first
+    # decision: 2.3M / (8 h x 0.5) = 160/s, two A, then one once the rate that is left fits
+    # it; done before the outage, no on-demand, a lower bill. A share of 1 is the default.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(5), 0), Availability(A, at(12), 100))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
+
+    def run(**kw):
+        r = simulate_policy(world, "spotring", params(**kw), work=2.3e6, deadline_h=10.0)
+        od = sum(life.cost for life in r.lives if life.offering.market == "on-demand")
+        return r, od
+
+    wall, wall_od = run()
+    told, told_od = run(spot_share=0.5)
+    assert wall.deadline_met and told.deadline_met
+    assert wall_od > 4.0 and told_od == 0.0
+    assert told.completion_h < 5.0 and wall.completion_h > 5.0
+    assert told.cost < wall.cost - 3.0
+    assert max(sizes_of(told)) == 2  # two A at most: the rate, not the ring's cap
+    same, same_od = run(spot_share=1.0)
+    assert (same.cost, same.completion_h, same_od) == (wall.cost, wall.completion_h, wall_od)
+
+
+def sizes_of(r) -> list[int]:
+    """The instances held at each launch or end (the fleet's sizes over the run)."""
+    return [n for _, ys in r.by_offering().values() for n in ys]
