@@ -192,9 +192,11 @@ class PacingSettings(_Section):
     spot_share: float | None = Field(None, gt=0, le=1, description="the share of the time "
                                      "the cheapest spot is expected to be there, for a "
                                      "deadline with only on-demand to fall back on: its work "
-                                     "is spread over that time from the start; unset: learned "
-                                     "from the outages seen (none assumed before one longer "
-                                     "than the safety margin)")
+                                     "is spread over that time from the start (the lower of "
+                                     "this and the share seen, once outages longer than the "
+                                     "safety margin were); unset: learned from the outages "
+                                     "seen, none assumed before; `provision simulate` prints "
+                                     "a trace's share")
     work_per_dollar_steps: list[float] = Field(default_factory=lambda: [2.0, 4.0],
                                                description="also try these multiples of the "
                                                "pace; keep the fleet cheapest per sample")
