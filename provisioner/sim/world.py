@@ -92,9 +92,11 @@ class World:
         return UNLIMITED if s is None else int(s.at(t))
 
     def spot_shares(self) -> dict[str, float]:
-        """Per instance type with spot offerings: the share of [start, end] some spot
-        offering of it had capacity (1 where one has no availability series): what
-        ``[pacing] spot_share`` asks of a market, read from its history."""
+        """Per instance type whose spot offerings all have an availability series: the
+        share of [start, end] some spot offering of it had capacity, what ``[pacing]
+        spot_share`` asks of a market, read from its history. A type priced only (no
+        series: the simulator assumes capacity and draws revocations) is not measured, so
+        it is left out."""
         out: dict[str, float] = {}
         span = self.end - self.start
         if span <= 0:
@@ -102,7 +104,6 @@ class World:
         for itype in sorted({o.instance_type for o in self.price if o.market == "spot"}):
             offs = [o for o in self.price if o.market == "spot" and o.instance_type == itype]
             if any(self.avail.get(o) is None for o in offs):
-                out[itype] = 1.0
                 continue
             cuts = sorted({self.start, self.end} | {float(t) for o in offs
                                                     for t in self.avail[o].t

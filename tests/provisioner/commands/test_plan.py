@@ -84,6 +84,9 @@ def test_simulate_cli_writes_report_and_json(tmp_path, capsys):
         and f["completion_hours"] <= 4)
     md = (report / "report.md").read_text()
     assert "| spotring |" in md and "spotring cost ratio" in md
+    # zone a went away, zone b never did: spot of the type was there all the time
+    assert figs["spotring"]["spot_share"] == {"p3.2xlarge": 1.0}
+    assert "p3.2xlarge 100% of the time" in md
     for png in ("price.png", "fleet.png", "throughput.png", "cost.png"):
         assert (report / png).stat().st_size > 1000
     assert json.loads((report / "figures.json").read_text()) == figs

@@ -109,6 +109,7 @@ def test_raw_describe_spot_price_history_json_simulates(tmp_path, capsys):
                  "--on-demand", "p3.2xlarge=3.06", "--policy", "spotring", "on-demand"]) == 0
     figs = json.loads(capsys.readouterr().out)
     assert figs["spotring"]["finished"] and figs["spotring"]["money"]["saved_vs_on_demand_usd"] > 0
+    assert "spot_share" not in figs["spotring"]  # prices only: no capacity was measured
 
 
 def test_the_share_of_time_spot_had_capacity_is_reported_for_pacing_spot_share(
