@@ -232,7 +232,7 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             d = run.daemon
 
             def booted() -> str | None:  # a boot that failed says so at once
-                bad = {i: b.log() for i, b in vms.boxes.items() if b.rc not in (None, 0)}
+                bad = {i: b.log() for i, b in vms.all_boxes().items() if b.rc not in (None, 0)}
                 return f"a boot failed: {bad}" if bad else None
 
             fleet = set(run.live())
@@ -240,7 +240,7 @@ def test_real_workers_boot_train_drain_on_notices_and_are_replaced(world, tmp_pa
             both = {i: [f"{i}/0", f"{i}/1"] for i in fleet}
             assert wait_for(lambda: run.members_of() == both and len(run.active()) == 4, 150,
                             abort=booted), (run.members_of(), {i: b.log() for i, b in
-                                                              vms.boxes.items()})
+                                                              vms.all_boxes().items()})
             tags = {t["Key"]: t["Value"] for t in world.instances(job)[0]["Tags"]}
             assert tags["spotring:env:SPOTRING_WHEEL"].startswith(f"s3://{bucket}/artifacts/{sha}/")
             # the code arrived through S3 and the workers run it

@@ -247,7 +247,7 @@ def test_real_workers_boot_train_and_drain_on_the_preemption_notice(world, tmp_p
                 d = run.daemon
 
                 def booted() -> str | None:
-                    bad = {i: b.log() for i, b in vms.boxes.items() if b.rc not in (None, 0)}
+                    bad = {i: b.log() for i, b in vms.all_boxes().items() if b.rc not in (None, 0)}
                     return f"a boot failed: {bad}" if bad else None
 
                 fleet = set(run.live())

@@ -342,6 +342,13 @@ class _Instances:
         with self._lock:
             return self.boxes.get(iid)
 
+    def all_boxes(self) -> dict[str, Sandbox]:
+        """The boxes booted so far, a copy: the poll thread adds to ``boxes`` while a test
+        reads it (iterating it directly raised "dictionary changed size during iteration"
+        in a fresh-clone run, when the daemon's second instance appeared mid-read)."""
+        with self._lock:
+            return dict(self.boxes)
+
 
 class AwsInstances(_Instances):
     """The moto instances of ``job`` boot their launch template's user data."""
