@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from pricing.sources.trace_formats import parse_time
     from provisioner.config import load_settings
     from provisioner.sim.policies import Params
-    from provisioner.sim.report import figures, money, run_all, summary, write_report
+    from provisioner.sim.report import figures, run_all, summary, with_money, write_report
     from provisioner.sim.world import build_world
     from provisioner.plan.throughput import ThroughputModel
 
@@ -188,12 +188,7 @@ def run(args: argparse.Namespace) -> int:
         results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
                           tick_s=args.tick, seed=args.seed)
     figs = figures(results)
-    m = money(results, world, params)
-    if m is not None:
-        figs["spotring"]["money"] = m
-    shares = world.spot_shares()
-    if "spotring" in figs and shares:
-        figs["spotring"]["spot_share"] = shares
+    m, shares = with_money(figs, results, world, params)
     if args.report:
         path = write_report(args.report, world, results, params=params, work=args.work,
                             deadline_h=args.deadline, traces=args.trace)

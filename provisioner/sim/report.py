@@ -148,10 +148,23 @@ def money_line(m: Mapping[str, float | None]) -> str:
     return line
 
 
+def with_money(figs: dict[str, dict], results: Mapping[str, Result], world: World,
+               params: Params) -> tuple[dict | None, dict[str, float]]:
+    """:func:`money` and :meth:`World.spot_shares`, also put into spotring's ``figs`` (as
+    ``money`` and ``spot_share``, when there is a spotring run and they exist): what
+    ``provision simulate`` prints and the report writes, computed in one place."""
+    m = money(results, world, params)
+    shares = world.spot_shares()
+    if "spotring" in figs:
+        if m is not None:
+            figs["spotring"]["money"] = m
+        if shares:
+            figs["spotring"]["spot_share"] = shares
+    return m, shares
+
+
 def share_line(shares: Mapping[str, float]) -> str:
-    """One line of :meth:`World.spot_shares` for people ('' when no type has spot)."""
-    if not shares:
-        return ""
+    """One line of :meth:`World.spot_shares` for people (callers pass a non-empty one)."""
     each = ", ".join(f"{t} {v:.0%}" for t, v in shares.items())
     return (f"spot had capacity over the traces' whole period: {each} of the time (a deadline on "
             "this market may set [pacing] spot_share to its type's share)")
@@ -221,10 +234,9 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
         met = {None: "-", True: "yes", False: "NO"}[f["deadline_met"]]
         md.append(f"| {n} | {cost} | {comp} | {cpm} | {met} | {f['revocations']} | "
                   f"{f['launches']} | {f['work_lost_samples'] or 0:.0f} | {_fmt_ratio(f)} |")
-    m = money(results, world, params)
+    m, shares = with_money(figs, results, world, params)
     if m is not None:
         md += ["", money_line(m) + "."]
-    shares = world.spot_shares()
     if shares:
         md += ["", share_line(shares) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
@@ -247,10 +259,6 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     md += [f"- {n}" for n in world.notes] or ["- nothing to report"]
     path = d / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    if m is not None:
-        figs["spotring"]["money"] = m
-    if "spotring" in figs and shares:
-        figs["spotring"]["spot_share"] = shares
     (d / "figures.json").write_text(json.dumps(figs, indent=2, sort_keys=True, allow_nan=False)
                                     + "\n", encoding="utf-8")
     return path

@@ -101,8 +101,11 @@ class World:
         span = self.end - self.start
         if span <= 0:
             return out
-        for itype in sorted({o.instance_type for o in self.price if o.market == "spot"}):
-            offs = [o for o in self.price if o.market == "spot" and o.instance_type == itype]
+        by_type: dict[str, list[Offering]] = defaultdict(list)
+        for o in self.price:
+            if o.market == "spot":
+                by_type[o.instance_type].append(o)
+        for itype, offs in sorted(by_type.items()):
             if any(self.avail.get(o) is None for o in offs):
                 continue
             cuts = sorted({self.start, self.end} | {float(t) for o in offs
