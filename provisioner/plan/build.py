@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Collection, Mapping, Sequence
 
 from pricing.model import Offering, PriceQuote, RiskEstimate, utc
+from pricing.risk import AgeShape
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Problem, gpu_spec
 from provisioner.plan.pacing import od_capacity, pace
@@ -54,9 +55,11 @@ def latest_prices(quotes: Sequence[PriceQuote], now: datetime | None,
 
 def market_view(prices: Mapping[Offering, float], throughput: ThroughputModel,
                 risks: Mapping[Offering, RiskEstimate],
-                caps: Mapping[Offering, int] | None = None) -> MarketView:
+                caps: Mapping[Offering, int] | None = None,
+                age_shape: AgeShape = AgeShape()) -> MarketView:
     """A :class:`MarketView` of ``prices``: speeds from ``throughput`` (types without a
-    prior are left out, and the planner notes them), hazards from ``risks``."""
+    prior are left out, and the planner notes them), hazards from ``risks``, the hazard by
+    age ``age_shape`` (:func:`pricing.risk.age_shape` of the lifetimes behind them)."""
     speeds: dict[str, float] = {}
     gpus: dict[str, int] = {}
     for itype in sorted({o.instance_type for o in prices}):
@@ -70,7 +73,7 @@ def market_view(prices: Mapping[Offering, float], throughput: ThroughputModel,
     co = {o: r.co_fraction for o, r in risks.items()
           if o.market == "spot" and r.co_fraction is not None}
     return MarketView(prices=dict(prices), speeds=speeds, hazards=hazards,
-                      caps=dict(caps or {}), gpus=gpus, co_fraction=co)
+                      caps=dict(caps or {}), gpus=gpus, co_fraction=co, age_shape=age_shape)
 
 
 def build_problem(settings: "Settings", quotes: Sequence[PriceQuote],

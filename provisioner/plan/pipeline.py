@@ -47,6 +47,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from pricing.model import Offering
+from pricing.risk import AgeShape
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
 from provisioner.plan import budget, spread, virtual
@@ -54,7 +55,7 @@ from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
                                      fleet_rate, good_offerings, od_capacity, pace,
                                      per_sample_fleet, spot_time_target)
-from provisioner.plan.solve import solve
+from provisioner.plan.solve import fleet_objective, solve
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.config import Settings
@@ -139,6 +140,8 @@ class MarketView:
     notes: tuple[str, ...] = ()
     co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of its pool
     # one interruption event takes (pricing.risk.co_fractions; else the cloud's default)
+    age_shape: AgeShape = AgeShape()  # the hazard by an instance's age (pricing.risk.
+    # age_shape; the default, flat, is the same hazard at every age)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class FleetView:
     held: Mapping[Offering, int] = field(default_factory=dict)  # instances held, booting or ready, not draining
     blocked: frozenset[Offering] = frozenset()  # failed lately: may keep, not grow
     failed: Mapping[Offering, float] = field(default_factory=dict)  # offering -> time of its last failure
+    ages: Mapping[Offering, tuple[float, ...]] = field(default_factory=dict)  # seconds since
+    # each held instance was launched (unknown: priced as a new one)
 
 
 @dataclass(frozen=True)
@@ -253,8 +258,10 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
         if speed is None:
             unknown.add(o.instance_type)
             continue
-        hz = 0.0 if o.market == "on-demand" else market.hazards.get(o, s.default_hazard)
         held = int(fleet.held.get(o, 0))
+        hz = 0.0 if o.market == "on-demand" else market.hazards.get(o, s.default_hazard) * (
+            age_factor(market.age_shape, fleet.ages.get(o, ()) if held else (),
+                       b.churn_horizon_hours))
         cap = market.caps.get(o)
         if o.market == "spot" and o in blocked:
             cap = held if cap is None else min(cap, held)
@@ -269,6 +276,16 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     out, vw_notes = virtual.expand(  # GPUs too small: whole virtual workers
         out, b.model_mb, activation_mb=b.activation_mb, gbps=b.intra_zone_gbps)
     return out, notes + vw_notes
+
+
+def age_factor(shape: AgeShape, ages_s: tuple[float, ...], horizon_h: float) -> float:
+    """An offering's hazard over the churn horizon relative to its average: for the held
+    instances of ``ages_s`` (seconds since launch) the mean of theirs, else a new one's
+    (age 0). Capacity that has lasted tends to last, so a running instance is priced as
+    the safer bet it is and a swap for a new one pays for that (issue 28)."""
+    if not ages_s:
+        return shape.mean(0.0, horizon_h)
+    return sum(shape.mean(a / 3600.0, horizon_h) for a in ages_s) / len(ages_s)
 
 
 def problem_of(cands: list[Candidate], s: PlanSettings, notes: list[str], *,
@@ -597,6 +614,13 @@ class Planner:
         cost a third of what the cheapest-per-hour small fleet's do), priced in that
         offering's region (the held fleet stays in the problem for the churn term)."""
         s = self.s
+
+        def per_sample(p: Plan) -> float:  # USD per useful sample, the change priced: a
+            # fleet of the same size in a pool a little less revoked (more useful samples)
+            # moved 5 running instances for 4.5% per sample that did not pay back the
+            # boots and the re-form (16-late: revoked 10 minutes later)
+            return fleet_objective(prob, p.counts) / max(p.throughput, 1e-9)
+
         tries = [(target * k, prob) for k in s.work_per_dollar_steps]
         b = s.bounds
         best_one = per_sample_fleet(prob.candidates, target, b.max_size, b.model_mb,
@@ -611,8 +635,6 @@ class Planner:
                                time_limit_s=s.time_limit_s)
             except InfeasibleError:
                 continue
-            if bigger.throughput > 0 and (bigger.cost_per_hour / bigger.throughput
-                                          < 0.98 * plan.cost_per_hour / max(plan.throughput,
-                                                                            1e-9)):
+            if bigger.throughput > 0 and (per_sample(bigger) < 0.98 * per_sample(plan)):
                 plan = bigger
         return plan

@@ -93,7 +93,7 @@ from provisioner.plan.milp import (Model, binding_rows, build_model, current_fle
 from pricing.model import Offering
 from provisioner.plan.model import Candidate, Plan, Problem, ring_efficiency
 
-__all__ = ["solve"]
+__all__ = ["fleet_objective", "solve"]
 
 
 def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
@@ -103,8 +103,10 @@ def solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
     return _one_zone(problem, plan, time_limit_s)
 
 
-def _objective(p: Problem, counts: Mapping[Offering, int]) -> float:
-    """The min-cost objective of a fleet, churn included (as the MILP prices it)."""
+def fleet_objective(p: Problem, counts: Mapping[Offering, int]) -> float:
+    """The min-cost objective of a fleet, churn included (as the MILP prices it): USD an
+    hour, each launch and removal spread over the churn horizon, each expected revocation
+    priced as a relaunch."""
     cur_cost = sum(c.current * c.price_per_hour for c in p.candidates)
     boot_h, reform_h, horizon = p.boot_s / 3600, p.reform_s / 3600, p.churn_horizon_hours
     total = 0.0
@@ -128,7 +130,7 @@ def _one_zone(p: Problem, plan: Plan, time_limit_s: float) -> Plan:
             or plan.link != "inter-zone"):
         return plan
     zones = {c.zone_key for c in plan.chosen}
-    best, best_obj = plan, _objective(p, plan.counts)
+    best, best_obj = plan, fleet_objective(p, plan.counts)
     for z in sorted(zones):
         inside = tuple(c for c in p.candidates if c.zone_key == z)
         if any(c.min_count > 0 and c.zone_key != z for c in p.candidates):
@@ -137,7 +139,7 @@ def _one_zone(p: Problem, plan: Plan, time_limit_s: float) -> Plan:
             alt = _solve(replace(p, candidates=inside), time_limit_s=time_limit_s)
         except InfeasibleError:
             continue
-        obj = _objective(p, alt.counts)
+        obj = fleet_objective(p, alt.counts)
         if obj < best_obj - 1e-9:
             best, best_obj = replace(alt, considered=plan.considered), obj
     return best

@@ -29,12 +29,14 @@ import math
 import random
 
 from pricing.model import Offering
+from pricing.risk import AgeShape
 from provisioner.plan.reconcile import ChurnLimits, Held, RoundInput, apply_round
 from provisioner.sim.execution import model_for
 from provisioner.sim.fleet import Inst, SimActuator, SimFleet, drawn_deaths
 from provisioner.sim.policies import Params, View, make_policy
 from provisioner.sim.result import Life, Result
-from provisioner.sim.revocations import hits, learned_co_fractions, learned_hazards
+from provisioner.sim.revocations import (hits, learned_age_shape, learned_co_fractions,
+                                         learned_hazards)
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class Engine:
         self.fail_wake: float | None = None  # a launch failed: decide again
         self.hazards: dict[Offering, float] = {}
         self.co: dict[Offering, float] = {}  # the share of a pool one event takes, learned
+        self.shape = AgeShape()  # the hazard by age, learned
         self.hz_at = -math.inf
         self.spot = [o for o in world.price if o.market == "spot"]
         self.stopped: str | None = None  # the policy stopped buying for good
@@ -90,6 +93,7 @@ class Engine:
         if self.hot and t - self.hz_at >= HAZARD_REFRESH_S:
             self.hazards = learned_hazards(world.lifetimes, self.spot, t)
             self.co = learned_co_fractions(world.lifetimes, self.spot, t)
+            self.shape = learned_age_shape(world.lifetimes, t)
             self.hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
         alternatives = sorted(prices, key=lambda o: (prices[o], o)) if self.hot else ()
@@ -99,7 +103,8 @@ class Engine:
         def plan(attempt: int) -> RoundInput:
             view = View(t, world.start, self.work, self.done, self.deadline_s, prices,
                         f.held(), dict(f.failed), world.speed, self.exec.running, self.hazards,
-                        revoked or attempt > 0, f.cost(t), self.co)
+                        revoked or attempt > 0, f.cost(t), self.co, self.shape,
+                        f.ages(t) if self.hot else {})
             d = self.policy.decide(view)
             decisions.append(d)
             blocked = frozenset(o for o, when in f.failed.items()

@@ -58,6 +58,13 @@ class SimFleet:
             h[i.o] = h.get(i.o, 0) + 1
         return h
 
+    def ages(self, at: float) -> dict[Offering, tuple[float, ...]]:
+        """Seconds since each held instance was launched, by offering."""
+        a: dict[Offering, list[float]] = {}
+        for i in self.insts:
+            a.setdefault(i.o, []).append(at - i.launched)
+        return {o: tuple(v) for o, v in a.items()}
+
     def cost(self, at: float) -> float:
         """USD spent by ``at``: the instances ended, and those held up to ``at``."""
         return self.closed + sum(self.world.cost(i.o, i.launched, at) for i in self.insts)

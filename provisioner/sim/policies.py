@@ -43,6 +43,7 @@ from functools import cached_property
 from typing import Mapping
 
 from pricing.model import Offering
+from pricing.risk import AgeShape
 from provisioner.config import Settings
 from provisioner.errors import InfeasibleError
 from provisioner.plan.model import ring_rate
@@ -71,6 +72,9 @@ class View:
     spent: float = 0.0  # USD spent so far
     co_fraction: Mapping[Offering, float] = field(default_factory=dict)  # share of a pool
     # one interruption event takes, learned as the hazards are
+    age_shape: AgeShape = AgeShape()  # the hazard by age, learned as the hazards are
+    ages: Mapping[Offering, tuple[float, ...]] = field(default_factory=dict)  # seconds
+    # since each held instance was launched
 
 
 @dataclass(frozen=True)
@@ -269,10 +273,10 @@ class Spotring:
     def decide(self, v: View) -> Decision:
         p = self.p
         market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards,
-                            co_fraction=v.co_fraction)
+                            co_fraction=v.co_fraction, age_shape=v.age_shape)
         blocked = frozenset(o for o, when in v.failed.items()
                             if o.market == "spot" and v.t - when < p.avoid_s)
-        fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed)
+        fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed, ages=v.ages)
         progress = self.planner.goal.progress(v.start, v.done, spent=v.spent)
         d = self.planner.decide(market, fleet, progress, v.t)
         return Decision(dict(d.target), d.wake_at, d.stop, d.behind)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 from pricing.model import Lifetime, Offering
-from pricing.risk import co_fractions, hazard_rates
+from pricing.risk import AgeShape, age_shape, co_fractions, hazard_rates
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,11 @@ def learned_co_fractions(lifetimes: Sequence[Lifetime], offerings: Iterable[Offe
                          t: float) -> dict[Offering, float]:
     """:func:`pricing.risk.co_fractions` over the lifetimes observable at ``t``."""
     return co_fractions(offerings, seen_by(lifetimes, t))
+
+
+def learned_age_shape(lifetimes: Sequence[Lifetime], t: float) -> AgeShape:
+    """:func:`pricing.risk.age_shape` over the lifetimes observable at ``t``."""
+    return age_shape(seen_by(lifetimes, t))
 
 
 class PoolEvents:

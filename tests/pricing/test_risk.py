@@ -158,3 +158,36 @@ def test_half_ring_loss_one_pool_against_spread_pools():
     assert spread == pytest.approx(6 * (1 - math.exp(-0.1)) ** 2, rel=1e-9)
     assert spread < 0.6 * one  # two zones at once: rarer than one
     assert half_ring_loss({"od": (4, 0.0, 0.0)}) == 0.0
+
+
+# --- the hazard by age -------------------------------------------------------------------
+
+def test_age_shape_is_flat_without_revocations_and_falls_where_the_young_go_first():
+    from pricing.risk import AGE_BANDS_H, AgeShape, age_shape
+    off = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge")
+    assert age_shape([]) == AgeShape()
+    assert age_shape([lt(off, 5, False)]) == AgeShape()  # exposure, no revocation
+    assert age_shape([lt(off.with_market("on-demand"), 0.1, True)]) == AgeShape()
+    # 40 revoked within 10 minutes, 10 that ran 20 h: the first band's rate is far above the
+    # average, the open band's below it (one pseudo-event at the average keeps it above 0)
+    lives = [lt(off, 1 / 6, True) for _ in range(40)] + [lt(off, 20, False) for _ in range(10)]
+    shape = age_shape(lives)
+    assert len(shape.relative) == len(AGE_BANDS_H) + 1
+    assert shape.relative[0] > 10 and 0 < shape.relative[-1] < 0.1
+    # its mean over a window weighs each band by the time spent in it
+    s = AgeShape((4.0, 2.0, 1.0, 1.0, 1.0, 1.0, 0.5))
+    assert s.mean(0.0, 0.5) == pytest.approx(3.0)
+    assert s.mean(10.0, 2.0) == pytest.approx(0.5) and s.mean(7.0, 2.0) == pytest.approx(0.75)
+    assert s.mean(0.1, 0.0) == s.at(0.1) == 4.0
+
+
+def test_capacity_that_has_lasted_is_revoked_less_on_the_shared_traces(shared_data):
+    # What AgeShape's docstring states of the Can't-Be-Late availability traces: revoked
+    # more than the average in the first hour and far less after 4 h, in every folder.
+    from pricing.risk import age_shape
+    root = shared_data / "spot_availability_traces" / "cant_be_late" / "availability"
+    for folder in ("16-node/aws-08-27-2023", "1-node/aws-02-15-2023", "1-node/aws-10-26-2022"):
+        snap = load_trace([root / folder])
+        shape = age_shape(x for x in snap.lifetimes if x.offering.instance_type == "p3.2xlarge")
+        assert shape.mean(0.0, 1.0) > 1.5, folder
+        assert shape.mean(4.0, 4.0) < 0.8 and shape.relative[-1] < 0.4, folder

@@ -25,7 +25,7 @@ from typing import Mapping
 
 from pricing import sanity
 from pricing.model import Offering, PriceQuote, Signals
-from pricing.risk import estimate, with_signals
+from pricing.risk import age_shape, estimate, with_signals
 from provisioner.drivers.base import CloudDriver
 from provisioner.plan.build import latest_prices, market_view
 from provisioner.plan.pipeline import MarketView
@@ -108,4 +108,4 @@ class Market:
         risks = with_signals(estimate(set(prices), lifetimes), signals, now=now,
                              horizon_h=self.horizon_h)
         available.update(caps)
-        return market_view(prices, throughput, risks, available)
+        return market_view(prices, throughput, risks, available, age_shape(lifetimes))

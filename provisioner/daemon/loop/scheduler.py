@@ -298,7 +298,12 @@ class Daemon:
                      if e.offering}  # recommendations: a hazard input (pricing.risk)
         market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
-        fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed))
+        ages: dict[Offering, list[float]] = {}
+        for r in live:
+            if r.draining_since is None:
+                ages.setdefault(r.offering, []).append(t - r.launched_at)
+        fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed),
+                          ages={o: tuple(a) for o, a in ages.items()})
         try:
             decision = self.planner.decide(market, fleet, self._progress(t), t)
         except InfeasibleError as exc:

@@ -412,3 +412,34 @@ def test_the_join_deadline_grows_with_the_slowest_boot_measured():
     assert join_deadline(600, [100, 150]) == 600
     assert join_deadline(600, [100, 400]) == 1200
     assert join_deadline(3600, [], speed=600) == 300 * 600  # 5 real minutes at 600x
+
+
+def test_the_planner_is_given_the_hazard_by_age_and_the_age_of_each_instance_held(world):
+    # Capacity that has lasted tends to last (pricing.risk.AgeShape): the daemon gives the
+    # planner the shape its market's lifetimes show and each running instance's age, so a
+    # ring that has run for hours is priced as the safer bet it is (issue 28).
+    from dataclasses import replace as _replace
+    from pricing.model import Lifetime
+    from pricing.risk import AgeShape, age_shape
+    snap = quiet_market()
+    off = next(q.offering for q in snap.quotes if q.offering.market == "spot")
+    t0 = synthetic.DEFAULT_START - timedelta(days=2)
+    lives = tuple(Lifetime(off, t0 + timedelta(hours=i), 600.0, True) for i in range(20)) + \
+        tuple(Lifetime(off, t0 + timedelta(hours=i), 20 * 3600.0, False) for i in range(5))
+    d, clock, drv, st = world(snapshot=_replace(snap, lifetimes=lives))
+    seen = []
+    decide = d.planner.decide
+
+    def spy(market, fleet, progress, now):
+        seen.append((market, fleet))
+        return decide(market, fleet, progress, now)
+
+    d.planner.decide = spy
+    d.poll_prices(); d.plan_and_reconcile()
+    clock.advance(600)
+    d.poll_prices(); d.plan_and_reconcile()
+    market, fleet = seen[-1]
+    assert market.age_shape == age_shape(lives) != AgeShape()
+    live = st.live_instances()
+    assert sum(len(a) for a in fleet.ages.values()) == len(live) == 3
+    assert all(a == pytest.approx(600.0, abs=1.0) for ages in fleet.ages.values() for a in ages)

@@ -168,3 +168,54 @@ def test_a_hard_deadline_runs_faster_on_spot_after_outages_longer_than_its_margi
     # dearer spot is what an outage would leave (not on-demand): the bank's rule, not this
     # (its bank is 0 in these settings)
     assert _after_outage(3 * 3600.0, {A: 1.0, C: 2.0, OD: 3.0}).get(A, 0) == 2
+
+
+A_B = Offering("aws", "us-east-1", "us-east-1b", "p3.2xlarge", "spot")
+
+
+def _five_held(hazards, *, shape=None, ages=None, rate=400.0):
+    from pricing.risk import AgeShape
+    pr = Progress(start=0.0, work=rate * 36_000, done=0.0, deadline_s=36_000.0, hard=False)
+    m = MarketView(prices={A: 1.0, A_B: 1.0}, speeds=SPEEDS, hazards=hazards,
+                   age_shape=shape or AgeShape())
+    d = Planner(settings()).decide(m, FleetView(held={A: 5}, ages=ages or {}), pr, 0.0)
+    return {o: n for o, n in d.target.items() if n}
+
+
+def test_a_ring_is_not_moved_for_more_useful_samples_that_do_not_pay_its_churn():
+    # 16-late: 5 running in a zone revoked 1.7 times an hour, another at 1.34 for the same
+    # price; its instances lose less to revocations (4.5% more useful samples per dollar),
+    # and the work-per-dollar step moved all 5 there without pricing the 5 boots and the
+    # re-form (revoked 10 minutes later). Priced, the ring stays; a pool far less revoked
+    # still wins it.
+    assert _five_held({A: 1.7, A_B: 1.34}) == {A: 5}
+    assert _five_held({A: 3.0, A_B: 0.3}) == {A_B: 5}
+
+
+def test_a_ring_that_has_lasted_is_priced_as_the_safer_bet_it_is():
+    # The same move (3.0 against 0.3 revocations/h on average) with the hazard by age of
+    # the traces (capacity revoked 3x the average in its first hour, 0.3x after 4 h): the
+    # 5 held for 5 h stay; of unknown age they are priced as new ones and move.
+    from pricing.risk import AgeShape
+    shape = AgeShape((3.0, 3.0, 3.0, 1.0, 0.3, 0.3, 0.3))
+    assert _five_held({A: 3.0, A_B: 0.3}, shape=shape, ages={A: (5 * 3600.0,) * 5}) == {A: 5}
+    assert _five_held({A: 3.0, A_B: 0.3}, shape=shape) == {A_B: 5}
+
+
+def test_candidates_take_the_hazard_of_their_instances_age_over_the_horizon():
+    from pricing.risk import AgeShape
+    from provisioner.plan.pipeline import age_factor, candidates
+    shape = AgeShape((4.0, 2.0, 1.0, 1.0, 0.5, 0.5, 0.25))
+    # a new instance over the first hour: a quarter at 4, a quarter at 2, a half at 1
+    assert age_factor(shape, (), 1.0) == pytest.approx(2.0)
+    assert age_factor(shape, (5 * 3600.0,), 1.0) == pytest.approx(0.5)
+    assert age_factor(shape, (0.0, 5 * 3600.0), 1.0) == pytest.approx(1.25)
+    m = MarketView(prices={A: 1.0, A_B: 1.0}, speeds=SPEEDS, hazards={A: 0.4, A_B: 0.4},
+                   age_shape=shape)
+    cands, _ = candidates(m, FleetView(held={A: 2}, ages={A: (5 * 3600.0, 9 * 3600.0)}),
+                          settings())
+    hz = {c.offering: c.hazard_per_hour for c in cands}
+    assert hz[A] == pytest.approx(0.4 * (0.5 + 0.25) / 2)
+    assert hz[A_B] == pytest.approx(0.8)  # not held: a new instance's
+    flat, _ = candidates(replace(m, age_shape=AgeShape()), FleetView(held={A: 2}), settings())
+    assert {c.hazard_per_hour for c in flat} == {0.4}

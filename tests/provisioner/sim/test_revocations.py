@@ -118,3 +118,30 @@ def test_drawn_revocations_of_one_pool_come_together_at_the_hazard():
     again = PoolEvents({A: 0.5}, {A: 0.5}, seed=3, window_s=180.0, start=0.0)
     assert next(again._events_after(A, 0.0)) == first_event
     assert next(PoolEvents({A: 0.5}, {A: 0.5}, 4, 180.0, 0.0)._events_after(A, 0.0)) != first_event
+
+
+def test_spotring_learns_the_hazard_by_age_and_sees_its_instances_age(monkeypatch):
+    # The policy is told what the daemon tells the planner: the hazard by age of the
+    # lifetimes seen by then (pricing.risk.age_shape) and the age of every instance held.
+    from pricing.risk import AgeShape, age_shape
+    from provisioner.sim import policies
+    lts = tuple(Lifetime(A, at(-10 + i * 0.1), 300.0, True) for i in range(30)) + tuple(
+        Lifetime(A, at(-10), 12 * 3600.0, False) for _ in range(4))
+    snap = Snapshot(quotes=(PriceQuote(A, at(0), 1.0, 4.0),), lifetimes=lts)
+    world = build_world(snap, SPEED, max_size=4, hours=6)
+    views = []
+    decide = policies.Spotring.decide
+
+    def spy(self, v):
+        views.append(v)
+        return decide(self, v)
+
+    monkeypatch.setattr(policies.Spotring, "decide", spy)
+    simulate_policy(world, "spotring", params(), work=100.0 * 3600 * 4, seed=0)
+    first = views[0]
+    assert first.age_shape == age_shape(lts[:30] + tuple(
+        Lifetime(A, at(-10), 10 * 3600.0, False) for _ in range(4))) != AgeShape()
+    later = [v for v in views if v.held]
+    assert later and all(sum(len(a) for a in v.ages.values()) == sum(v.held.values())
+                         for v in later)
+    assert any(a > 3000 for v in later for ages in v.ages.values() for a in ages)
