@@ -60,7 +60,7 @@ def plan_json(plan) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from pricing.errors import PricingError
-    from pricing.risk import estimate, with_signals
+    from pricing.risk import age_shape, estimate, with_signals
     from pricing.sanity import check
     from pricing.sources import make_source
     from provisioner.config import load_settings
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.commands.simulate import quiet_stdout
 
     with quiet_stdout():
-        decision = planner.decide(market_view(prices, model, risks), FleetView(),
-                                  planner.goal.progress(t), t)
+        market = market_view(prices, model, risks, age_shape=age_shape(snap.lifetimes))
+        decision = planner.decide(market, FleetView(), planner.goal.progress(t), t)
     if decision.plan is None:
         raise UserError("nothing to plan: " + decision.explain())
     plan = decision.plan
