@@ -39,7 +39,6 @@ def _world_after(world, t: float, level: int):
     removal after it): the same market as far as a policy at ``t`` can tell, whose spot
     stays."""
     from pricing.series import Step
-    from provisioner.sim.revocations import Reclaims
 
     avail, reclaims = dict(world.avail), dict(world.reclaims)
     for o, st in world.avail.items():
@@ -48,10 +47,7 @@ def _world_after(world, t: float, level: int):
         keep = st.t < t
         avail[o] = Step(list(st.t[keep]) + [t], list(st.v[keep]) + [level])
         if o in reclaims:
-            r = reclaims[o]
-            k = [i for i, x in enumerate(r.times) if x < t]
-            reclaims[o] = Reclaims(tuple(r.times[i] for i in k), tuple(r.removed[i] for i in k),
-                                   tuple(r.group[i] for i in k))
+            reclaims[o] = reclaims[o].before(t)
     return dataclasses.replace(world, avail=avail, reclaims=reclaims)
 
 

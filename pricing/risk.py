@@ -33,6 +33,7 @@ only for offerings with no lifetimes, so nothing is counted twice.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -218,6 +219,7 @@ def hazard_rates(offerings: Iterable[Offering], lifetimes: Iterable[Lifetime]) -
 #: Age bands (hours) of :class:`AgeShape`, log-spaced: the hazard is constant inside each
 #: band and the last is open. Not fitted: wide enough that a week of traces fills each.
 AGE_BANDS_H = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+_AGE_EDGES_H = (0.0,) + AGE_BANDS_H + (math.inf,)  # each band's [start, end)
 
 
 @dataclass(frozen=True)
@@ -241,19 +243,15 @@ class AgeShape:
         if horizon_h <= 0:
             return self.at(age_h)
         lo, hi, total = max(0.0, age_h), max(0.0, age_h) + horizon_h, 0.0
-        edges = (0.0,) + AGE_BANDS_H + (math.inf,)
         for k, r in enumerate(self.relative):
-            a, b = max(lo, edges[k]), min(hi, edges[k + 1])
+            a, b = max(lo, _AGE_EDGES_H[k]), min(hi, _AGE_EDGES_H[k + 1])
             if b > a:
                 total += r * (b - a)
         return total / horizon_h
 
     def at(self, age_h: float) -> float:
         """The relative hazard at ``age_h``."""
-        for k, edge in enumerate(AGE_BANDS_H):
-            if age_h < edge:
-                return self.relative[k]
-        return self.relative[-1]
+        return self.relative[bisect.bisect_right(AGE_BANDS_H, age_h)]
 
 
 def age_shape(lifetimes: Iterable[Lifetime]) -> AgeShape:
@@ -261,19 +259,17 @@ def age_shape(lifetimes: Iterable[Lifetime]) -> AgeShape:
     shared, each offering keeps its own level). Each band's rate is revocations over the
     exposure at those ages, with one pseudo-event at the overall rate so a band with little
     exposure stays near 1; no revocation at all gives the flat shape."""
-    edges = (0.0,) + AGE_BANDS_H + (math.inf,)
-    events = [0] * (len(edges) - 1)
-    exposure = [0.0] * (len(edges) - 1)
+    events = [0] * (len(_AGE_EDGES_H) - 1)
+    exposure = [0.0] * (len(_AGE_EDGES_H) - 1)
     for lt in lifetimes:
         if lt.offering.market != "spot":
             continue
         hours = lt.seconds / 3600.0
-        for k in range(len(events)):
-            a, b = edges[k], edges[k + 1]
+        for k, (a, b) in enumerate(zip(_AGE_EDGES_H, _AGE_EDGES_H[1:])):
             if hours > a:
                 exposure[k] += min(hours, b) - a
-            if lt.revoked and a <= hours < b:
-                events[k] += 1
+        if lt.revoked:
+            events[bisect.bisect_right(AGE_BANDS_H, hours)] += 1
     total_e, total_t = sum(events), sum(exposure)
     if total_e == 0 or total_t <= 0:
         return AgeShape()

@@ -52,6 +52,11 @@ class Reclaims:
         i = bisect.bisect_right(self.times, t)
         return self.times[i] if i < len(self.times) else None
 
+    def before(self, t: float) -> "Reclaims":
+        """The removals strictly before ``t``."""
+        i = bisect.bisect_left(self.times, t)
+        return Reclaims(self.times[:i], self.removed[:i], self.group[:i])
+
     def at(self, t: float) -> tuple[int, int] | None:
         """(removed, group) of the removal at exactly ``t``, else None."""
         i = bisect.bisect_left(self.times, t)

@@ -287,7 +287,11 @@ class Daemon:
         now = self.now()
         t = now.timestamp()
         live = self.state.live_instances()
-        current = Counter(r.offering for r in live if r.draining_since is None)
+        ages: dict[Offering, list[float]] = {}  # seconds since each held one's launch
+        for r in live:
+            if r.draining_since is None:
+                ages.setdefault(r.offering, []).append(t - r.launched_at)
+        current = Counter({o: len(a) for o, a in ages.items()})
         act = self.actuator
         avoid = act.avoid.members()
         unavailable = act.unavailable.members()
@@ -298,10 +302,6 @@ class Daemon:
                      if e.offering}  # recommendations: a hazard input (pricing.risk)
         market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
-        ages: dict[Offering, list[float]] = {}
-        for r in live:
-            if r.draining_since is None:
-                ages.setdefault(r.offering, []).append(t - r.launched_at)
         fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed),
                           ages={o: tuple(a) for o, a in ages.items()})
         try:
