@@ -35,8 +35,7 @@ from provisioner.sim.execution import model_for
 from provisioner.sim.fleet import Inst, SimActuator, SimFleet, drawn_deaths
 from provisioner.sim.policies import Params, View, make_policy
 from provisioner.sim.result import Life, Result
-from provisioner.sim.revocations import (hits, learned_age_shape, learned_co_fractions,
-                                         learned_hazards)
+from provisioner.sim.revocations import hits, learned
 from provisioner.sim.world import World
 
 log = logging.getLogger(__name__)
@@ -91,9 +90,8 @@ class Engine:
         t, world, f = self.t, self.world, self.fleet
         f.t = t
         if self.hot and t - self.hz_at >= HAZARD_REFRESH_S:
-            self.hazards = learned_hazards(world.lifetimes, self.spot, t)
-            self.co = learned_co_fractions(world.lifetimes, self.spot, t)
-            self.shape = learned_age_shape(world.lifetimes, t)
+            seen = learned(world.lifetimes, self.spot, t)
+            self.hazards, self.co, self.shape = seen.hazards, seen.co_fraction, seen.age_shape
             self.hz_at = t
         prices = {o: s.at(t) for o, s in world.price.items()}
         alternatives = sorted(prices, key=lambda o: (prices[o], o)) if self.hot else ()

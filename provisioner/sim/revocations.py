@@ -18,7 +18,7 @@ the simulator does not apply, nor the reverse):
   the daemon and the policy use (same bases: own, pooled, default), but not one by one:
   its pool's interruption events each take the share :func:`pricing.risk.co_fractions`
   measures of the instances held there, within minutes.
-- what a policy learns by time ``t`` is :func:`learned_hazards`: the same estimate over
+- what a policy learns by time ``t`` is :func:`learned`: the same estimates over
   the lifetimes observable by then (ended ones as recorded, running ones censored at ``t``).
 
 Rule: draws take the caller's seeded ``random.Random``; a :class:`PoolEvents` holds the drawn
@@ -113,23 +113,25 @@ def seen_by(lifetimes: Sequence[Lifetime], t: float) -> list[Lifetime]:
     return seen
 
 
-def learned_hazards(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering],
-                    t: float) -> dict[Offering, float]:
-    """The hazard per offering :func:`pricing.risk.hazard_rates` gives over the lifetimes
-    observable at ``t`` (started by then; running ones censored at ``t``): what the daemon
-    would estimate from the same records had it watched them."""
-    return hazard_rates(offerings, seen_by(lifetimes, t))
+@dataclass(frozen=True)
+class Learned:
+    """What a policy learns from the lifetimes observable at one time (:func:`learned`)."""
+
+    hazards: dict[Offering, float]  # pricing.risk.hazard_rates
+    co_fraction: dict[Offering, float]  # pricing.risk.co_fractions
+    age_shape: AgeShape  # pricing.risk.age_shape
 
 
-def learned_co_fractions(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering],
-                         t: float) -> dict[Offering, float]:
-    """:func:`pricing.risk.co_fractions` over the lifetimes observable at ``t``."""
-    return co_fractions(offerings, seen_by(lifetimes, t))
-
-
-def learned_age_shape(lifetimes: Sequence[Lifetime], t: float) -> AgeShape:
-    """:func:`pricing.risk.age_shape` over the lifetimes observable at ``t``."""
-    return age_shape(seen_by(lifetimes, t))
+def learned(lifetimes: Sequence[Lifetime], offerings: Iterable[Offering], t: float) -> Learned:
+    """The hazard per offering (:func:`pricing.risk.hazard_rates`), the share of a pool one
+    event takes (:func:`pricing.risk.co_fractions`) and the hazard by age
+    (:func:`pricing.risk.age_shape`) over the lifetimes observable at ``t`` (started by
+    then; running ones censored at ``t``, taken once for the three): what the daemon would
+    estimate from the same records had it watched them."""
+    seen = seen_by(lifetimes, t)
+    offerings = list(offerings)
+    return Learned(hazard_rates(offerings, seen), co_fractions(offerings, seen),
+                   age_shape(seen))
 
 
 class PoolEvents:

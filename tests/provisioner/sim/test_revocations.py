@@ -13,7 +13,7 @@ from pricing.risk import hazard_rates
 from pricing.sources.trace_io import availability_to_records
 from provisioner.errors import UserError
 from provisioner.sim.engine import simulate_policy
-from provisioner.sim.revocations import hits, learned_hazards, reclaims_of
+from provisioner.sim.revocations import hits, learned, reclaims_of
 from provisioner.sim.world import build_world
 from tests.provisioner.sim.test_simulate import A, B, SPEED, at, params
 
@@ -61,9 +61,9 @@ def test_the_hazard_learned_is_the_one_drawn_from():
     snap = Snapshot(quotes=(PriceQuote(A, at(0), 1.0, 4.0),), lifetimes=lts)
     world = build_world(snap, SPEED, max_size=4, hours=10)
     assert world.hazard[A] == pytest.approx(0.5) == hazard_rates([A], lts)[A]
-    assert learned_hazards(lts, [A], at(0).timestamp())[A] == pytest.approx(0.5)
+    assert learned(lts, [A], at(0).timestamp()).hazards[A] == pytest.approx(0.5)
     # before the lifetimes end only their exposure so far is seen: 3 x 30 minutes, none revoked
-    early = learned_hazards(lts, [A], at(-9.5).timestamp())
+    early = learned(lts, [A], at(-9.5).timestamp()).hazards
     assert early[A] == hazard_rates([A], ())[A]  # nothing seen yet: the default, as the daemon
 
 
