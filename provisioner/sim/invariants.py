@@ -65,6 +65,10 @@ def empty_late_hours(run: Result, world: World, p: Params, deadline_h: float,
     return empty
 
 
+#: prices within this relative difference are the same price (a move, not a saving)
+PRICE_RTOL = 1e-6
+
+
 def unpaid_swaps(run: Result, boot_s: float) -> tuple[int, float]:
     """(count, USD) of running instances dropped for a cheaper launch in the same round
     whose new instance was revoked before the saving paid back its boot."""
@@ -80,8 +84,8 @@ def unpaid_swaps(run: Result, boot_s: float) -> tuple[int, float]:
                 continue
             old_p = life.cost / max(life.ended_h - life.launched_h, 1e-12)
             new_p = new.cost / max(new.ended_h - new.launched_h, 1e-12)
-            if new_p >= old_p:
-                continue
+            if new_p >= old_p * (1.0 - PRICE_RTOL):  # the same price, rebuilt from cost and
+                continue  # hours with float noise, is no saving (its payback was 1e14 h)
             payback_h = boot_s / 3600.0 * new_p / (old_p - new_p)
             if new.revoked and new.ended_h - new.launched_h < boot_s / 3600.0 + payback_h:
                 count += 1

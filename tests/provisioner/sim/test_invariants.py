@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pricing.model import Availability, Offering, PriceQuote, Snapshot
@@ -50,6 +52,19 @@ def test_a_swap_for_a_cheaper_instance_revoked_before_it_paid_back_is_counted():
     assert unpaid_swaps(run, boot_s=180.0) == (1, pytest.approx(0.05))
     kept = [Life(od, 0.0, 0.05, 1.0, False, 4.0), Life(A, 1.0, 1.05, 3.0, True, 2.0)]
     assert unpaid_swaps(Result("spotring", 6.0, 1.0, 1.0, 3.0, None, lives=kept), 180.0)[0] == 0
+
+
+def test_a_move_at_the_same_price_is_no_swap_for_a_cheaper_one():
+    # two zones at $0.918/h: the hourly prices rebuilt from cost / hours differ in the 15th
+    # digit (the p-4node window at +264 h counted such ring moves with a payback of 2e14 h)
+    other = dataclasses.replace(A, zone=A.zone + "x")
+    lives = [Life(A, 0.0, 0.05, 1.0833333333333333, False, 0.918 * 1.0833333333333333 + 1e-14),
+             Life(other, 1.0833333333333333, 1.13, 1.5, True, 0.918 * (1.5 - 1.0833333333333333))]
+    run = Result("spotring", 1.4, 1.0, 1.0, 1.5, None, lives=lives)
+    old_p = lives[0].cost / lives[0].ended_h
+    new_p = lives[1].cost / (lives[1].ended_h - lives[1].launched_h)
+    assert new_p < old_p  # what the check used to read as a saving
+    assert unpaid_swaps(run, boot_s=180.0) == (0, 0.0)
 
 
 def test_the_engine_measures_time_empty_while_the_planner_says_it_is_behind():
