@@ -13,7 +13,7 @@ repository) at run time; nothing here copies them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class Row:
     work: float = 1.2e8
     multi: bool = False  # several instance types in play (the goal is 1.10x, not 1.05x)
     tags: tuple[str, ...] = field(default=())
+    window_of: str | None = None  # the row this one replays from a later start (windows())
 
 
 GCP = ("gcp_gpu_price_history/gcp_gpu_vm_prices_history.csv.gz",
@@ -103,6 +104,37 @@ def world_of(row: Row, settings: Any, seed: int = 0) -> Any:
                        seed=seed)
 
 
+#: hours of trace a window keeps past its deadline (a late finish still has prices)
+WINDOW_TAIL_H = 6.0
+
+
+def windows(row: Row, step_h: float) -> tuple[Row, ...]:
+    """``row`` replayed from every ``step_h`` hours of its traces: one row per start whose
+    deadline and :data:`WINDOW_TAIL_H` fit inside the traces (the first at the row's own
+    start), named ``"NAME @+H h"``. One window is one draw of the market: a rule fitted to
+    it can win there and lose in the next; the family's windows are the test. A row without
+    a deadline has no fixed length: ``(row,)``."""
+    from datetime import datetime, timezone
+
+    from provisioner.config import parse_settings
+
+    if row.deadline_h is None:
+        return (row,)
+    if step_h <= 0:
+        raise ValueError(f"step_h={step_h}: must be > 0")
+    w = world_of(row, parse_settings({}))
+    span_h = (w.end - w.start) / 3600.0
+    length = row.deadline_h + WINDOW_TAIL_H
+    out, k = [], 0
+    while k * step_h + length <= span_h + 1e-9:
+        off = k * step_h
+        start = datetime.fromtimestamp(w.start + off * 3600.0, timezone.utc)
+        out.append(replace(row, name=f"{row.name} @+{off:g} h", window_of=row.name,
+                           start=start.strftime("%Y-%m-%dT%H:%M:%SZ"), hours=length))
+        k += 1
+    return tuple(out)
+
+
 def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, seed: int = 0,
             policies: tuple[str, ...] = ("spotring", "on-demand", "hindsight")) -> dict:
     """Replay ``row`` with settings ``config`` (a dict as a TOML file reads); spotring's
@@ -119,7 +151,7 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     deadline = None if row.deadline_h is None else row.deadline_h * work_scale
     r = run_all(world, list(policies), p, work=work, deadline_h=deadline, seed=seed)
     ours = r["spotring"]
-    out = {"row": row.name, "family": row.family, "multi": row.multi,
+    out = {"row": row.name, "family": row.family, "multi": row.multi, "window_of": row.window_of,
            "cost": round(ours.cost, 4),
            "hours": None if ours.completion_h is None else round(float(ours.completion_h), 3),
            "launches": ours.launches, "revocations": ours.revocations}

@@ -197,6 +197,11 @@ class PacingSettings(_Section):
                                      "safety margin were); unset: learned from the outages "
                                      "seen, none assumed before; `provision simulate` prints "
                                      "a trace's share")
+    share_prior_hours: float = Field(48.0, ge=0, le=1000, description="hours counted as "
+                                     "time the cheapest spot was there before the job "
+                                     "began, when the share of the time it is there is "
+                                     "learned from the outages seen (a prior: one early "
+                                     "outage is not the rule)")
     work_per_dollar_steps: list[float] = Field(default_factory=lambda: [2.0, 4.0],
                                                description="also try these multiples of the "
                                                "pace; keep the fleet cheapest per sample")

@@ -285,7 +285,7 @@ def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, mo
 
 def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log: OutageLog,
                      now: float, *, left: float, line_left_s: float, elapsed_s: float,
-                     horizon_s: float, safety_s: float, max_size: int, model_mb: float,
+                     prior_s: float, safety_s: float, max_size: int, model_mb: float,
                      global_batch: int, gbps: float, share: float | None = None) -> float:
     """Samples/s a user's deadline runs at on its ``cheap`` hardware (the cheapest per
     sample, there now) when an outage of it leaves only on-demand (in ``cands``) to fall
@@ -295,8 +295,8 @@ def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log
     (``log.typical_s() > safety_s``; the line already keeps the margin for shorter ones),
     the work left is done in the time the hardware is expected to be there
     (:func:`spot_time_rate` over :func:`spot_share`, the share of the time so far that it
-    was, ``horizon_s`` (the churn horizon) counted as time it was, so one outage early on
-    is not the rule), up to the fastest ring whose samples cost no more than on-demand's
+    was, ``prior_s`` counted as time it was before the job began: a prior, so that one
+    outage early on is not the rule), up to the fastest ring whose samples cost no more than on-demand's
     (:func:`rate_within`).
     ``share`` (the user's ``pacing.spot_share``) applies from the start, the outages of a
     market the user knows before the job has seen them; once it has seen long ones, the
@@ -313,7 +313,7 @@ def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log
     if not od:
         return 0.0
     if log.typical_s() > safety_s:
-        seen = spot_share(log.out_s(now), elapsed_s + horizon_s)
+        seen = spot_share(log.out_s(now), elapsed_s + prior_s)
         share = seen if share is None else min(share, seen)
     if share is None or share >= 1.0:
         return 0.0

@@ -79,6 +79,7 @@ class PlanSettings:
     catch_up_tolerance: float = 1.05
     bank_hours: float | None = None
     spot_share: float | None = None  # of the time spot is expected there; None: learned
+    share_prior_hours: float = 48.0  # counted as spot time before the job when it is learned
     work_per_dollar_steps: tuple[float, ...] = (2.0, 4.0)
     max_launches: int = 4  # the churn limit per round and the round's period: how long a
     plan_s: float = 30.0  # fleet takes to launch (the ramp a deadline's slack must leave)
@@ -121,6 +122,7 @@ def plan_settings(settings: "Settings") -> PlanSettings:
         default_hazard=opt.default_spot_hazard_per_hour, time_limit_s=opt.time_limit_s,
         ahead_tolerance=pace.ahead_tolerance, catch_up_tolerance=pace.catch_up_tolerance,
         bank_hours=pace.bank_hours, spot_share=pace.spot_share,
+        share_prior_hours=pace.share_prior_hours,
         work_per_dollar_steps=tuple(pace.work_per_dollar_steps),
         max_launches=settings.daemon.max_launches_per_round, plan_s=settings.daemon.plan_s,
         max_removals=settings.daemon.max_removals_per_round, max_spot_price=job.max_spot_price,
@@ -525,7 +527,8 @@ class Planner:
                 rate = spot_time_target(
                     [c for c in cands if c.offering in cheap], all_cands, self.outages, now,
                     left=left, line_left_s=pr.start + line_s - now,
-                    elapsed_s=now - pr.start, horizon_s=horizon_s, safety_s=safety * 3600,
+                    elapsed_s=now - pr.start, prior_s=s.share_prior_hours * 3600,
+                    safety_s=safety * 3600,
                     max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
                     gbps=b.intra_zone_gbps, share=s.spot_share)
                 if rate > target:

@@ -30,7 +30,7 @@ CONFIG = {
               "max_half_ring_loss": 0.1, "spread_cost_tolerance": 1.2},
     "source": {"regions": ["us-east-1", "us-west-2"], "gpus": ["V100"]},
     "pacing": {"ahead_tolerance": 1.2, "catch_up_tolerance": 1.1, "bank_hours": 3.0,
-               "spot_share": 0.6,
+               "spot_share": 0.6, "share_prior_hours": 12.0,
                "work_per_dollar_steps": [3.0]},
     "optimizer": {"time_limit_s": 2.0, "default_spot_hazard_per_hour": 0.2},
     "daemon": {"plan_s": 20.0, "max_launches_per_round": 3, "max_removals_per_round": 1},

@@ -1,0 +1,62 @@
+"""benchmarks/trace_rows.windows and policy_cv's windows: a family's draws, not one start."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from benchmarks.policy_cv import markdown, pick
+from benchmarks.trace_rows import ROWS, WINDOW_TAIL_H, windows, world_of
+
+
+def _row(name: str):
+    return next(r for r in ROWS if r.name == name)
+
+
+def test_a_deadline_row_is_replayed_from_every_step_inside_its_traces(shared_data):
+    from provisioner.config import parse_settings
+
+    row = _row("p-1node, 34.4 h")
+    ws = windows(row, 24.0)
+    world = world_of(row, parse_settings({}))
+    span_h = (world.end - world.start) / 3600
+    starts = [datetime.fromisoformat(w.start.replace("Z", "+00:00")).timestamp() for w in ws]
+    assert starts[0] == pytest.approx(world.start)  # the first window is the row itself
+    assert [round((b - a) / 3600, 6) for a, b in zip(starts, starts[1:])] == [24.0] * (len(ws) - 1)
+    assert all((s - world.start) / 3600 + w.hours <= span_h + 1e-6 for s, w in zip(starts, ws))
+    assert (starts[-1] - world.start) / 3600 + 24.0 + row.deadline_h + WINDOW_TAIL_H > span_h
+    assert {w.window_of for w in ws} == {row.name} and len({w.name for w in ws}) == len(ws)
+    assert all(w.deadline_h == row.deadline_h and w.family == row.family for w in ws)
+
+
+def test_a_row_without_a_deadline_is_its_own_only_window_and_a_bad_step_is_refused():
+    row = _row("16-node")
+    assert windows(row, 24.0) == (row,)
+    with pytest.raises(ValueError, match="step_h"):
+        windows(_row("p-1node, 34.4 h"), 0.0)
+
+
+def _run(base: str, off: int, value: float, ratio: float) -> dict:
+    return {"row": f"{base} @+{off} h", "window_of": base, "family": "f", "multi": False,
+            "value": value, "vs_bound": ratio, "cost_vs_on_demand": 0.3, "deadline_met": True,
+            "empty_behind_h": 0.0, "empty_late_h": 0.0, "unpaid_swaps": 0, "hours": 30.0,
+            "launches": 3}
+
+
+def test_over_windows_the_value_with_the_least_mean_is_picked_not_the_least_worst():
+    # value 1: one window the knob cannot help at 1.30, the rest 1.10; value 2: 1.31, 1.00
+    runs = [_run("r", 0, 1.0, 1.30)] + [_run("r", k, 1.0, 1.10) for k in (24, 48, 72)]
+    runs += [_run("r", 0, 2.0, 1.31)] + [_run("r", k, 2.0, 1.00) for k in (24, 48, 72)]
+    assert pick(runs, [1.0, 2.0]) == 2.0
+    single = [dict(r, window_of=None) for r in runs]  # one start per row: the least worst
+    assert pick(single, [1.0, 2.0]) == 1.0
+
+
+def test_the_windows_table_gives_each_row_its_mean_worst_and_misses():
+    runs = [_run("r", k, v, x) for v, xs in ((1.0, (1.02, 1.08, 1.04)), (2.0, (1.0, 1.0, 1.0)))
+            for k, x in zip((0, 24, 48), xs)]
+    an = {"held_out": {"f": {"value": 1.0}}}
+    line = markdown(runs, [1.0, 2.0], an, "pacing.x").splitlines()[2]
+    assert line.startswith("| f | r | 3 | 1 | 1.047x | 1.080x | 1 | 0.300x | 0 | 0.00 | 0 |")
+    assert line.endswith("| 1.047x | 1.000x |")
