@@ -193,15 +193,16 @@ class PacingSettings(_Section):
                                      "the cheapest spot is expected to be there, for a "
                                      "deadline with only on-demand to fall back on: its work "
                                      "is spread over that time from the start (the lower of "
-                                     "this and the share seen, once outages longer than the "
-                                     "safety margin were); unset: learned from the outages "
-                                     "seen, none assumed before; `provision simulate` prints "
-                                     "a trace's share")
+                                     "this and the share seen, once outages were); unset: "
+                                     "learned from the outages seen (see share_prior_hours), "
+                                     "none assumed before; `provision simulate` prints a "
+                                     "trace's share")
     share_prior_hours: float = Field(48.0, ge=0, le=1000, description="hours counted as "
                                      "time the cheapest spot was there before the job "
                                      "began, when the share of the time it is there is "
                                      "learned from the outages seen (a prior: one early "
-                                     "outage is not the rule)")
+                                     "outage is one draw of the market, not its rule; chosen "
+                                     "leave-one-family-out over the traces' windows)")
     work_per_dollar_steps: list[float] = Field(default_factory=lambda: [2.0, 4.0],
                                                description="also try these multiples of the "
                                                "pace; keep the fleet cheapest per sample")

@@ -285,34 +285,37 @@ def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, mo
 
 def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log: OutageLog,
                      now: float, *, left: float, line_left_s: float, elapsed_s: float,
-                     prior_s: float, safety_s: float, max_size: int, model_mb: float,
+                     prior_s: float, max_size: int, model_mb: float,
                      global_batch: int, gbps: float, share: float | None = None) -> float:
     """Samples/s a user's deadline runs at on its ``cheap`` hardware (the cheapest per
     sample, there now) when an outage of it leaves only on-demand (in ``cands``) to fall
     back on; 0 when the rule does not apply.
 
-    After outages of the cheap hardware longer than the deadline's safety margin
-    (``log.typical_s() > safety_s``; the line already keeps the margin for shorter ones),
-    the work left is done in the time the hardware is expected to be there
-    (:func:`spot_time_rate` over :func:`spot_share`, the share of the time so far that it
-    was, ``prior_s`` counted as time it was before the job began: a prior, so that one
-    outage early on is not the rule), up to the fastest ring whose samples cost no more than on-demand's
-    (:func:`rate_within`).
+    After outages of the cheap hardware, the work left is done in the time the hardware is
+    expected to be there (:func:`spot_time_rate` over :func:`spot_share`, the share of the
+    time so far that it was, with ``prior_s`` counted as time it was before the job began:
+    a prior, so that one outage is one draw of the market, not its rule), up to the fastest
+    ring whose samples cost no more than on-demand's (:func:`rate_within`).
     ``share`` (the user's ``pacing.spot_share``) applies from the start, the outages of a
-    market the user knows before the job has seen them; once it has seen long ones, the
-    lower of the two (on a deadline whose fallback is on-demand, a share guessed too high
-    leaves work to the net at three times the price, one guessed too low costs a few
-    percent of ring efficiency).
+    market the user knows before the job has seen them; once it has seen some, the lower of
+    the two (on a deadline whose fallback is on-demand, a share guessed too high leaves work
+    to the net at three times the price, one guessed too low costs a few percent of ring
+    efficiency).
     Paced over wall time, the V100 10-minute probes (out together for 3.8 h and 6.2 h) fell
     behind, bought 16 on-demand instances in the last hours and 12-16 spot rings in the
     flapping catch-up: 1.387x the bound. A constant rate over the expected spot time is
     also the cheaper schedule of the two (a ring's cost per sample only rises with its
-    size)."""
+    size). The prior (``pacing.share_prior_hours``, 48 h) was a 1 h churn horizon, with
+    outages within the safety margin ignored: replayed from every 24 h of its traces that
+    read one early outage as the market's rule (10-16-instance rings, V100 34.4 h windows
+    1.056x the bound on average); 48 h was chosen leave-one-family-out over the windows
+    (docs/optimizer.md), and with it short outages count too (the p-4node window at +264 h
+    1.121x -> 1.037x: the margin alone had left its last hours to on-demand)."""
     od = [c for c in cands if c.offering.market == "on-demand"
           and c.price_per_hour > 0 and c.useful > 0]
     if not od:
         return 0.0
-    if log.typical_s() > safety_s:
+    if log.out_s(now) > 0:
         seen = spot_share(log.out_s(now), elapsed_s + prior_s)
         share = seen if share is None else min(share, seen)
     if share is None or share >= 1.0:

@@ -528,7 +528,6 @@ class Planner:
                     [c for c in cands if c.offering in cheap], all_cands, self.outages, now,
                     left=left, line_left_s=pr.start + line_s - now,
                     elapsed_s=now - pr.start, prior_s=s.share_prior_hours * 3600,
-                    safety_s=safety * 3600,
                     max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
                     gbps=b.intra_zone_gbps, share=s.spot_share)
                 if rate > target:

@@ -157,9 +157,8 @@ def _after_outage(out_s: float, prices: dict, prior_h: float = 1.0) -> dict:
     return dict(d.target)
 
 
-def test_a_hard_deadline_runs_faster_on_spot_after_outages_longer_than_its_margin():
-    # Out 3 h of the first 4 (longer than the 2 h safety margin), with only on-demand to
-    # fall back on: the work left is spread over the time A is expected to be there (a share
+def test_a_hard_deadline_runs_faster_on_spot_after_its_outages_weighed_against_a_prior():
+    # Out 3 h of the first 4, with only on-demand to fall back on: the work left is spread over the time A is expected to be there (a share
     # 1 - 3 h / (4 h + a 1 h prior) = 0.4), 2.5x the line's rate: 5 instances, not the 2
     # that keep the line over wall time (which left the V100 10-minute probes' outages to
     # on-demand at 3.3x the price: 1.387x the bound).
@@ -170,8 +169,10 @@ def test_a_hard_deadline_runs_faster_on_spot_after_outages_longer_than_its_margi
     # ... and out 20 h of the first 21, 1 - 20 / 69 = 0.71: 5 where the line asks for 4
     assert _after_outage(20 * 3600.0, {A: 1.0, OD: 3.0}, prior_h=48.0).get(A, 0) == 5
     assert _after_outage(20 * 3600.0, {A: 1.0, OD: 3.0}, prior_h=1e6).get(A, 0) == 4
-    # outages within the margin: the line's own rate
-    assert _after_outage(1 * 3600.0, {A: 1.0, OD: 3.0}).get(A, 0) == 2
+    # an outage within the 2 h safety margin counts too (it once did not): 1 h of the first
+    # 2 against a 1 h prior, 1 - 1 / 3: 3 instances; against the default 48 h, the line's 2
+    assert _after_outage(1 * 3600.0, {A: 1.0, OD: 3.0}).get(A, 0) == 3
+    assert _after_outage(1 * 3600.0, {A: 1.0, OD: 3.0}, prior_h=48.0).get(A, 0) == 2
     # dearer spot is what an outage would leave (not on-demand): the bank's rule, not this
     # (its bank is 0 in these settings)
     assert _after_outage(3 * 3600.0, {A: 1.0, C: 2.0, OD: 3.0}).get(A, 0) == 2

@@ -107,7 +107,7 @@ def _spot_time(share, log, now=36_000.0, left=3.6e6, line_left_s=20_000.0):
                    3.06, 400.0)
     return spot_time_target([spot], [spot, od], log, now, left=left,
                             line_left_s=line_left_s, elapsed_s=now, prior_s=3_600.0,
-                            safety_s=7_200.0, max_size=16, model_mb=50.0, global_batch=1024,
+                            max_size=16, model_mb=50.0, global_batch=1024,
                             gbps=10.0, share=share)
 
 
