@@ -50,11 +50,20 @@ def _one(args: tuple[Row, str, float, float]) -> dict:
     return out
 
 
+def goal(run: dict) -> float:
+    """The bound ratio ``run`` is held to: 1.10x with several instance types, else 1.05x."""
+    return GOAL_MANY if run["multi"] else GOAL_ONE
+
+
+def base(run: dict) -> str:
+    """The row ``run`` replays: its own, or the one whose window it is."""
+    return run.get("window_of") or run["row"]
+
+
 def worst(runs: list[dict]) -> float:
     """The worst ratio to the bound, each run against its own goal (1.05 or 1.10) so one
     family's multi-type runs do not count as misses at 1.08."""
-    return max((r["vs_bound"] / (GOAL_MANY if r["multi"] else GOAL_ONE) for r in runs
-                if "vs_bound" in r), default=0.0)
+    return max((r["vs_bound"] / goal(r) for r in runs if "vs_bound" in r), default=0.0)
 
 
 def pick(runs: list[dict], values: list[float]) -> float:
@@ -66,8 +75,7 @@ def pick(runs: list[dict], values: list[float]) -> float:
 
     def score(v: float) -> tuple[float, float]:
         mine = [r for r in runs if r["value"] == v]
-        rel = [r["vs_bound"] / (GOAL_MANY if r["multi"] else GOAL_ONE) for r in mine
-               if "vs_bound" in r]
+        rel = [r["vs_bound"] / goal(r) for r in mine if "vs_bound" in r]
         mean = sum(rel) / max(len(rel), 1)
         return (mean, worst(mine)) if windowed else (worst(mine), mean)
     return min(values, key=score)
@@ -84,8 +92,7 @@ def analyse(results: list[dict], values: list[float]) -> dict:
             "runs": {r["row"]: {k: r.get(k) for k in (
                 "vs_bound", "cost_vs_on_demand", "deadline_met", "empty_behind_h",
                 "empty_late_h", "unpaid_swaps", "hours", "launches")} for r in mine},
-            "goal_bound_met": all(r.get("vs_bound", 0) <= (GOAL_MANY if r["multi"] else GOAL_ONE)
-                                  for r in mine),
+            "goal_bound_met": all(r.get("vs_bound", 0) <= goal(r) for r in mine),
             "goal_od_met": all(r.get("cost_vs_on_demand", 0) <= GOAL_OD for r in mine),
             "deadlines_met": all(r["deadline_met"] is not False for r in mine),
             "never_empty_behind": all(not r.get("empty_behind_h") for r in mine)}
@@ -127,26 +134,21 @@ def markdown_windows(results: list[dict], values: list[float], an: dict, knob: s
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
     for fam, h in an["held_out"].items():
         v = h["value"]
-        bases = dict.fromkeys(r.get("window_of") or r["row"] for r in results
-                              if r["family"] == fam)
-        for base in bases:
-            def runs(at: float) -> list[dict]:
-                return [r for r in results if (r.get("window_of") or r["row"]) == base
-                        and r["value"] == at and "vs_bound" in r]
-            mine = runs(v)
+        for row in dict.fromkeys(base(r) for r in results if r["family"] == fam):
+            at = {a: [r["vs_bound"] for r in results if base(r) == row and r["value"] == a
+                      and "vs_bound" in r] for a in values}
+            mine = [r for r in results if base(r) == row and r["value"] == v and "vs_bound" in r]
             if not mine:
                 continue
-            ratios = [r["vs_bound"] for r in mine]
-            goal = GOAL_MANY if mine[0]["multi"] else GOAL_ONE
+            ratios = at[v]
             lines.append(
-                f"| {fam} | {base} | {len(mine)} | {v:g} | {sum(ratios) / len(ratios):.3f}x | "
-                f"{max(ratios):.3f}x | {sum(x > goal for x in ratios)} | "
+                f"| {fam} | {row} | {len(mine)} | {v:g} | {sum(ratios) / len(ratios):.3f}x | "
+                f"{max(ratios):.3f}x | {sum(x > goal(mine[0]) for x in ratios)} | "
                 f"{max(r['cost_vs_on_demand'] for r in mine):.3f}x | "
                 f"{sum(r['deadline_met'] is False for r in mine)} | "
                 f"{sum(r.get('empty_behind_h') or 0 for r in mine):.2f} | "
                 f"{sum(r['unpaid_swaps'] for r in mine)} | "
-                + " | ".join(f"{sum(x['vs_bound'] for x in runs(a)) / max(len(runs(a)), 1):.3f}x"
-                             for a in values) + " |")
+                + " | ".join(f"{sum(x) / max(len(x), 1):.3f}x" for x in at.values()) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -315,8 +315,9 @@ def spot_time_target(cheap: Iterable[Candidate], cands: Iterable[Candidate], log
           and c.price_per_hour > 0 and c.useful > 0]
     if not od:
         return 0.0
-    if log.out_s(now) > 0:
-        seen = spot_share(log.out_s(now), elapsed_s + prior_s)
+    out_s = log.out_s(now)
+    if out_s > 0:
+        seen = spot_share(out_s, elapsed_s + prior_s)
         share = seen if share is None else min(share, seen)
     if share is None or share >= 1.0:
         return 0.0

@@ -21,10 +21,10 @@ OD = Offering("aws", "us-east-1", "*", "p3.2xlarge", "on-demand")
 SPEEDS = {"p3.2xlarge": 100.0}
 
 
-def settings(prior_h: float = 48.0, **kw) -> PlanSettings:
+def settings(**kw) -> PlanSettings:
     bounds = Problem((), max_size=8, max_zone_share=1.0, max_regions=1, boot_s=180.0,
                      reform_s=5.0, churn_horizon_hours=1.0, model_mb=50.0, global_batch=1024)
-    return PlanSettings(bounds=replace(bounds, **kw), bank_hours=0.0, share_prior_hours=prior_h)
+    return PlanSettings(bounds=replace(bounds, **kw), bank_hours=0.0)
 
 
 def market(prices) -> MarketView:
@@ -143,7 +143,7 @@ def _after_outage(out_s: float, prices: dict, prior_h: float = 1.0) -> dict:
     """The target of a hard-deadline job (2 instances keep its line, 30 h of work for 38 h
     to the line) back on A after an outage of ``out_s`` of A, the only cheap hardware, the
     share of the time A is there learned with ``prior_h`` hours of it counted before."""
-    p = Planner(settings(prior_h, model_mb=0.0))
+    p = Planner(replace(settings(model_mb=0.0), share_prior_hours=prior_h))
     work = 2 * 100.0 * 3600 * 30
     pr = Progress(start=0.0, work=work, done=0.0, deadline_s=40 * 3600.0, hard=True)
     p.decide(market(prices), FleetView(held={}), pr, 0.0)
@@ -158,9 +158,9 @@ def _after_outage(out_s: float, prices: dict, prior_h: float = 1.0) -> dict:
 
 
 def test_a_hard_deadline_runs_faster_on_spot_after_its_outages_weighed_against_a_prior():
-    # Out 3 h of the first 4, with only on-demand to fall back on: the work left is spread over the time A is expected to be there (a share
-    # 1 - 3 h / (4 h + a 1 h prior) = 0.4), 2.5x the line's rate: 5 instances, not the 2
-    # that keep the line over wall time (which left the V100 10-minute probes' outages to
+    # Out 3 h of the first 4, with only on-demand to fall back on: the work left is spread
+    # over the time A is expected to be there (a share 1 - 3 h / (4 h + a 1 h prior) = 0.4),
+    # 2.5x the line's rate: 5 instances, not the 2 that keep the line over wall time (which left the V100 10-minute probes' outages to
     # on-demand at 3.3x the price: 1.387x the bound).
     assert _after_outage(3 * 3600.0, {A: 1.0, OD: 3.0}).get(A, 0) == 5
     # With the default prior (48 h of spot counted before the job), one 3 h outage is one
