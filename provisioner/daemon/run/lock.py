@@ -56,8 +56,10 @@ def private_files() -> Iterator[None]:
         os.umask(old)
 
 
-def private_dirs(path: Path) -> None:
-    """``mkdir -p path`` with every folder it makes 0700 (an existing one is left as it is)."""
+def private_dirs(path: Path, made: list[Path] | None = None) -> list[Path]:
+    """``mkdir -p path`` with every folder it makes 0700 (an existing one is left as it
+    is); the folders it made, outermost first, appended to ``made`` as each is made (so a
+    caller undoing a failed start knows them even when a later one fails)."""
     missing = []
     p = Path(path)
     while not p.exists():
@@ -65,9 +67,12 @@ def private_dirs(path: Path) -> None:
         if p.parent == p:
             break
         p = p.parent
+    made = [] if made is None else made
     for d in reversed(missing):
         d.mkdir(mode=DIR_MODE, exist_ok=True)
         os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
+        made.append(d)
+    return made
 
 
 class Created:
@@ -77,18 +82,13 @@ class Created:
         self._paths: list[tuple[Path, bool]] = []  # (path, is_dir), in creation order
 
     def mkdirs(self, path: Path) -> None:
-        """``mkdir -p path``, recording each folder it made."""
-        missing = []
-        p = path
-        while not p.exists():
-            missing.append(p)
-            if p.parent == p:
-                break
-            p = p.parent
-        for d in reversed(missing):
-            d.mkdir(mode=DIR_MODE, exist_ok=True)
-            os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
-            self._paths.append((d, True))
+        """``mkdir -p path``, recording each folder it made (those made before a failure
+        too)."""
+        made: list[Path] = []
+        try:
+            private_dirs(path, made)
+        finally:
+            self._paths.extend((d, True) for d in made)
 
     def file(self, path: Path) -> None:
         """Record a file this start has just created."""

@@ -58,3 +58,31 @@ def test_the_state_and_a_lock_made_outside_a_run_are_private_too(tmp_path):
     finally:
         os.umask(old)
     assert shared(tmp_path / "a") == [] and shared(tmp_path / "b") == []
+
+
+def test_folders_made_before_a_failed_mkdir_are_recorded_and_undone(tmp_path, monkeypatch):
+    """``mkdir -p a/b/c`` that fails at ``c`` leaves ``a`` and ``b`` made by this start:
+    ``Created`` records them as they are made, so undoing the failed start removes them
+    (and nothing that was there before)."""
+    mine = tmp_path / "users"
+    mine.mkdir()
+    target = mine / "a" / "b" / "c"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self == target:
+            raise OSError(28, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    created = Created()
+    try:
+        created.mkdirs(target)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the injected failure did not happen")
+    assert (mine / "a" / "b").is_dir()
+    assert stat.S_IMODE((mine / "a").stat().st_mode) == 0o700
+    created.undo()
+    assert mine.is_dir() and list(mine.iterdir()) == []
