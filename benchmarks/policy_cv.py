@@ -34,8 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.trace_rows import ROWS, SMALL, Row, run_row, windows  # noqa: E402
-
-GOAL_ONE, GOAL_MANY, GOAL_OD = 1.05, 1.10, 1.00
+from provisioner.sim.windows import GOAL_MANY, GOAL_OD, GOAL_ONE, goal_of  # noqa: E402
 
 
 def _config(knob: str, value: float) -> dict:
@@ -52,7 +51,7 @@ def _one(args: tuple[Row, str, float, float]) -> dict:
 
 def goal(run: dict) -> float:
     """The bound ratio ``run`` is held to: 1.10x with several instance types, else 1.05x."""
-    return GOAL_MANY if run["multi"] else GOAL_ONE
+    return goal_of(2 if run["multi"] else 1)
 
 
 def base(run: dict) -> str:

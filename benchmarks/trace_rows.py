@@ -18,6 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from provisioner.sim.windows import WINDOW_TAIL_H
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("SPOTRING_DATA", REPO.parent / "shared" / "data"))
 PRICES = "aws_spot_price_history/ericpauley_2022-05-31_all_types.csv.gz"
@@ -104,10 +106,6 @@ def world_of(row: Row, settings: Any, seed: int = 0) -> Any:
                        seed=seed)
 
 
-#: hours of trace a window keeps past its deadline (a late finish still has prices)
-WINDOW_TAIL_H = 6.0
-
-
 def windows(row: Row, step_h: float) -> tuple[Row, ...]:
     """``row`` replayed from every ``step_h`` hours of its traces: one row per start whose
     deadline and :data:`WINDOW_TAIL_H` fit inside the traces (the first at the row's own
@@ -117,21 +115,20 @@ def windows(row: Row, step_h: float) -> tuple[Row, ...]:
     from datetime import datetime, timezone
 
     from provisioner.config import parse_settings
+    from provisioner.sim.windows import window_starts
 
     if row.deadline_h is None:
         return (row,)
     if step_h <= 0:
         raise ValueError(f"step_h={step_h}: must be > 0")
     w = world_of(row, parse_settings({}))
-    span_h = (w.end - w.start) / 3600.0
-    length = row.deadline_h + WINDOW_TAIL_H
-    out, k = [], 0
-    while k * step_h + length <= span_h + 1e-9:
-        off = k * step_h
-        start = datetime.fromtimestamp(w.start + off * 3600.0, timezone.utc)
+    out = []
+    for t in window_starts(w.start, w.end, row.deadline_h, step_h):
+        off = (t - w.start) / 3600.0
+        start = datetime.fromtimestamp(t, timezone.utc)
         out.append(replace(row, name=f"{row.name} @+{off:g} h", window_of=row.name,
-                           start=start.strftime("%Y-%m-%dT%H:%M:%SZ"), hours=length))
-        k += 1
+                           start=start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           hours=row.deadline_h + WINDOW_TAIL_H))
     return tuple(out)
 
 
