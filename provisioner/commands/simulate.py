@@ -59,6 +59,7 @@ LIMITS = {
     "checkpoint": (1.0, 7 * 86400.0, "seconds between checkpoints"),
     "restart": (0.0, 86400.0, "seconds a restart from a checkpoint takes"),
     "size": (1, 1000, "instances of the baselines"),
+    "every": (0.1, 24 * 366, "hours between the starts of --every"),
 }
 
 
@@ -141,6 +142,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--restart", type=float, default=300.0, metavar="S",
                    help="restart cost from a checkpoint (300 s)")
     p.add_argument("--seed", type=int, default=0, help="seed of drawn revocations")
+    p.add_argument("--every", type=float, metavar="HOURS",
+                   help="replay the --deadline from every HOURS of the traces (each start whose "
+                   "deadline and 6 h more fit), spotring against on-demand and the hindsight "
+                   "bound at each, and print the spread: one start is one draw of the market")
     p.set_defaults(handler=run)
 
 
@@ -156,6 +161,14 @@ def run(args: argparse.Namespace) -> int:
     from provisioner.plan.throughput import ThroughputModel
 
     check_flags(args)
+    if args.every is not None:
+        if args.deadline is None:
+            raise UserError(f"--every {args.every:g}: replays a deadline from many starts; give "
+                            "--deadline HOURS too")
+        for flag, given in (("--report", args.report), ("--policy", args.policy)):
+            if given:
+                raise UserError(f"{flag}: --every runs spotring, on-demand and the bound at each "
+                                f"start and prints their spread; drop {flag} (or --every)")
     if args.report:
         _check_writable(args.report)
     settings = load_settings(args.config)
@@ -182,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             update={"max_size": max_size})})
     params = Params(settings, itype=itype, size=args.size, restart_s=args.restart,
                     checkpoint_s=args.checkpoint)
+    if args.every is not None:
+        return _every(args, snap, model, max_size, params, world)
     names = args.policy or [n for n in ALL_POLICIES
                             if n != "uniform-progress" or args.deadline is not None]
     with quiet_stdout():
@@ -198,4 +213,73 @@ def run(args: argparse.Namespace) -> int:
         print(summary(figs, m, shares))
         if args.report:
             print(f"report written to {path}")
+    return 0
+
+
+def _every(args: argparse.Namespace, snap: Any, model: Any, max_size: int, params: Any,
+           world: Any) -> int:
+    """``--every``: the deadline replayed from every ``args.every`` hours of ``world``'s
+    period (:func:`provisioner.sim.windows.window_starts`); a line per start as it is done
+    (on stderr with ``--json``), then the spread (:func:`provisioner.sim.windows.summarise`)."""
+    from datetime import datetime, timezone
+
+    from provisioner.sim.report import figures, run_all
+    from provisioner.sim.windows import (WINDOW_TAIL_H, Window, goal_of, summarise,
+                                         window_starts)
+    from provisioner.sim.world import build_world
+
+    starts = window_starts(world.start, world.end, args.deadline, args.every)
+    if not starts:
+        span_h = (world.end - world.start) / 3600
+        raise UserError(f"--every {args.every:g}: no start leaves the deadline ({args.deadline:g} "
+                        f"h) and {WINDOW_TAIL_H:g} h more inside the {span_h:.1f} h the traces "
+                        "cover; give a shorter --deadline, or drop --hours, or more trace")
+    goal = goal_of(len({o.instance_type for o in world.price if o.market == "spot"}))
+    names = ["spotring", "hindsight"] + (["on-demand"] if any(  # on-demand needs its price
+        o.market == "on-demand" and o.instance_type == params.itype for o in world.price) else [])
+    say = sys.stderr if args.json else sys.stdout
+    print(f"{len(starts)} starts every {args.every:g} h, deadline {args.deadline:g} h, goal "
+          f"{goal:.2f}x the bound", file=say)
+    print(f"{'start (UTC)':<16}  {'vs bound':>8}  {'vs on-demand':>12}  {'cost USD':>9}  "
+          f"{'hours':>6}  deadline", file=say, flush=True)
+    if "on-demand" not in names:
+        print(f"(no on-demand price for {params.itype} in the traces: pass --on-demand "
+              f"{params.itype}=USD_PER_HOUR to compare)", file=say)
+    done: list[Window] = []
+    for t in starts:
+        w = build_world(snap, model, max_size=max_size, on_demand=dict(args.on_demand),
+                        types=args.types, regions=args.regions,
+                        start=datetime.fromtimestamp(t, timezone.utc),
+                        hours=args.deadline + WINDOW_TAIL_H, seed=args.seed)
+        with quiet_stdout():
+            r = run_all(w, names, params, work=args.work,
+                        deadline_h=args.deadline, tick_s=args.tick, seed=args.seed)
+        f = figures(r)
+        ours = f["spotring"]
+        win = Window(start=t,
+                     vs_bound=f.get("hindsight", {}).get("spotring_cost_per_sample_ratio"),
+                     vs_on_demand=f.get("on-demand", {}).get("spotring_cost_per_sample_ratio"),
+                     cost=ours["total_cost_usd"],
+                     hours=ours["completion_hours"] if ours["finished"] else None,
+                     deadline_met=ours["deadline_met"])
+        done.append(win)
+        cells = ["-" if v is None else f"{v:.3f}x" for v in (win.vs_bound, win.vs_on_demand)]
+        cells += ["-" if v is None else f"{v:.2f}" for v in (win.cost, win.hours)]
+        met = {None: "-", True: "met", False: "MISSED"}[win.deadline_met]
+        print(f"{datetime.fromtimestamp(t, timezone.utc):%Y-%m-%d %H:%M}  {cells[0]:>8}  "
+              f"{cells[1]:>12}  {cells[2]:>9}  {cells[3]:>6}  {met}", file=say, flush=True)
+    spread = summarise(done, goal)
+    if args.json:
+        print_json({"starts": [vars(w) | {"start_utc": datetime.fromtimestamp(
+            w.start, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")} for w in done],
+            **spread}, sort_keys=True)
+    else:
+        mean, worst = spread["mean_vs_bound"], spread["worst_vs_bound"]
+        print(f"\nover {spread['windows']} starts: "
+              + ("no bound to compare (the hindsight bound did not run)" if mean is None else
+                 f"{mean:.3f}x the bound on average, worst {worst:.3f}x, "
+                 f"{spread['past_goal']} past {goal:.2f}x")
+              + (f"; at most {spread['worst_vs_on_demand']:.3f}x on-demand alone"
+                 if spread["worst_vs_on_demand"] is not None else "")
+              + f"; deadlines missed: {spread['deadlines_missed']}")
     return 0
