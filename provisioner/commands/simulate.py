@@ -255,10 +255,12 @@ def _every(args: argparse.Namespace, snap: Any, model: Any, max_size: int, param
             r = run_all(w, names, params, work=args.work,
                         deadline_h=args.deadline, tick_s=args.tick, seed=args.seed)
         f = figures(r)
-        ours = f["spotring"]
+        ours, od = f["spotring"], f.get("on-demand", {})
         win = Window(start=t,
                      vs_bound=f.get("hindsight", {}).get("spotring_cost_per_sample_ratio"),
-                     vs_on_demand=f.get("on-demand", {}).get("spotring_cost_per_sample_ratio"),
+                     # per sample, so an on-demand ring too slow to finish still compares
+                     vs_on_demand=od.get("spotring_cost_per_sample_ratio",
+                                         od.get("spotring_cost_per_sample_ratio_unequal_work")),
                      cost=ours["total_cost_usd"],
                      hours=ours["completion_hours"] if ours["finished"] else None,
                      deadline_met=ours["deadline_met"])

@@ -93,3 +93,13 @@ def test_every_with_a_report_is_refused_and_writes_nothing(market, tmp_path, cap
     report = tmp_path / "rep"
     assert main(market + ["--deadline", "10", "--every", "12", "--report", str(report)]) == 2
     assert "--report: --every runs" in capsys.readouterr().err and not report.exists()
+
+
+def test_an_on_demand_ring_too_slow_to_finish_still_compares_per_sample(market, capsys):
+    # one on-demand instance needs 22 h for 8e6 samples, past every 16 h window: its cost
+    # per sample is still what on-demand alone pays, so the ratio is given
+    flags = ["--work", "8e6", "--size", "1", "--deadline", "10", "--every", "24", "--json"]
+    assert main(market[:-2] + flags) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["starts"] and all(0 < w["vs_on_demand"] < 1 for w in got["starts"])
+    assert got["worst_vs_on_demand"] == max(w["vs_on_demand"] for w in got["starts"])
