@@ -56,10 +56,10 @@ def private_files() -> Iterator[None]:
         os.umask(old)
 
 
-def private_dirs(path: Path, made: list[Path] | None = None) -> list[Path]:
+def private_dirs(path: Path, made: list[Path] | None = None) -> None:
     """``mkdir -p path`` with every folder it makes 0700 (an existing one is left as it
-    is); the folders it made, outermost first, appended to ``made`` as each is made (so a
-    caller undoing a failed start knows them even when a later one fails)."""
+    is); each folder it makes is appended to ``made``, outermost first, as it is made (so
+    a caller undoing a failed start knows them even when a later one fails)."""
     missing = []
     p = Path(path)
     while not p.exists():
@@ -67,12 +67,11 @@ def private_dirs(path: Path, made: list[Path] | None = None) -> list[Path]:
         if p.parent == p:
             break
         p = p.parent
-    made = [] if made is None else made
     for d in reversed(missing):
         d.mkdir(mode=DIR_MODE, exist_ok=True)
         os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
-        made.append(d)
-    return made
+        if made is not None:
+            made.append(d)
 
 
 class Created:
