@@ -183,6 +183,12 @@ def test_a_launch_reaches_every_gpus_worker_with_the_pinned_wheel(aws: AwsBoot) 
     logs = aws.shipped()
     assert wait_for(lambda: {r.unit for r in logs.reports(iid)} == two, 60), logs.reports(iid)
     assert {r.code for r in logs.reports(iid)} == {2}
+    want = {("boot", box.log().splitlines()[-1])} | {
+        (name, next(ln for ln in box.journal(name).splitlines() if ln.startswith("error:")))
+        for name in two}
+    # lines ship in chunks of their own, apart from the exit reports: wait for them too (a
+    # loaded machine had shipped a report before the error line it follows)
+    wait_for(lambda: want <= set(logs.lines(iid)), 60)
     lines = logs.lines(iid)
     assert ("boot", box.log().splitlines()[-1]) in lines
     for name in two:
