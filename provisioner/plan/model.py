@@ -33,6 +33,14 @@ def family_of(instance_type: str) -> str:
     return instance_type.replace("-", ".").split(".", 1)[0]
 
 
+def gpu_of(instance_type: str) -> str:
+    """The GPU model of an instance type (``v100`` for ``p3.2xlarge`` and ``p3.16xlarge``,
+    ``t4`` for ``n1-standard-8+nvidia-tesla-t4``), else its family: the hardware one outage
+    takes along, whatever the size."""
+    spec = gpu_spec(instance_type)
+    return spec.model.lower() if spec is not None else family_of(instance_type)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One offering as the solver sees it (see the module docstring for the symbols)."""

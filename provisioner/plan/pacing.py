@@ -267,6 +267,29 @@ def spot_time_rate(work_left: float, line_left_s: float, share: float) -> float:
     return work_left / (line_left_s * min(share, 1.0))
 
 
+def net_rate(net: Iterable[Candidate], pace: float, tolerance: float, *, left: float,
+             line_left_s: float, safety_hours: float, overhead_h: float, max_size: int,
+             model_mb: float, global_batch: int, gbps: float) -> float | None:
+    """Samples/s a user's deadline runs at on dearer spot (``net``) while its cheapest
+    hardware is out: Uniform Progress' safety net (:func:`deadline_floor`) with the dearer
+    spot as the net, in place of the wall-time pace; None when the net cannot wait (its
+    fastest ring would not finish the work left by the line), or there is none.
+
+    The net's speed is the fastest ring of one offering whose samples cost at most
+    ``tolerance`` more than those of the ring that keeps ``pace`` (:func:`catch_up_rate`,
+    capacity unread). While that ring would finish ``left`` more than ``safety_hours``
+    before the line, every sample bought on the net now is one the cheap hardware might do
+    later for less: nothing is bought; as the slack falls through the margin the net's rate
+    phases in, to all of it at no slack. Paced over wall time on the net, the four types of
+    aws-10-26-2022 with a 34.4 h deadline ran 14-17 K80 rings (1.47x V100's cost per sample)
+    through every outage of the V100: 1.114x the bound over the 13 starts every 48 h, 1.395x
+    the worst; waiting on the net, 1.087x and 1.309x, and no start dearer."""
+    cap = catch_up_rate(net, pace, tolerance, max_size, model_mb, global_batch, gbps)
+    if cap is None or left <= 0 or left / cap >= line_left_s:
+        return None
+    return deadline_floor(cap, left, line_left_s / 3600.0, cap, safety_hours, overhead_h)
+
+
 def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, model_mb: float,
                 global_batch: int, gbps: float) -> float:
     """The most useful samples/s a ring of one of ``cands`` delivers at a cost per useful

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Mapping
 from pricing.model import Offering
 from pricing.risk import AgeShape
 from provisioner.errors import InfeasibleError
-from provisioner.plan.model import Candidate, Plan, Problem, gpu_spec
+from provisioner.plan.model import Candidate, Plan, Problem, gpu_of, gpu_spec
 from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
-                                     fleet_rate, good_offerings, od_capacity, pace,
+                                     fleet_rate, good_offerings, net_rate, od_capacity, pace,
                                      per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import fleet_objective, solve
 
@@ -504,6 +504,7 @@ class Planner:
             return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
                             notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
+        banking = False  # good is the cheap hardware for a bank or the spot time, not ahead
         all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
@@ -522,7 +523,7 @@ class Planner:
                 # (within the churn horizon), to spend waiting through its outages
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
                 if bank > target:
-                    target, good = bank, cheap
+                    target, good, banking = bank, cheap, True
             if pr.hard and there and not dearer_spot:  # on-demand is the fallback
                 rate = spot_time_target(
                     [c for c in cands if c.offering in cheap], all_cands, self.outages, now,
@@ -531,16 +532,31 @@ class Planner:
                     max_size=b.max_size, model_mb=b.model_mb, global_batch=b.global_batch,
                     gbps=b.intra_zone_gbps, share=s.spot_share)
                 if rate > target:
-                    target, good = rate, cheap
+                    target, good, banking = rate, cheap, True
+            if pr.hard and good is None and not there and dearer_spot:
+                # the cheapest is out and dearer spot is the net: wait on it while it can
+                # still do the work by the line (the net of another GPU: an outage takes a
+                # GPU's other sizes along, p3.16xlarge with p3.2xlarge)
+                gone = {gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
+                net = [c for c in cands if c.offering.market == "spot" and c.max_count is None
+                       and gpu_of(c.offering.instance_type) not in gone]
+                rate = net_rate(net, target, s.catch_up_tolerance, left=left,
+                                line_left_s=pr.start + line_s - now,
+                                safety_hours=s.safety_hours, overhead_h=s.ramp_h,
+                                max_size=b.max_size, model_mb=b.model_mb,
+                                global_batch=b.global_batch, gbps=b.intra_zone_gbps)
+                if rate is not None:
+                    target = max(rate, 1e-9)
             if good is not None:
                 cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
         plan = None
         if pins:
             plan = self._reachable(keep(prob, pins, b.max_regions), target, floor,
-                                   hard=pr.hard, ahead=good is not None)
+                                   hard=pr.hard, ahead=good is not None and not banking)
         if plan is None:  # nothing kept, or keeping them makes every fleet infeasible
-            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=good is not None)
+            plan = self._reachable(prob, target, floor, hard=pr.hard,
+                                   ahead=good is not None and not banking)
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}

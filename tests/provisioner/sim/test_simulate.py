@@ -573,3 +573,93 @@ def test_a_users_spot_share_spreads_a_deadline_over_the_spot_time_from_the_start
 def sizes_of(r) -> list[int]:
     """The instances held at each launch or end (the fleet's sizes over the run)."""
     return [n for _, ys in r.by_offering().values() for n in ys]
+
+
+def _net_view(t_h: float, extra: Offering = SMALL_B, extra_speed: float = 100.0,
+              extra_price: float = 1.5) -> "View":
+    # A user's deadline of 10 h for 3.6e6 samples (the line at 8 h: 2 h margin); A
+    # (p3.2xlarge, $1/h, 100/s) failed a launch 100 s ago, so none can be had; ``extra`` is
+    # the dearer spot (p2.xlarge by default: the same 100/s for $1.5/h, 1.5x per sample).
+    from provisioner.sim.policies import View
+    t = t_h * 3600
+    return View(t=t, start=0.0, work=3.6e6, done=0.0, deadline_s=36_000.0,
+                prices={A: 1.0, extra: extra_price}, held={}, failed={A: t - 100.0},
+                speed={"p3.2xlarge": 100.0, extra.instance_type: extra_speed}, running=True)
+
+
+def test_a_deadline_waits_on_dearer_spot_while_its_fastest_ring_can_still_finish():
+    # With A out, the dearer p2.xlarge is the net. Its fastest ring within catch_up_tolerance
+    # of the pace ring's cost per sample (no ring cost here: 4 instances, 400/s) does the
+    # 3.6e6 samples in 2.5 h. At 0.5 h the line is 7.5 h away: 5 h of slack, more than the
+    # 2 h margin, so nothing is bought (paced over wall time: 3.6e6 / 27,000 s = 133/s, two
+    # p2.xlarge, every sample of them one A might do later for two thirds of the price).
+    p = params()
+    v = _net_view(0.5)
+    assert dict(spotring(p, v).decide(v).target) == {}
+    # At 4.8 h, 0.7 h of slack is left: the net phases in, 400 x (1 - 0.7 / 2) = 260/s,
+    # three (the wall-time pace would be 312.5/s, four).
+    v = _net_view(4.8)
+    assert dict(spotring(p, v).decide(v).target) == {SMALL_B: 3}
+    # At 6 h the net cannot finish by the line any more (2.5 h of work, 2 h left): the
+    # deadline takes all it can get.
+    v = _net_view(6.0)
+    assert dict(spotring(p, v).decide(v).target) == {SMALL_B: 4}
+
+
+def test_a_deadline_does_not_wait_on_another_size_of_the_gpu_that_is_out():
+    # The dearer spot is a p3.8xlarge (4 V100, 400/s for $6/h: 1.5x per sample): an outage of
+    # p3.2xlarge takes its GPU's other sizes along, so it is no net to wait on; the job keeps
+    # its wall-time pace on it, 133/s: one.
+    big = Offering("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "spot")
+    v = _net_view(0.5, extra=big, extra_speed=400.0, extra_price=6.0)
+    assert dict(spotring(params(), v).decide(v).target) == {big: 1}
+
+
+def _net_world(a_back_h: float | None):
+    """A (p3.2xlarge, $1/h, 100/s) out from 0.5 h (back at ``a_back_h``, or never) beside
+    p2.xlarge in zone b ($1.5/h, 100/s) all along; on-demand $4/h and $3/h; 12 h."""
+    b = Offering("aws", "us-east-1", "us-east-1b", "p2.xlarge", "spot")
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0), PriceQuote(b, at(0), 1.5, 3.0))
+    av = [Availability(A, at(0), 100), Availability(A, at(0.5), 0),
+          Availability(b, at(0), 100), Availability(b, at(12), 100)]
+    if a_back_h is not None:
+        av.append(Availability(A, at(a_back_h), 100))
+    av.append(Availability(A, at(12), 100 if a_back_h is not None else 0))
+    speed = ThroughputModel(priors={"p3.2xlarge": 100.0, "p2.xlarge": 100.0})
+    world = build_world(Snapshot(quotes=quotes, availability=tuple(sorted(
+        av, key=lambda a: a.time))), speed, max_size=4)
+    return world, b
+
+
+def test_waiting_on_the_net_pays_when_the_cheap_spot_comes_back_and_costs_little_when_not():
+    # 3.6e6 samples, deadline 10 h. Paced over wall time, the job would buy p2.xlarge from
+    # 0.5 h at the line's rate; waiting on it, it buys nothing while 4 of them could still
+    # finish by the line (8 h) with 2 h to spare.
+    # A back at 3 h: the work is done on A ($1/h): 10 instance-hours, $10, plus what the
+    # boots and the revocation at 0.5 h cost; no p2.xlarge bought at all.
+    world, b = _net_world(a_back_h=3.0)
+    r = simulate_policy(world, "spotring", params(), work=3.6e6, deadline_h=10.0)
+    assert r.finished and r.completion_h <= 10.0
+    assert sum(life.cost for life in r.lives if life.offering == b) == 0.0
+    assert r.cost <= 10.0 * 1.02
+    # A never back: the deadline is met on p2.xlarge, at most catch_up_tolerance dearer per
+    # sample than its pace (here, with no ring cost, the same: 1.5x A's price).
+    world, b = _net_world(a_back_h=None)
+    r = simulate_policy(world, "spotring", params(), work=3.6e6, deadline_h=10.0)
+    assert r.finished and r.completion_h <= 10.0
+    on_b = [life for life in r.lives if life.offering == b]
+    assert on_b and min(life.launched_h for life in on_b) > 3.0  # it waited, then ran
+    assert r.cost <= 1.5 * 10.0 * 1.02
+
+
+def test_a_bank_the_cheapest_cannot_reach_runs_the_most_of_it_not_nothing():
+    # As above with a 0.9 h bank and a 0.02 h (72 s) churn horizon: 160,000 short of the line
+    # 0.9 h ahead, in 72 s, asks for 2,222/s, more than four A (400/s) give even at a
+    # quarter of it. The bank's target was then treated as an ahead target (a fraction of it
+    # from the good offerings, else keep what is held): nothing held, nothing bought, while
+    # A was there (on the four types of aws-10-26-2022, 17 h empty while behind once the
+    # bank grew past the V100's reach). Now the most A gives: four.
+    from dataclasses import replace as dc_replace
+    p = params(bank_hours=0.9, churn_horizon_hours=0.02)
+    v = dc_replace(_ahead_view(200_000, {}), failed={})
+    assert dict(spotring(p, v).decide(v).target) == {A: 4}
