@@ -52,9 +52,9 @@ from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_of, gpu_spec
 from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, catch_up_rate, due,
-                                     fleet_rate, good_offerings, net_rate, od_capacity, pace,
-                                     per_sample_fleet, spot_time_target)
+from provisioner.plan.pacing import (OutageLog, ahead_offerings, bank_rate, catch_up_rate,
+                                     due, fleet_rate, good_offerings, net_rate, od_capacity,
+                                     pace, per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import fleet_objective, solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -509,8 +509,11 @@ class Planner:
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
             line_s = deadline_s - safety * 3600
-            good = ahead_offerings(cheap, fleet.held, pr.work, pr.done, now - pr.start,
-                                   line_s, horizon_s)
+            # (ahead of the line yet behind by the on-demand slack, in the last hours of a
+            # user's deadline: not ahead, or a fleet whose cheapest was just revoked waited
+            # empty while behind for its last samples)
+            good = None if behind else ahead_offerings(
+                cheap, fleet.held, pr.work, pr.done, now - pr.start, line_s, horizon_s)
             bank_s = (self.outages.bank_s(now) if s.bank_hours is None
                       else s.bank_hours * 3600)
             there = line_s > 0 and any(c.max_count is None and c.offering in cheap
@@ -522,6 +525,15 @@ class Planner:
                 # outage of it would leave: bank bank_s of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
+                net_per = min((c.price_per_hour / 3600.0 / c.useful for c in cands
+                               if c.offering.market == "spot" and c.offering not in cheap
+                               and c.useful > 0 and c.price_per_hour > 0), default=None)
+                most = None if net_per is None or bank <= target else bank_rate(
+                    [c for c in cands if c.offering in cheap and c.max_count is None],
+                    target, net_per, b.max_size, b.model_mb, b.global_batch,
+                    b.intra_zone_gbps)
+                if most is not None:
+                    bank = min(bank, most)
                 if bank > target:
                     target, good, banking = bank, cheap, True
             if pr.hard and there and not dearer_spot:  # on-demand is the fallback
@@ -533,7 +545,7 @@ class Planner:
                     gbps=b.intra_zone_gbps, share=s.spot_share)
                 if rate > target:
                     target, good, banking = rate, cheap, True
-            if pr.hard and good is None and not there and dearer_spot:
+            if pr.hard and not behind and good is None and not there and dearer_spot:
                 # the cheapest is out and dearer spot is the net: wait on it while it can
                 # still do the work by the line (the net of another GPU: an outage takes a
                 # GPU's other sizes along, p3.16xlarge with p3.2xlarge)

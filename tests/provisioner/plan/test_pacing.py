@@ -150,3 +150,24 @@ def test_rate_within_stops_at_the_ring_whose_samples_cost_the_limit():
     assert rate_within(cands, 3.06 / 400.0, 16, 50.0, 1024, 10.0) == pytest.approx(
         ring_rate(16, 400.0, 50.0, 1024, 10.0))
     assert rate_within(cands, per(1) * 0.99, 16, 50.0, 1024, 10.0) == 0.0  # none within
+
+
+def test_bank_rate_stops_where_the_rings_extra_samples_cost_more_than_the_nets():
+    # V100 at $0.918/h, 400/s, 50 MB gradient, batch 1,024, 10 Gb/s; the pace 1,100/s takes 3
+    # (1,129/s). Against K80 at $0.27/h for 80/s ($0.94 per 1M samples) the bank may grow
+    # the ring while the instances beyond the 3 add samples at no more than that each.
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate, ring_rate
+    from provisioner.plan.pacing import bank_rate
+    v100 = [Candidate(Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "spot"),
+                      0.918, 400.0)]
+    r = [ring_rate(n, 400.0, 50.0, 1024, 10.0) for n in range(17)]
+    net = 0.27 / 3600 / 80.0
+    worth = [n for n in range(4, 17) if (n - 3) * 0.918 / 3600 / (r[n] - r[3]) <= net]
+    assert worth and max(worth) < 16  # (the whole 16-ring's extra costs $1.03 per 1M)
+    assert bank_rate(v100, 1100.0, net, 16, 50.0, 1024, 10.0) == pytest.approx(r[max(worth)])
+    # against on-demand's $3.06/h for 400/s every ring is worth it; against nothing, none
+    # beyond the ring that keeps the pace; no ring keeps 10,000/s: no cap to give
+    assert bank_rate(v100, 1100.0, 3.06 / 3600 / 400.0, 16, 50.0, 1024, 10.0) == pytest.approx(r[16])
+    assert bank_rate(v100, 1100.0, 0.0, 16, 50.0, 1024, 10.0) == pytest.approx(r[3])
+    assert bank_rate(v100, 10_000.0, net, 16, 50.0, 1024, 10.0) is None

@@ -663,3 +663,40 @@ def test_a_bank_the_cheapest_cannot_reach_runs_the_most_of_it_not_nothing():
     p = params(bank_hours=0.9, churn_horizon_hours=0.02)
     v = dc_replace(_ahead_view(200_000, {}), failed={})
     assert dict(spotring(p, v).decide(v).target) == {A: 4}
+
+
+def test_the_bank_grows_the_ring_only_while_its_extra_samples_cost_less_than_the_nets():
+    # V100 (p3.2xlarge, $0.918/h, 400/s) beside K80 (p2.xlarge, $0.27/h, 80/s: $0.94 per 1M)
+    # with a 50 MB gradient: a ring's efficiency falls with its size. A user's deadline of
+    # 10 h (the line at 8 h) for 4e7 samples, on the line at 1 h; the pace takes 4 V100.
+    # A 5 h bank within the 1 h churn horizon asks for 6,944/s, past 16 V100; the bank
+    # stops at the ring whose instances beyond the 4 still add samples for less than K80's.
+    from provisioner.plan.model import ring_rate
+    from provisioner.sim.policies import View
+    k80 = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
+    p = params(bank_hours=5.0, churn_horizon_hours=1.0, model_mb=50.0, global_batch=1024,
+               max_size=16)
+    v = View(t=3600.0, start=0.0, work=4e7, done=5e6, deadline_s=36_000.0,
+             prices={A: 0.918, k80: 0.27}, held={}, failed={},
+             speed={"p3.2xlarge": 400.0, "p2.xlarge": 80.0}, running=True)
+    r = [ring_rate(n, 400.0, 50.0, 1024, 10.0) for n in range(17)]
+    assert r[3] < 3.5e7 / (7 * 3600) <= r[4]
+    worth = max(n for n in range(5, 17) if (n - 4) * 0.918 / (r[n] - r[4]) <= 0.27 / 80.0)
+    assert worth < 16
+    assert dict(spotring(p, v).decide(v).target) == {A: worth}
+
+
+def test_ahead_of_the_line_but_behind_by_the_on_demand_slack_the_deadline_does_not_wait():
+    # The last samples of a user's deadline (10 h, the line at 8 h; 3.6e6 samples, 10,000
+    # left at 7.9 h: ahead of the line's 3,555,000) just after its A was revoked; boots of
+    # 600 s. The slack to the deadline (2.1 h less the boot less 25 s on four on-demand) is
+    # within the 2 h margin: behind. Being ahead of the line once let it wait for A, holding
+    # nothing while behind (on a four-type window, 0.17 h for its last 6,424 samples); now it
+    # runs them on the dearer spot that is there.
+    from provisioner.sim.policies import View
+    od = A.with_market("on-demand")
+    v = View(t=7.9 * 3600, start=0.0, work=3.6e6, done=3.59e6, deadline_s=36_000.0,
+             prices={A: 1.0, SMALL_B: 1.5, od: 4.0}, held={}, failed={A: 7.9 * 3600 - 100},
+             speed={"p3.2xlarge": 100.0, "p2.xlarge": 100.0}, running=True)
+    d = spotring(params(boot_s=600), v).decide(v)
+    assert d.behind and dict(d.target) == {SMALL_B: 1}
