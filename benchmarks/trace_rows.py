@@ -71,6 +71,8 @@ ROWS: tuple[Row, ...] = (
         on_demand=tuple(OD4.items()), multi=True, itype="p2.xlarge"),
     Row("cbl-1node-10-26", "10-26, 159.4 h", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
         on_demand=tuple(OD4.items()), deadline_h=159.4, multi=True, itype="p2.xlarge"),
+    Row("cbl-1node-10-26", "10-26, 34.4 h", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
+        on_demand=tuple(OD4.items()), deadline_h=34.4, multi=True, itype="p2.xlarge"),
     Row("cbl-1node-10-26", "10-26 V100", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
         types=("p3.2xlarge",)),
     Row("cbl-1node-10-26", "10-26 V100, 34.4 h", (f"{AVAIL}/1-node/aws-10-26-2022", PRICES),
