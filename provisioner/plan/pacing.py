@@ -7,10 +7,12 @@ line``. Behind the line every offering may help catch up; ahead of it the work d
 and waiting is free, so only hardware within a tolerance of the cheapest per sample is
 bought (:func:`good_offerings`, :func:`ahead_offerings`). While the cheapest hardware is
 free and dearer spot is what an outage would leave, the job banks progress with it, as far
-ahead as :class:`OutageLog` learned its outages last; when only on-demand is left to fall
-back on, a user's deadline spreads its work over the time the cheap hardware is expected to
-be there (:func:`spot_time_target`). Among fleets that keep pace, the one
-with the most useful work per dollar is taken (:func:`per_sample_fleet`).
+ahead as :class:`OutageLog` learned its outages last, on rings whose extra samples cost less
+than the dearer spot's (:func:`bank_rate`); while it is out, a user's deadline waits on the
+dearer spot as long as that could still finish by the line (:func:`net_rate`); when only
+on-demand is left to fall back on, a user's deadline spreads its work over the time the
+cheap hardware is expected to be there (:func:`spot_time_target`). Among fleets that keep
+pace, the one with the most useful work per dollar is taken (:func:`per_sample_fleet`).
 
 :func:`pace` is the rate and the on-demand floor (Uniform Progress' safety net).
 

@@ -21,8 +21,10 @@ Two modes, chosen by the progress it is given:
   catches up only on rings near the pace's cost per sample, on on-demand never dearer per
   sample than on-demand alone, and through an outage like those seen it holds the cheapest
   on-demand instance instead of nothing. Ahead of the line only the cheapest hardware per
-  sample is bought, and some hours are banked with it (:mod:`provisioner.plan.pacing`);
-  among fleets that keep pace the one with most useful work per dollar wins. A target no
+  sample is bought, and some hours are banked with it; while it is out, a user's deadline
+  waits on dearer spot as long as that could still finish by the line
+  (:mod:`provisioner.plan.pacing`); among fleets that keep pace the one with most useful
+  work per dollar wins. A target no
   fleet reaches gets the fastest fleet (for the job's own pace, on spot).
 - **static** (open-ended work): one solve of the settings' objective (``max-throughput``
   under the budget, or ``min-cost`` for a target rate).
