@@ -67,6 +67,12 @@ class Candidate:
         return self._useful  # type: ignore[attr-defined]
 
     @property
+    def room(self) -> bool:
+        """It may grow: no known cap, or a cap above what it holds (out of capacity lately,
+        capped at what it holds, it may not)."""
+        return self.max_count is None or self.max_count > self.current
+
+    @property
     def zone_key(self) -> str:
         o = self.offering
         return f"{o.region}/{o.zone}" if o.zone != "*" else o.region

@@ -433,8 +433,7 @@ class Planner:
         fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
         self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
                              max(fails) if fails else None)
-        if floor > 0.0 and any(c.offering.market == "spot" and (
-                c.max_count is None or c.max_count > c.current) for c in cands):
+        if floor > 0.0 and any(c.offering.market == "spot" and c.room for c in cands):
             # Spot can be had (some offering has room: not failed lately, not capped at what
             # it holds, whether by the daemon's capacity cache or a known cap): it runs the same
             # instances as fast for a third of the price, so no on-demand floor, and no
@@ -518,8 +517,7 @@ class Planner:
                 cheap, fleet.held, pr.work, pr.done, now - pr.start, line_s, horizon_s)
             bank_s = (self.outages.bank_s(now) if s.bank_hours is None
                       else s.bank_hours * 3600)
-            there = line_s > 0 and any(c.max_count is None and c.offering in cheap
-                                       for c in cands)
+            there = line_s > 0 and any(c.room and c.offering in cheap for c in cands)
             dearer_spot = any(c.offering.market == "spot" and c.offering not in cheap
                               for c in cands)
             if bank_s > 0 and there and dearer_spot:
@@ -531,7 +529,7 @@ class Planner:
                                if c.offering.market == "spot" and c.offering not in cheap
                                and c.useful > 0 and c.price_per_hour > 0), default=None)
                 most = None if net_per is None or bank <= target else bank_rate(
-                    [c for c in cands if c.offering in cheap and c.max_count is None],
+                    [c for c in cands if c.offering in cheap and c.room],
                     target, net_per, b.max_size, b.model_mb, b.global_batch,
                     b.intra_zone_gbps)
                 if most is not None:
@@ -552,7 +550,7 @@ class Planner:
                 # still do the work by the line (the net of another GPU: an outage takes a
                 # GPU's other sizes along, p3.16xlarge with p3.2xlarge)
                 gone = {gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
-                net = [c for c in cands if c.offering.market == "spot" and c.max_count is None
+                net = [c for c in cands if c.offering.market == "spot" and c.room
                        and gpu_of(c.offering.instance_type) not in gone]
                 rate = net_rate(net, target, s.catch_up_tolerance, left=left,
                                 line_left_s=pr.start + line_s - now,

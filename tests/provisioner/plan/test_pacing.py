@@ -171,3 +171,28 @@ def test_bank_rate_stops_where_the_rings_extra_samples_cost_more_than_the_nets()
     assert bank_rate(v100, 1100.0, 3.06 / 3600 / 400.0, 16, 50.0, 1024, 10.0) == pytest.approx(r[16])
     assert bank_rate(v100, 1100.0, 0.0, 16, 50.0, 1024, 10.0) == pytest.approx(r[3])
     assert bank_rate(v100, 10_000.0, net, 16, 50.0, 1024, 10.0) is None
+
+
+def test_a_known_capacity_of_the_cheapest_is_there_and_none_is_out():
+    # The daemon knows some availability (MarketView.caps, from its sources). V100 in zone a
+    # ($1/h, 100/s) with 8 known to be there is there: a user's deadline (10 h, 3.6e6
+    # samples) at 0.5 h keeps its wall-time pace on it, 3.6e6 / 27,000 s = 133/s, two; it
+    # does not wait on the dearer K80 ($1.5/h, 100/s) as if the V100 were out. Known to be
+    # 0, it is out: nothing is bought while four K80 could still finish 5 h before the line.
+    from pricing.model import Offering
+    from provisioner.plan.model import Problem
+    from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
+    v100 = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
+    k80 = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
+    s = PlanSettings(bounds=Problem((), max_size=4, max_zone_share=1.0, max_regions=1,
+                                    boot_s=0.0, reform_s=0.0, model_mb=0.0), bank_hours=0.0)
+    pr = Progress(start=0.0, work=3.6e6, done=0.0, deadline_s=36_000.0, hard=True)
+
+    def decide(cap: int) -> dict:
+        market = MarketView(prices={v100: 1.0, k80: 1.5},
+                            speeds={"p3.2xlarge": 100.0, "p2.xlarge": 100.0},
+                            hazards={v100: 0.0, k80: 0.0}, caps={v100: cap})
+        return dict(Planner(s).decide(market, FleetView(held={}), pr, 1_800.0).target)
+
+    assert decide(8) == {v100: 2}
+    assert decide(0) == {}
