@@ -24,8 +24,8 @@ Two modes, chosen by the progress it is given:
   sample is bought, and some hours are banked with it; while it is out, a user's deadline
   waits on dearer spot as long as that could still finish by the line
   (:mod:`provisioner.plan.pacing`); among fleets that keep pace the one with most useful
-  work per dollar wins. A target no
-  fleet reaches gets the fastest fleet (for the job's own pace, on spot).
+  work per dollar wins. A target no fleet reaches gets the fastest fleet (for the job's own
+  pace, on spot).
 - **static** (open-ended work): one solve of the settings' objective (``max-throughput``
   under the budget, or ``min-cost`` for a target rate).
 
@@ -520,14 +520,18 @@ class Planner:
             there = line_s > 0 and any(c.room and c.offering in cheap for c in cands)
             dearer_spot = any(c.offering.market == "spot" and c.offering not in cheap
                               for c in cands)
+            # the net: dearer spot of another GPU (an outage takes a GPU's other sizes
+            # along, p3.16xlarge with p3.2xlarge)
+            gone = {gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
+            net = [c for c in cands if c.offering.market == "spot" and c.offering not in cheap
+                   and gpu_of(c.offering.instance_type) not in gone]
             if bank_s > 0 and there and dearer_spot:
                 # the cheapest capacity per sample is there, and dearer spot is what an
                 # outage of it would leave: bank bank_s of the pace with the cheap one
                 # (within the churn horizon), to spend waiting through its outages
                 bank = (due(pr.work, now - pr.start, line_s, bank_s) - pr.done) / horizon_s
-                net_per = min((c.price_per_hour / 3600.0 / c.useful for c in cands
-                               if c.offering.market == "spot" and c.offering not in cheap
-                               and c.useful > 0 and c.price_per_hour > 0), default=None)
+                net_per = min((c.price_per_hour / 3600.0 / c.useful for c in net
+                               if c.useful > 0 and c.price_per_hour > 0), default=None)
                 most = None if net_per is None or bank <= target else bank_rate(
                     [c for c in cands if c.offering in cheap and c.room],
                     target, net_per, b.max_size, b.model_mb, b.global_batch,
@@ -547,12 +551,9 @@ class Planner:
                     target, good, banking = rate, cheap, True
             if pr.hard and not behind and good is None and not there and dearer_spot:
                 # the cheapest is out and dearer spot is the net: wait on it while it can
-                # still do the work by the line (the net of another GPU: an outage takes a
-                # GPU's other sizes along, p3.16xlarge with p3.2xlarge)
-                gone = {gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
-                net = [c for c in cands if c.offering.market == "spot" and c.room
-                       and gpu_of(c.offering.instance_type) not in gone]
-                rate = net_rate(net, target, s.catch_up_tolerance, left=left,
+                # still do the work by the line
+                rate = net_rate([c for c in net if c.room], target, s.catch_up_tolerance,
+                                left=left,
                                 line_left_s=pr.start + line_s - now,
                                 safety_hours=s.safety_hours, overhead_h=s.ramp_h,
                                 max_size=b.max_size, model_mb=b.model_mb,

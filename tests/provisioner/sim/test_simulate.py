@@ -684,6 +684,14 @@ def test_the_bank_grows_the_ring_only_while_its_extra_samples_cost_less_than_the
     worth = max(n for n in range(5, 17) if (n - 4) * 0.918 / (r[n] - r[4]) <= 0.27 / 80.0)
     assert worth < 16
     assert dict(spotring(p, v).decide(v).target) == {A: worth}
+    # A p3.8xlarge (4 V100, 1,600/s for $4.2/h: dearer per sample than A, cheaper than K80)
+    # is no net: an outage of the V100 takes it along. The bank is priced against K80 still.
+    big = Offering("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "spot")
+    v = View(t=3600.0, start=0.0, work=4e7, done=5e6, deadline_s=36_000.0,
+             prices={A: 0.918, k80: 0.27, big: 4.2}, held={}, failed={},
+             speed={"p3.2xlarge": 400.0, "p2.xlarge": 80.0, "p3.8xlarge": 1600.0},
+             running=True)
+    assert dict(spotring(p, v).decide(v).target) == {A: worth}
 
 
 def test_ahead_of_the_line_but_behind_by_the_on_demand_slack_the_deadline_does_not_wait():
