@@ -266,7 +266,15 @@ def kill_at_point(target: Callable[..., None], args: tuple, point: str, k: int,
 
 @contextlib.contextmanager
 def moto_endpoint() -> Iterator[str]:
-    """A bare moto server (S3 and the rest) on an ephemeral port; yields its URL."""
+    """A bare moto server (S3 and the rest) on an ephemeral port; yields its URL.
+
+    What it made goes with it, as with a server of its own: a server in this process
+    keeps its state in moto's backends, which outlive it, so a later test in the same
+    pytest worker found a bucket of the same name that an earlier one made ("snaps":
+    test_snapshot_stores before test_snapshots, which expects it missing). Reset on the
+    way out (``/moto-api/reset``)."""
+    import urllib.request
+
     from moto.server import ThreadedMotoServer
 
     _credentials()
@@ -274,7 +282,12 @@ def moto_endpoint() -> Iterator[str]:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
+        url = f"http://{host}:{port}"
+        try:
+            yield url
+        finally:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset",
+                                                          method="POST"), timeout=30).close()
     finally:
         server.stop()
 

@@ -119,6 +119,24 @@ def test_a_snapshot_store_that_cannot_be_listed_is_one_line_naming_the_url(tmp_p
         _check_store(_trainer_snapshot(snap, "file:///sys/spotring"))
 
 
+def test_a_moto_endpoint_does_not_hand_its_buckets_to_the_next_one():
+    """moto keeps a server's state in this process's backends: a bucket one test made on
+    its server was there on the next test's (in the same pytest worker), and the check above
+    did not raise for "snaps". Each endpoint starts empty."""
+    pytest.importorskip("moto.server")
+    import boto3
+
+    from tests.fakes.aws_world import moto_endpoint
+
+    with moto_endpoint() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="left-behind")
+    with moto_endpoint() as endpoint:
+        names = [b["Name"] for b in boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1").list_buckets()["Buckets"]]
+    assert "left-behind" not in names
+
+
 def test_gcs_fake_as_the_storage_emulator(monkeypatch):
     """``STORAGE_EMULATOR_HOST`` (the client's own switch: anonymous credentials, this
     endpoint) reaches the fake too: a store built with the client's defaults can be tested."""
