@@ -65,12 +65,7 @@ class AwsWorld:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
-        # moto's backends are process-global: start from an empty account even when an
-        # earlier world (or mock_aws) in this process left resources behind.
-        import urllib.request
-
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset",
-                                                      method="POST"), timeout=30).close()
+        reset_moto(self.endpoint)
         from pricing.sources.boto import make_client
 
         self.ec2 = make_client("ec2", REGION, endpoint_url=self.endpoint)
@@ -264,17 +259,23 @@ def kill_at_point(target: Callable[..., None], args: tuple, point: str, k: int,
     child.join(10)
 
 
-@contextlib.contextmanager
-def moto_endpoint() -> Iterator[str]:
-    """A bare moto server (S3 and the rest) on an ephemeral port; yields its URL.
+def reset_moto(endpoint: str) -> None:
+    """Empty moto's backends through the server at ``endpoint`` (``/moto-api/reset``).
 
-    What it made goes with it, as with a server of its own: a server in this process
-    keeps its state in moto's backends, which outlive it, so a later test in the same
-    pytest worker found a bucket of the same name that an earlier one made ("snaps":
-    test_snapshot_stores before test_snapshots, which expects it missing). Reset on the
-    way out (``/moto-api/reset``)."""
+    A moto server in this process keeps its state in moto's backends, which are global to
+    the process and outlive the server: without this, a server starts with what earlier
+    tests in the same pytest worker made (a bucket "snaps" of test_snapshot_stores made
+    test_snapshots' missing bucket exist; the driver tests' "spotring-notices" queue)."""
     import urllib.request
 
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset",
+                                                  method="POST"), timeout=30).close()
+
+
+@contextlib.contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """A bare moto server (S3 and the rest) on an ephemeral port, starting empty
+    (:func:`reset_moto`); yields its URL."""
     from moto.server import ThreadedMotoServer
 
     _credentials()
@@ -283,11 +284,8 @@ def moto_endpoint() -> Iterator[str]:
     try:
         host, port = server.get_host_and_port()
         url = f"http://{host}:{port}"
-        try:
-            yield url
-        finally:
-            urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset",
-                                                          method="POST"), timeout=30).close()
+        reset_moto(url)
+        yield url
     finally:
         server.stop()
 

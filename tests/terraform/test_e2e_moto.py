@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -62,6 +61,8 @@ provider "aws" {{
 def moto_endpoint(monkeypatch: pytest.MonkeyPatch):
     from moto.server import ThreadedMotoServer
 
+    from tests.fakes.aws_world import reset_moto
+
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                        ("AWS_DEFAULT_REGION", REGION)):
         monkeypatch.setenv(key, value)
@@ -69,11 +70,9 @@ def moto_endpoint(monkeypatch: pytest.MonkeyPatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    # moto's backends are global to the process: start from an empty account, not with what
-    # earlier tests in this pytest run left (e.g. the driver tests' "spotring-notices" queue),
-    # so "destroy leaves nothing" speaks of this module only.
-    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset",
-                                                  method="POST"), timeout=30).read()
+    # start from an empty account, not with what earlier tests in this pytest run left, so
+    # "destroy leaves nothing" speaks of this module only
+    reset_moto(f"http://{host}:{port}")
     try:
         yield f"http://{host}:{port}"
     finally:
