@@ -522,9 +522,10 @@ class Planner:
                               for c in cands)
             # the net: dearer spot of another GPU (an outage takes a GPU's other sizes
             # along, p3.16xlarge with p3.2xlarge)
-            gone = {gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
-            net = [c for c in cands if c.offering.market == "spot" and c.offering not in cheap
-                   and gpu_of(c.offering.instance_type) not in gone]
+            gone = ({gpu_of(c.offering.instance_type) for c in cands if c.offering in cheap}
+                    if dearer_spot else set())
+            net = [c for c in cands if dearer_spot and c.offering.market == "spot"
+                   and c.offering not in cheap and gpu_of(c.offering.instance_type) not in gone]
             if bank_s > 0 and there and dearer_spot:
                 # the cheapest capacity per sample is there, and dearer spot is what an
                 # outage of it would leave: bank bank_s of the pace with the cheap one
@@ -553,8 +554,7 @@ class Planner:
                 # the cheapest is out and dearer spot is the net: wait on it while it can
                 # still do the work by the line
                 rate = net_rate([c for c in net if c.room], target, s.catch_up_tolerance,
-                                left=left,
-                                line_left_s=pr.start + line_s - now,
+                                left=left, line_left_s=pr.start + line_s - now,
                                 safety_hours=s.safety_hours, overhead_h=s.ramp_h,
                                 max_size=b.max_size, model_mb=b.model_mb,
                                 global_batch=b.global_batch, gbps=b.intra_zone_gbps)
@@ -564,12 +564,12 @@ class Planner:
                 cands = [c for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
         plan = None
+        ahead = good is not None and not banking
         if pins:
             plan = self._reachable(keep(prob, pins, b.max_regions), target, floor,
-                                   hard=pr.hard, ahead=good is not None and not banking)
+                                   hard=pr.hard, ahead=ahead)
         if plan is None:  # nothing kept, or keeping them makes every fleet infeasible
-            plan = self._reachable(prob, target, floor, hard=pr.hard,
-                                   ahead=good is not None and not banking)
+            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=ahead)
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
