@@ -44,6 +44,7 @@ from trainer.worker.config import WorkerConfig
 from trainer.worker.decision import MemberOutcome
 from trainer.worker.member import Member
 from trainer.worker.modes import mode_class
+from trainer.worker.modes.base import Unsettled
 from trainer.worker.outputs import Outputs
 from trainer.worker.runtime import Runtime
 
@@ -102,6 +103,7 @@ class Worker:
         self.failure: str | None = None
         self._notice_hooked = False  # the job's on_notice ran (once per worker)
         self.resumed = False  # --resume loaded a state its first membership brings
+        self.unsettled: Unsettled | None = None  # a dropped membership's step in flight
 
     # -- entry -----------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from trainer.protocol import messages as mb
 from trainer.state import snapshot as snap
 from trainer.worker import decision as dn
 from trainer.worker.decision import MemberOutcome
-from trainer.worker.modes.base import Commit, Duties
+from trainer.worker.modes.base import Commit, Duties, Unsettled, step_kept
 
 if TYPE_CHECKING:
     from trainer.worker.client import Heartbeat
@@ -306,6 +306,8 @@ class Member:
     def _leave(self, action: dn.Leave) -> MemberOutcome:
         if action.ask_drain:
             self._ask_drain()
+        if action.outcome is MemberOutcome.REFUSED:  # dropped: a step may be in flight
+            self.w.unsettled = self.mode.unsettled()
         if action.outcome is MemberOutcome.FAILED:
             if self.w.failure is None:
                 self.w.failure = action.failure
@@ -338,6 +340,9 @@ class Member:
                                        hostname=cfg.ring_host or self.store.local_address)
         self.rank = rank
         moved = self.mode.transfer_state()
+        if w.unsettled is not None:  # this worker's last membership was dropped mid-step
+            self.settle(w.unsettled, gen)
+            w.unsettled = None
         self.fresh = False
         self.was_member = True
         lost = moved.lost + self.mode.prepare()
@@ -353,6 +358,44 @@ class Member:
         self.store.add(mb.k_formed_count(gen), 1)
         log.info("formed generation %d as rank %d/%d%s", gen, rank, len(plan.members),
                  self.mode.describe() or f" ({plan.backend})", extra=dataclasses.asdict(report))
+
+    def settle(self, u: Unsettled, gen: int) -> None:
+        """Record the samples of ``u`` under the member that computed them if the ring kept
+        its step: the rule a member that stays applies (:func:`~trainer.worker.modes.base.
+        step_kept`), to the first generation formed after ``u``'s (this one, ``gen``, when
+        none formed between). A hung member that wakes after its peers completed the step's
+        reduction gives it up, dropped; without this its samples were trained and never
+        recorded."""
+        agreed = self._first_formed_after(u.generation, gen)
+        if agreed is None:
+            log.warning("the step %d this worker computed before it was dropped: whether the "
+                        "ring kept it is no longer known (its generation %d is too old); its "
+                        "%d samples are not recorded", u.step, u.generation, len(u.ids))
+        elif step_kept(u.step, agreed):
+            self.record_samples(u.step, u.epoch, u.ids, member=u.member)
+            log.info("the step %d in flight when this worker was dropped completed on its "
+                     "peers: its %d samples are recorded", u.step, len(u.ids))
+
+    def _first_formed_after(self, generation: int, gen: int) -> int | None:
+        """The step the first generation formed after ``generation`` agreed on: one between
+        it and ``gen`` that every member reported formed, else ``gen`` (being formed here,
+        its state just agreed). None: a generation between is no longer in the store."""
+        for g in range(generation + 1, gen):
+            raw_plan, raw_count = self.store.peek([mb.k_plan(g), mb.k_formed_count(g)])
+            if raw_plan is None:
+                return None
+            try:
+                plan = mb.Plan.from_json(raw_plan)
+            except Malformed:
+                return None
+            if not plan.members or int(raw_count or b"0") < len(plan.members):
+                continue  # it broke while forming: nothing trained in it
+            raw = self.store.peek([mb.k_formed(g, plan.members[0])])[0]
+            try:
+                return mb.Formed.parse(raw).step if raw is not None else None
+            except Malformed:
+                return None
+        return self.w.state.progress.step
 
     def resume(self, plan: mb.Plan) -> None:
         """Load the durable snapshot ``plan`` names (rank 0 of a generation with no holder of

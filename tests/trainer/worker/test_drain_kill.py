@@ -77,8 +77,9 @@ def test_a_member_that_answers_roll_calls_but_never_forms_is_dropped(tmp_path: P
 
 def _member(store: ControlStore, member_id: int) -> Member:
     """A member of no worker, to drive its plan loop against a real store."""
-    w = SimpleNamespace(notice=None, failure=None)
-    return Member(w, store, member_id, None, lambda m: None)  # type: ignore[arg-type]
+    w = SimpleNamespace(notice=None, failure=None, unsettled=None)
+    idle = SimpleNamespace(unsettled=lambda: None)  # a mode with no step in flight
+    return Member(w, store, member_id, None, lambda m: idle)  # type: ignore[arg-type]
 
 
 def test_a_member_drained_in_a_generation_it_skipped_leaves_instead_of_rejoining() -> None:

@@ -5,6 +5,7 @@ with a stand-in mode; and that the three real modes leave that bookkeeping to it
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,8 @@ from trainer.protocol.store_client import ControlStore
 from trainer.state.training import TrainingState
 from trainer.worker.decision import MemberOutcome
 from trainer.worker.member import Member
-from trainer.worker.modes.base import Commit, Duties
+from trainer.worker.decision import Leave
+from trainer.worker.modes.base import Commit, Duties, Unsettled
 from trainer.worker.outputs import Outputs
 
 MODES = Path(__file__).resolve().parents[3] / "trainer" / "worker" / "modes"
@@ -58,6 +60,9 @@ class _Mode:
 
     def close(self) -> None:
         pass
+
+    def unsettled(self) -> Unsettled | None:
+        return Unsettled(4, self.m.id, 10, 1, (1, 2))  # a step in flight
 
 
 class _Heartbeat:
@@ -96,7 +101,7 @@ def _member(store: ControlStore, tmp: Path, rank: int = 0, evaluate: Any = None,
                                                      extra=job.extra_state),
                         outputs=out, cfg=SimpleNamespace(job="job.py", record_digests=False),
                         notice=None,
-                        failure=None)
+                        failure=None, unsettled=None)
     m = Member(w, store, 3, _Heartbeat(), _Mode)  # type: ignore[arg-type]
     m.rank, m.plan = rank, mb.Plan(4, (3, 8) if rank == 0 else (8, 3), ("a", "b"))
     m.export_seen = m.hb.export  # as forming does: requests before it are not this one's
@@ -132,6 +137,50 @@ def test_a_member_records_the_samples_of_a_gone_one_under_its_id(store: ControlS
     m.record_samples(7, 1, [4, 5], member=5)
     assert _lines(tmp_path / "s.jsonl") == [
         {"epoch": 1, "step": 7, "member": 5, "ids": [4, 5], "by": 3}]
+
+
+def _generation(store: ControlStore, gen: int, members: tuple[int, ...], formed: int,
+                step: int) -> None:
+    """A generation as the coordinator and its members leave it in the store: the plan,
+    ``formed`` of its members' formed reports (each at ``step``) and their count."""
+    store.set(mb.k_plan(gen), mb.Plan(gen, members, tuple(f"n{i}" for i in members)).to_json())
+    store.add(mb.k_formed_count(gen), 0)
+    for i in members[:formed]:
+        store.set(mb.k_formed(gen, i), mb.Formed("c", step).to_json())
+        store.add(mb.k_formed_count(gen), 1)
+
+
+def test_a_dropped_member_keeps_its_step_in_flight_for_the_worker(store: ControlStore,
+                                                                  tmp_path: Path) -> None:
+    m = _member(store, tmp_path)
+    assert m._leave(Leave(MemberOutcome.DRAINED)) is MemberOutcome.DRAINED
+    assert m.w.unsettled is None  # only a dropped membership may leave one unsettled
+    assert m._leave(Leave(MemberOutcome.REFUSED)) is MemberOutcome.REFUSED
+    assert m.w.unsettled == Unsettled(4, 3, 10, 1, (1, 2))
+
+
+@pytest.mark.parametrize("between, agreed, kept", [
+    ([(5, 2, 11)], 0, True),             # the generation after it formed past the step
+    ([(5, 2, 10)], 0, False),            # ... at the step: it was discarded, computed again
+    ([(5, 1, 11), (6, 2, 10)], 0, False),  # 5 broke while forming: 6 decides
+    ([(5, 0, 0), (6, 1, 0)], 11, True),  # none formed between: this generation decides
+    ([(5, 0, 0), (6, 1, 0)], 10, False),
+    ([], 11, None),                      # 5 and 6 are gone from the store: cannot tell
+])
+def test_a_rejoined_worker_records_its_dropped_step_if_the_ring_kept_it(
+        store: ControlStore, tmp_path: Path, between: list[tuple[int, int, int]], agreed: int,
+        kept: bool | None, caplog: pytest.LogCaptureFixture) -> None:
+    for gen, formed, step in between:
+        _generation(store, gen, (8, 9), formed, step)
+    m = _member(store, tmp_path)  # the worker again, as a new member (3), forming 7
+    m.w.state.progress = dataclasses.replace(m.w.state.progress, step=agreed)
+    m.settle(Unsettled(4, 2, 10, 1, (1, 2)), 7)
+    recs = _lines(tmp_path / "s.jsonl")
+    if kept:
+        assert recs == [{"epoch": 1, "step": 10, "member": 2, "ids": [1, 2], "by": 3}]
+    else:
+        assert recs == []
+    assert ("no longer known" in caplog.text) == (kept is None)
 
 
 def test_the_export_request_is_the_head_s_duty_whatever_the_mode(store: ControlStore,

@@ -77,6 +77,26 @@ class Commit:
     quiet: bool = False
 
 
+@dataclass(frozen=True)
+class Unsettled:
+    """A step this member computed in ``generation`` whose fate its membership ended without
+    learning (dropped while the step's reduction was in flight: a peer may have completed
+    it). ``member``: the id it computed it under; ``ids``: its samples of the step."""
+
+    generation: int
+    member: int
+    step: int
+    epoch: int
+    ids: tuple[int, ...] = ()
+
+
+def step_kept(step: int, agreed: int) -> bool:
+    """Did a step in flight when its generation broke complete on a peer? It did when the
+    state the next generation to form agreed on is the step after it (the ring keeps its
+    update and its samples count); otherwise it was discarded."""
+    return agreed == step + 1
+
+
 def lacking(job: Any, fields: Sequence[str], mode: str) -> str | None:
     """One line naming the first of ``fields`` the job sets (not None) that ``mode`` cannot
     honour, with the fix; None when it sets none of them."""
@@ -144,6 +164,11 @@ class Mode(Protocol):
 
     def drop(self) -> None:
         """The generation ended or broke: free its groups and machinery."""
+        ...
+
+    def unsettled(self) -> Unsettled | None:
+        """The step in flight when the membership was dropped, if any (see
+        :class:`Unsettled`; the worker settles it once it is a member again)."""
         ...
 
     def close(self) -> None:

@@ -82,7 +82,7 @@ from trainer.hybrid.staleness import (Sequencer, contiguous, cursor_after, end_u
                                       may_compute)
 from trainer.hybrid.update import LOSS_SUM, SAMPLES, STALENESS, UpdateLayout, ZoneStepper
 from trainer.protocol import messages as mb
-from trainer.worker.modes.base import HYBRID_LACKS, Commit, Transferred, lacking
+from trainer.worker.modes.base import HYBRID_LACKS, Commit, Transferred, Unsettled, lacking
 from trainer.worker.modes.ring import RingMode
 
 if TYPE_CHECKING:
@@ -175,6 +175,11 @@ class HybridMode:
 
     def close(self) -> None:
         self.drop()
+
+    def unsettled(self) -> Unsettled | None:
+        # staleness 0 steps as the ring; above it, the zone's first member left records a
+        # gone member's shares (prepare)
+        return self.ring.unsettled()
 
     # -- forming -----------------------------------------------------------------------------
 

@@ -91,7 +91,7 @@ from trainer.pipeline.schedule import schedule
 from trainer.pipeline.settings import PipelineSettings
 from trainer.pipeline.stagestate import ModelIndex, StagePack, clip_coefficient
 from trainer.protocol import messages as mb
-from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, lacking
+from trainer.worker.modes.base import PIPELINE_LACKS, Commit, Duties, Unsettled, lacking
 from trainer.worker.modes.pipeline_forming import Forming, PipelineForming, StartedWave
 
 if TYPE_CHECKING:
@@ -168,6 +168,9 @@ class PipelineMode(PipelineForming):
     def close(self) -> None:
         if self.agree is not None:
             self.agree.stop()
+
+    def unsettled(self) -> Unsettled | None:
+        return None  # the waves a gone member took part in are recorded while forming
 
     # -- waves ----------------------------------------------------------------------------------
 

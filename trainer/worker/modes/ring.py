@@ -39,7 +39,7 @@ from trainer.data import batching
 from trainer.data.sampler import CursorState, scale_sizes, split
 from trainer.errors import BadState, Diverged, GenerationBroken
 from trainer.state.training import PARTS, divergence_message
-from trainer.worker.modes.base import Commit, Transferred
+from trainer.worker.modes.base import Commit, Transferred, Unsettled, step_kept
 
 if TYPE_CHECKING:
     from trainer.protocol.messages import Plan
@@ -48,11 +48,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Pending:
-    """The step in flight: its number, epoch and this member's samples."""
+    """The step in flight: its number, epoch, this member's samples and its generation."""
 
     step: int
     epoch: int
     ids: list[int] = field(default_factory=list)
+    generation: int = 0
 
 
 class RingMode:
@@ -101,7 +102,7 @@ class RingMode:
             raise GenerationBroken(f"state from the source rejected: {e}") from e
         lost = 0
         if got is not None:
-            if self.pending and int(got["step"]) == self.pending.step + 1:
+            if self.pending and step_kept(self.pending.step, int(got["step"])):
                 p = self.pending  # the step completed on a peer: it counts
                 m.record_samples(p.step, p.epoch, p.ids)
                 self.pending = None
@@ -167,6 +168,12 @@ class RingMode:
     def close(self) -> None:
         self.drop()
 
+    def unsettled(self) -> Unsettled | None:
+        p = self.pending
+        if p is None or not p.ids:
+            return None
+        return Unsettled(p.generation, self.m.id, p.step, p.epoch, tuple(p.ids))
+
     # -- one step --------------------------------------------------------------------------------
 
     def _sizes(self, keys: list[str], total: int) -> list[int]:
@@ -199,7 +206,7 @@ class RingMode:
         b = int(ids.numel())
         latest = m.hb.latest
         rt.maybe_fault(p.step)
-        self.pending = _Pending(p.step, p.epoch, ids.tolist())
+        self.pending = _Pending(p.step, p.epoch, ids.tolist(), plan.generation)
         batch = rt.batch(ids, p.step) if b > 0 else None
         rt.feed.hint(self._next_ids(keys, total))
         gen = plan.generation
