@@ -23,8 +23,8 @@ travels) therefore reaches every mode without a copy.
 
 Rule for callers: a mode is built with its member (``Mode(member)``) once per membership;
 the skeleton calls ``problem`` once, then per generation ``transfer_state``, ``prepare``,
-``checksum``, then ``step`` until the generation ends, ``drop`` when it ends or breaks, and
-``close`` when the membership ends.
+``checksum``, then ``step`` until the generation ends, ``drop`` when it ends or breaks,
+``unsettled`` when the membership is dropped, and ``close`` when the membership ends.
 """
 
 from __future__ import annotations

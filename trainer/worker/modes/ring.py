@@ -10,7 +10,9 @@ compute, reduce, commit (:class:`trainer.collective.step.Stepper`). The newest g
 any member saw travels in the step's reduction, so every member switches after the same
 step. A step that broke is *pending*: when the state agreed in the next generation is the
 step after it, it completed on a peer and its samples count; otherwise it is discarded
-and reported lost.
+and reported lost. A member dropped with a step pending (hung while its peers completed it)
+hands it to its worker (:meth:`RingMode.unsettled`), which settles it by the same rule when
+it rejoins (:meth:`trainer.worker.member.Member.settle`).
 
 After an epoch end rank 0 evaluates (the skeleton runs it) while the others start the next
 step: every member re-splits that step so rank 0 starts it that much later (its last
