@@ -24,9 +24,8 @@ from trainer.protocol import messages as mb
 from trainer.protocol.store import StoreServer
 from trainer.protocol.store_client import ControlStore
 from trainer.state.training import TrainingState
-from trainer.worker.decision import MemberOutcome
+from trainer.worker.decision import Leave, MemberOutcome
 from trainer.worker.member import Member
-from trainer.worker.decision import Leave
 from trainer.worker.modes.base import Commit, Duties, Unsettled
 from trainer.worker.outputs import Outputs
 

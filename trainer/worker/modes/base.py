@@ -79,9 +79,10 @@ class Commit:
 
 @dataclass(frozen=True)
 class Unsettled:
-    """A step this member computed in ``generation`` whose fate its membership ended without
-    learning (dropped while the step's reduction was in flight: a peer may have completed
-    it). ``member``: the id it computed it under; ``ids``: its samples of the step."""
+    """A step this member computed in ``generation`` whose fate it has not learned (in
+    flight, or broken: a peer may have completed it); the worker keeps it when the
+    membership is dropped before it learns. ``member``: the id it computed it under;
+    ``ids``: its samples of the step."""
 
     generation: int
     member: int

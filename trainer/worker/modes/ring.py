@@ -30,7 +30,6 @@ its state transfer and, at staleness 0, for everything.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,16 +47,6 @@ if TYPE_CHECKING:
     from trainer.worker.member import Member
 
 
-@dataclass
-class _Pending:
-    """The step in flight: its number, epoch, this member's samples and its generation."""
-
-    step: int
-    epoch: int
-    ids: list[int] = field(default_factory=list)
-    generation: int = 0
-
-
 class RingMode:
     """The ring (see the module docstring)."""
 
@@ -66,7 +55,7 @@ class RingMode:
     def __init__(self, member: Member) -> None:
         self.m = member
         self.stepper: Stepper | None = None
-        self.pending: _Pending | None = None
+        self.pending: Unsettled | None = None  # the step in flight
         self.busy_s = 0.0  # rank 0's head start in the next step (it evaluates first)
 
     def problem(self) -> str | None:
@@ -171,10 +160,7 @@ class RingMode:
         self.drop()
 
     def unsettled(self) -> Unsettled | None:
-        p = self.pending
-        if p is None or not p.ids:
-            return None
-        return Unsettled(p.generation, self.m.id, p.step, p.epoch, tuple(p.ids))
+        return self.pending if self.pending is not None and self.pending.ids else None
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -208,7 +194,7 @@ class RingMode:
         b = int(ids.numel())
         latest = m.hb.latest
         rt.maybe_fault(p.step)
-        self.pending = _Pending(p.step, p.epoch, ids.tolist(), plan.generation)
+        self.pending = Unsettled(plan.generation, m.id, p.step, p.epoch, tuple(ids.tolist()))
         batch = rt.batch(ids, p.step) if b > 0 else None
         rt.feed.hint(self._next_ids(keys, total))
         gen = plan.generation

@@ -6,15 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from trainer.worker.modes.base import Unsettled, step_kept
-from trainer.worker.modes.ring import RingMode, _Pending
+from trainer.worker.modes.ring import RingMode
 
 
-def test_a_step_in_flight_is_handed_over_with_its_generation_and_member() -> None:
+def test_a_step_in_flight_is_handed_over_unless_its_share_is_empty() -> None:
     ring = RingMode(SimpleNamespace(id=6))  # type: ignore[arg-type]
     assert ring.unsettled() is None  # nothing in flight
-    ring.pending = _Pending(12, 3, [], 9)
+    ring.pending = Unsettled(9, 6, 12, 3, ())
     assert ring.unsettled() is None  # an empty share: nothing to record
-    ring.pending = _Pending(12, 3, [4, 7], 9)
+    ring.pending = Unsettled(9, 6, 12, 3, (4, 7))
     assert ring.unsettled() == Unsettled(9, 6, 12, 3, (4, 7))
 
 
