@@ -220,6 +220,8 @@ class Decision:
     # long period must not miss it)
     stop: str | None = None  # the job must stop buying for good (its budget is spent)
     behind: bool = False  # behind the pace: its slack gone (the on-demand floor positive)
+    budget_warning: str | None = None  # the budget left cannot pay for the work left
+    # (:func:`provisioner.plan.budget.budget_note`; also among the plan's notes)
 
     def explain(self) -> str:
         if self.stop is not None:
@@ -367,7 +369,7 @@ class Planner:
             return self._stopped(progress)
         if wake is not None and (d.wake_at is None or wake < d.wake_at):
             d = replace(d, wake_at=wake)
-        return d
+        return replace(d, budget_warning=note) if note else d
 
     def _budget_stop(self, prices: Mapping[Offering, float], fleet: Mapping[Offering, int],
                      pr: Progress, now: float) -> tuple[bool, float | None]:

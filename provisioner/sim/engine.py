@@ -77,6 +77,7 @@ class Engine:
         self.hz_at = -math.inf
         self.spot = [o for o in world.price if o.market == "spot"]
         self.stopped: str | None = None  # the policy stopped buying for good
+        self.budget_warning: str | None = None  # the first that the budget cannot finish
         self.behind = False  # the last decision was behind its pace
         self.empty_behind_s = 0.0  # time with no instance held while behind it
         self.series: tuple[list, list, list, list] = ([], [], [], [])
@@ -118,6 +119,8 @@ class Engine:
         self.wake = last.wake_at if last is not None else None
         if last is not None and last.stop:
             self.stopped = last.stop
+        if last is not None and last.budget_warning and self.budget_warning is None:
+            self.budget_warning = last.budget_warning  # the first: before the job started
         if done_round is not None and done_round.deferred:  # the daemon's next round
             self.wake = min(self.wake if self.wake is not None else math.inf,
                             t + self.p.plan_s)
@@ -229,7 +232,8 @@ class Engine:
         return Result(self.name, f.closed, self.done, self.work, completion, self.deadline_h,
                       self.revocations, self.lost, f.launches, status, self.series, f.lives,
                       empty_behind_h=self.empty_behind_s / 3600.0, budget_usd=(self.policy.planner.goal.budget_usd
-                                  if hasattr(self.policy, "planner") else None))
+                                  if hasattr(self.policy, "planner") else None),
+                      budget_warning=self.budget_warning)
 
 
 def simulate_policy(world: World, name: str, params: Params, *, work: float,

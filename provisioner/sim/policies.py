@@ -83,6 +83,7 @@ class Decision:
     wake_at: float | None = None
     stop: str | None = None  # stop buying for good (a budget spent): the run ends once empty
     behind: bool = False  # the policy is behind its pace (spotring: its slack is gone)
+    budget_warning: str | None = None  # the budget left cannot pay for the work left
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ class Spotring:
         fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed, ages=v.ages)
         progress = self.planner.goal.progress(v.start, v.done, spent=v.spent)
         d = self.planner.decide(market, fleet, progress, v.t)
-        return Decision(dict(d.target), d.wake_at, d.stop, d.behind)
+        return Decision(dict(d.target), d.wake_at, d.stop, d.behind, d.budget_warning)
 
 
 POLICIES = {"spotring": Spotring, "on-demand": OnDemand, "cheapest-first": CheapestFirst,

@@ -183,15 +183,30 @@ def summary(figs: Mapping[str, Mapping], m: Mapping | None,
         cost = "-" if f["total_cost_usd"] is None else f"{f['total_cost_usd']:.2f}"
         met = {None: "-", True: "met", False: "MISSED"}[f["deadline_met"]]
         rows.append((n, cost, hours, cpm, _fmt_ratio(f), met, str(f["launches"]),
-                     str(f["revocations"]), "ok" if f["status"] == "ok" else f["status"][:60]))
+                     str(f["revocations"]), _short(f["status"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i in (0, 5, 8) else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    whole = [f"{n}: {f['status']}" for n, f in figs.items() if _short(f["status"]) != f["status"]]
+    warning = figs.get("spotring", {}).get("budget_warning")
+    if whole or warning:
+        lines.append("")
+    lines += whole
+    if warning:
+        lines.append(f"spotring's plan at the start said: {warning}")
     if m is not None:
         lines += ["", money_line(m)]
     if shares:
         lines += [share_line(shares)]
     return "\n".join(lines)
+
+
+def _short(status: str, width: int = 60) -> str:
+    """``status`` for the table's last column: whole when it fits ``width``, else cut at a
+    word and marked (the summary prints it whole below the table)."""
+    if len(status) <= width:
+        return status
+    return status[:width - 4].rsplit(" ", 1)[0].rstrip(":;,(") + " ..."
 
 
 def _fmt_ratio(f: dict) -> str:
@@ -218,9 +233,10 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
           f"{params.itype} x {params.size} (baselines), spotring up to {params.max_size}.", ""]
     unfinished = [n for n, r in results.items() if not r.finished and n != "hindsight"]
     for n in unfinished:
-        md.append(f"**{n} did not finish**: {results[n].done / work:.1%} of the work by the end "
-                  "of the trace; its cost is for that work only, and its ratio is marked "
-                  "*unequal work*.  ")
+        why = results[n].status if results[n].status != "ok" else (
+            f"{results[n].done / work:.1%} of the work by the end of the trace")
+        md.append(f"**{n} did not finish**: {why}; its cost is for that work only, and its "
+                  "ratio is marked *unequal work*.  ")
     if unfinished:
         md.append("")
     md += ["| policy | total cost (USD) | completion (h) | cost per 1M samples (USD) | "
@@ -237,6 +253,8 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     m, shares = with_money(figs, results, world, params)
     if m is not None:
         md += ["", money_line(m) + "."]
+    if figs.get("spotring", {}).get("budget_warning"):
+        md += ["", f"spotring's plan at the start said: {figs['spotring']['budget_warning']}."]
     if shares:
         md += ["", share_line(shares) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "

@@ -47,6 +47,7 @@ class Result:
     lives: list[Life] = field(default_factory=list)
     fleet_by: dict[Offering, tuple[list, list]] | None = None  # set by runs without lives
     budget_usd: float | None = None  # the job's budget, when it had one
+    budget_warning: str | None = None  # the planner's first word that it cannot finish the work
     empty_behind_h: float = 0.0  # hours holding nothing while the policy said it was behind
 
     @property
@@ -104,4 +105,6 @@ class Result:
                 "launches": int(self.launches), "status": self.status,
                 **({} if self.budget_usd is None else {
                     "budget_usd": num(self.budget_usd, 4),
-                    "budget_left_usd": num(self.budget_usd - self.cost, 4)})}
+                    "budget_left_usd": num(self.budget_usd - self.cost, 4)}),
+                **({} if self.budget_warning is None else {
+                    "budget_warning": self.budget_warning})}

@@ -65,6 +65,8 @@ def test_the_plan_says_before_it_starts_when_the_budget_cannot_finish_the_work()
     warning = [n for n in d.plan.notes if n.startswith("budget:")]
     assert len(warning) == 1 and "$10.00" in warning[0] and "50%" in warning[0]
     assert "budget:" in d.explain()
+    assert d.budget_warning == warning[0]  # the field the simulator reads
     enough = planner(job={"budget_usd": 20.0}, objective=obj)
     d = enough.decide(MARKET, FleetView(), enough.goal.progress(0.0), 0.0)
     assert not any(n.startswith("budget:") for n in d.plan.notes)
+    assert d.budget_warning is None

@@ -542,6 +542,37 @@ def test_spotring_stops_within_its_budget_and_the_report_says_what_is_left():
     assert "budget $2.00" in money_line(m) and "saved" in money_line(m)
 
 
+def test_the_simulator_says_before_the_start_that_the_budget_cannot_finish(tmp_path):
+    # The same job: the planner's first decision says the $2 cannot pay for the work (at
+    # least ~$27.8 at the cheapest, so about 7%); the terminal summary prints that and the
+    # whole reason it stopped (the table cuts long ones at a word), and the report's
+    # "did not finish" line gives the budget, not the end of the trace, as the reason.
+    from provisioner.sim.report import figures, summary, write_report, run_all
+    world = two_zone_world(None)
+    p = params(size=2, budget_usd=2.0)
+    r = run_all(world, ["spotring", "on-demand"], p, work=1e7, deadline_h=None)
+    warning = r["spotring"].budget_warning
+    assert warning is not None and warning.startswith("budget: job.budget_usd leaves $2.00")
+    assert "7%" in warning
+    figs = figures(r)
+    assert figs["spotring"]["budget_warning"] == warning
+    assert "budget_warning" not in figs["on-demand"]
+    text = summary(figs, None)
+    assert f"spotring's plan at the start said: {warning}" in text
+    assert f"spotring: {r['spotring'].status}" in text  # whole, below the table
+    row = next(line for line in text.splitlines() if line.startswith("spotring "))
+    assert row.endswith(" ...") and len(row.split("  ")[-1]) <= 60
+    md = write_report(tmp_path, world, r, params=p, work=1e7, deadline_h=None,
+                      traces=["t"]).read_text()
+    line = next(x for x in md.splitlines() if x.startswith("**spotring did not finish**"))
+    assert line.startswith("**spotring did not finish**: stopped: budget spent")
+    assert "by the end of the trace" not in line
+    assert f"spotring's plan at the start said: {warning}." in md
+    enough = run_all(world, ["spotring"], params(size=2, budget_usd=100.0), work=1e7,
+                     deadline_h=None)["spotring"]
+    assert enough.budget_warning is None and not enough.status.startswith("stopped")
+
+
 def test_a_users_spot_share_spreads_a_deadline_over_the_spot_time_from_the_start():
     # A ($1/h, on-demand $4/h, 100/s) is there for 5 h, then out for 7 h; 2.3M samples by
     # 10 h (line at 8 h, the 2 h margin). Paced over wall time (the default: no outage seen,
