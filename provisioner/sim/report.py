@@ -54,12 +54,13 @@ def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
     if od_users and params.itype not in od_types:
         # checked before any policy runs (it used to fail half-way, as "on-demand: no
         # on-demand price for p2.xlarge", after the policies before it had run)
+        other = (f", or --type one of the types that have one ({', '.join(od_types)})"
+                 if od_types else "")
         raise UserError(
-            f"--policy {' and '.join(od_users)} need an on-demand price for {params.itype}, the "
-            f"baselines' instance type, and the traces hold none: pass --on-demand "
-            f"{params.itype}=USD_PER_HOUR (its list price), or --type one of the types that have "
-            f"one ({', '.join(od_types) or 'none'}), or leave {' and '.join(od_users)} out with "
-            f"--policy")
+            f"--policy {' and '.join(od_users)} need{'s' if len(od_users) == 1 else ''} an "
+            f"on-demand price for {params.itype}, the baselines' instance type, and the traces "
+            f"hold none: pass --on-demand {params.itype}=USD_PER_HOUR (its list price){other}, "
+            f"or leave {' and '.join(od_users)} out with --policy")
     out: dict[str, Result] = {}
     for n in names:
         if n != "hindsight":

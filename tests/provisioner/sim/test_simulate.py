@@ -343,9 +343,13 @@ def test_a_baseline_type_without_an_on_demand_price_is_refused_up_front_with_the
     quotes = (PriceQuote(A, at(0), 1.0),)
     av = (Availability(A, at(0), 100), Availability(A, at(10), 100))
     world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=4)
-    with pytest.raises(UserError, match=r"--on-demand p3\.2xlarge=USD_PER_HOUR"):
+    with pytest.raises(UserError, match=r"--on-demand p3\.2xlarge=USD_PER_HOUR") as e:
         run_all(world, ["spotring", "on-demand", "hindsight"], params(), work=1000,
                 deadline_h=None)
+    assert str(e.value).startswith("--policy on-demand needs an on-demand price")
+    assert "--type" not in str(e.value)  # no type has one: none to offer
+    with pytest.raises(UserError, match=r"^--policy on-demand and uniform-progress need an"):
+        run_all(world, ["on-demand", "uniform-progress"], params(), work=1000, deadline_h=5.0)
     r = run_all(world, ["spotring", "hindsight"], params(), work=360_000, deadline_h=None)
     assert r["spotring"].cost == pytest.approx(1.0, rel=1e-3)  # 1 h of spot A at $1/h
 
