@@ -90,7 +90,10 @@ def _documents(path: Path) -> list[Any]:
         try:
             doc, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError as exc:
-            raise TraceFormatError(str(path), exc.lineno, f"not valid JSON: {exc.msg}") from None
+            raise TraceFormatError(str(path), exc.lineno, f"not valid JSON: {exc.msg} at column "
+                                   f"{exc.colno} (a .json trace is the output of `aws ec2 "
+                                   "describe-spot-price-history --output json`, whole, or a "
+                                   "Can't-Be-Late trace; other traces are CSV)") from None
         docs.append(doc)
     if not docs:
         raise TraceFormatError(str(path), None, "empty file: a JSON trace needs a document")

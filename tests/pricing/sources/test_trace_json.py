@@ -52,7 +52,9 @@ def test_raw_describe_spot_price_history_json_is_read_pages_and_all(tmp_path):
     ('{"SpotPriceHistory": [' + json.dumps(event("us-east-1a", "p3.2xlarge", 1e6, "2020-01-01"))
      + "]}", "not believable"),
     ('{"Reservations": []}', "unknown JSON trace: expected the output of `aws ec2 describe"),
-    ('{"SpotPriceHistory": [', "not valid JSON"),
+    ('{"SpotPriceHistory": [', "not valid JSON: Expecting value at column 23 (a .json trace "
+     "is the output of `aws ec2 describe-spot-price-history --output json`, whole"),
+    ("garbage", "not valid JSON: Expecting value at column 1"),
 ])
 def test_a_bad_json_trace_is_one_line_naming_the_file_and_the_fix(tmp_path, text, says):
     p = tmp_path / "bad.json"
