@@ -129,3 +129,7 @@ class TtlCache(Generic[K]):
     def members(self) -> frozenset[K]:
         """The keys that have not expired."""
         return frozenset(k for k in list(self._until) if k in self)
+
+    def expiry(self, key: K) -> float | None:
+        """When ``key`` expires (the clock's seconds), None when it is not a member."""
+        return self._until[key] if key in self else None

@@ -75,6 +75,8 @@ class View:
     age_shape: AgeShape = AgeShape()  # the hazard by age, learned as the hazards are
     ages: Mapping[Offering, tuple[float, ...]] = field(default_factory=dict)  # seconds
     # since each held instance was launched
+    refused: Mapping[Offering, float] = field(default_factory=dict)  # offering -> time of its
+    # last launch refused for capacity (among ``failed``; revocations are the others)
 
 
 @dataclass(frozen=True)
@@ -273,11 +275,16 @@ class Spotring:
 
     def decide(self, v: View) -> Decision:
         p = self.p
-        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards,
+        # out of capacity lately: keep what it holds, no more (the daemon's capacity cache);
+        # the others failed lately were revoked, their zones avoided (both are ``blocked``)
+        caps = {o: v.held.get(o, 0) for o, when in v.refused.items()
+                if o.market == "spot" and v.t - when < p.avoid_s}
+        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards, caps=caps,
                             co_fraction=v.co_fraction, age_shape=v.age_shape)
         blocked = frozenset(o for o, when in v.failed.items()
                             if o.market == "spot" and v.t - when < p.avoid_s)
-        fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed, ages=v.ages)
+        fleet = FleetView(held=v.held, blocked=blocked, failed=v.failed, ages=v.ages,
+                          blocked_until={o: v.failed[o] + p.avoid_s for o in blocked})
         progress = self.planner.goal.progress(v.start, v.done, spent=v.spent)
         d = self.planner.decide(market, fleet, progress, v.t)
         return Decision(dict(d.target), d.wake_at, d.stop, d.behind, d.budget_warning)

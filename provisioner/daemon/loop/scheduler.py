@@ -302,8 +302,10 @@ class Daemon:
                      if e.offering}  # recommendations: a hazard input (pricing.risk)
         market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
+        until = {o: act.avoid.expiry((o.cloud, o.region, o.zone)) for o in blocked}
         fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed),
-                          ages={o: tuple(a) for o, a in ages.items()})
+                          ages={o: tuple(a) for o, a in ages.items()},
+                          blocked_until={o: u for o, u in until.items() if u is not None})
         try:
             decision = self.planner.decide(market, fleet, self._progress(t), t)
         except InfeasibleError as exc:

@@ -443,3 +443,34 @@ def test_the_planner_is_given_the_hazard_by_age_and_the_age_of_each_instance_hel
     live = st.live_instances()
     assert sum(len(a) for a in fleet.ages.values()) == len(live) == 3
     assert all(a == pytest.approx(600.0, abs=1.0) for ages in fleet.ages.values() for a in ages)
+
+
+def test_the_planner_is_told_when_an_avoided_zone_may_grow_again(world):
+    # After a revocation the daemon avoids its zone for zone_avoid_ttl_s; the planner is
+    # given that zone's offerings as blocked and when the avoidance ends (issue 28: the net
+    # waits for a pool that still runs the job's spot only if that is before the slack ends).
+    coord = FakeCoordinator()
+    d, clock, drv, st = world(coordinator=coord)
+    seen = []
+    decide = d.planner.decide
+
+    def spy(market, fleet, progress, now):
+        seen.append((fleet, now))
+        return decide(market, fleet, progress, now)
+
+    d.planner.decide = spy
+    d.poll_prices(); d.plan_and_reconcile()
+    assert seen[-1][0].blocked == frozenset() and seen[-1][0].blocked_until == {}
+    before = {r.id: r.offering for r in st.live_instances()}
+    coord.speeds = {i: 100.0 for i in before}
+    victim = sorted(before)[0]
+    assert drv.revoke(victim, window_s=30)
+    d.watch_notices()
+    clock.advance(60)
+    d.plan_and_reconcile()
+    fleet, now = seen[-1]
+    zone = before[victim].zone
+    assert fleet.blocked and all(o.zone == zone for o in fleet.blocked)
+    assert set(fleet.blocked_until) == set(fleet.blocked)
+    ttl = d.intervals.zone_avoid_ttl_s
+    assert all(now < u <= now + ttl for u in fleet.blocked_until.values())

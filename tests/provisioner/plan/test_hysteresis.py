@@ -227,3 +227,37 @@ def test_candidates_take_the_hazard_of_their_instances_age_over_the_horizon():
     assert hz[A_B] == pytest.approx(0.8)  # not held: a new instance's
     flat, _ = candidates(replace(m, age_shape=AgeShape()), FleetView(held={A: 2}), settings())
     assert {c.hazard_per_hour for c in flat} == {0.4}
+
+
+def test_the_net_waits_for_a_pool_that_still_runs_spot_while_its_zone_is_avoided():
+    # A user's deadline of 10 h; at 6 h, 62% of 20M samples done: ahead of Uniform
+    # Progress' line (60%, the deadline's), while the slack against the fastest on-demand
+    # ring (8 x 100/s at ring efficiency, 758/s) is 4,158 s, inside the 2 h margin, so the
+    # on-demand floor is part of the pace. A revocation 30 s ago took some of the ring in
+    # A (its only spot zone, now avoided for 600 s: it may keep, not grow); 2 survive there.
+    t = 21_600.0
+    prices = {A: 1.0, OD: 3.0}
+    hit = FleetView(held={A: 2}, blocked=frozenset({A}), failed={A: t - 30},
+                    blocked_until={A: t + 570})
+
+    def od(fleet, work=2e7, done=0.62, mkt=None):
+        pr = Progress(start=0.0, work=work, done=work * done, deadline_s=36_000.0, hard=True)
+        d = Planner(settings()).decide(mkt or market(prices), fleet, pr, t)
+        return d.target.get(OD, 0), d
+
+    n, d = od(hit)
+    assert n == 0 and d.target.get(A) == 2 and d.behind  # the pool runs ours: wait for it
+    # ... not when a launch there was refused for capacity (capped at what it holds) ...
+    full = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices},
+                      caps={A: 2})
+    assert od(hit, mkt=full)[0] >= 1
+    # ... nor when the revocation took every instance there, nor when the end of the
+    # avoidance is unknown ...
+    assert od(replace(hit, held={}))[0] >= 1
+    assert od(replace(hit, blocked_until={}))[0] >= 1
+    # ... nor behind Uniform Progress' line by the end of the avoidance (55% done) ...
+    assert od(hit, done=0.55)[0] >= 1
+    # ... nor when the avoidance ends after the slack does: 27M samples, 62% done, 647 s
+    # of slack: an avoidance 570 s long is waited for, one 700 s long is not
+    assert od(hit, work=2.7e7)[0] == 0
+    assert od(replace(hit, blocked_until={A: t + 700}), work=2.7e7)[0] >= 1

@@ -1,5 +1,6 @@
 """Reconciler: pure target-vs-actual decisions with churn limits and zone avoidance."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,11 +65,13 @@ def test_ttl_cache_expires_with_injected_clock():
     now = [0.0]
     c = TtlCache(10, lambda: now[0])
     c.add("z")
-    assert "z" in c
+    assert "z" in c and c.expiry("z") == 10.0 and c.expiry("y") is None
     now[0] = 9.9
     assert c.members() == {"z"}
-    now[0] = 10.0
-    assert "z" not in c and c.members() == frozenset()
+    c.add("z", 5.0)  # extended: it expires 5 s from now
+    assert c.expiry("z") == pytest.approx(14.9)
+    now[0] = 14.9
+    assert "z" not in c and c.members() == frozenset() and c.expiry("z") is None
     assert Intervals(plan_s=30).real(30, speed=60) == 0.5 and Intervals().real(1, 1000) == 0.1
 
 

@@ -743,3 +743,43 @@ def test_ahead_of_the_line_but_behind_by_the_on_demand_slack_the_deadline_does_n
              speed={"p3.2xlarge": 100.0, "p2.xlarge": 100.0}, running=True)
     d = spotring(params(boot_s=600), v).decide(v)
     assert d.behind and dict(d.target) == {SMALL_B: 1}
+
+
+def _group_world(gone_s: float | None, every_h: float = 1 / 3):
+    # One spot pool A ($1/h, on-demand $4/h, 100/s), 12 h. Every 20 minutes from 1 h a
+    # revocation: either the pool's group (20 instances, relaunched at once, as an
+    # autoscaling group does) loses 10 of its 20, taking each of ours with odds 1/2 and
+    # leaving capacity (gone_s None), or the whole pool is gone for gone_s.
+    from pricing.model import Lifetime
+    times = [1.0 + k * every_h for k in range(int(10 / every_h))]
+    av = [Availability(A, at(0), 20), Availability(A, at(12), 20)]
+    lts = []
+    for h in times:
+        if gone_s is None:
+            lts += [Lifetime(A, at(0), h * 3600, True) for _ in range(10)]
+        else:
+            av += [Availability(A, at(h), 0), Availability(A, at(h + gone_s / 3600), 20)]
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    return build_world(Snapshot(quotes=quotes, availability=tuple(sorted(av, key=lambda a: a.time)),
+                                lifetimes=tuple(lts)), SPEED, max_size=8)
+
+
+def test_revocations_that_leave_the_pool_running_buy_little_on_demand():
+    # 1e7 samples by 10 h on at most 4 instances (the line at 8 h: 3.5 instances' worth).
+    # Half the ring revoked every 20 minutes, its zone then avoided for 10 minutes: the
+    # job falls into its 2 h margin. The survivors show that the pool still has capacity;
+    # while the job is ahead of Uniform Progress' line until the avoidance ends, the net
+    # waits for the pool (it had bought on-demand for the minutes of each avoidance: $28.07
+    # of on-demand). Where the pool is gone for 10 minutes each time, nothing shows that it
+    # has capacity, and the net buys on-demand as before.
+    def run(gone_s):
+        r = simulate_policy(_group_world(gone_s), "spotring", params(boot_s=180),
+                            work=1e7, deadline_h=10.0)
+        od = sum(life.cost for life in r.lives if life.offering.market == "on-demand")
+        return r, od
+
+    group, group_od = run(None)
+    gone, gone_od = run(600.0)
+    assert group.deadline_met and gone.deadline_met
+    assert group.revocations >= 30 and gone.revocations >= 30
+    assert gone_od > 50.0 and group_od < 0.1 * gone_od
