@@ -15,8 +15,8 @@ Two modes, chosen by the progress it is given:
   soft): Uniform Progress' rate that finishes on time, recomputed at every decision, so
   spot capacity missing now is made up later. A hard deadline keeps a safety margin as
   time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
-  deadline_floor`), but not for the minutes a pool that still runs its spot is avoided
-  after a revocation while it is ahead of Uniform Progress' line; the job's own pace buys
+  deadline_floor`), but not for the minutes spot it holds may not grow (a zone avoided, a
+  launch refused) while it is ahead of Uniform Progress' line; the job's own pace buys
   on-demand only to cover spot's gaps (every
   spot offering failed lately): on-demand runs the same instances as fast at 3x the price.
   The job's own pace is late, not dear: its line moves for the outages of spot seen, it
@@ -159,8 +159,9 @@ class FleetView:
     failed: Mapping[Offering, float] = field(default_factory=dict)  # offering -> time of its last failure
     ages: Mapping[Offering, tuple[float, ...]] = field(default_factory=dict)  # seconds since
     # each held instance was launched (unknown: priced as a new one)
-    blocked_until: Mapping[Offering, float] = field(default_factory=dict)  # when each blocked
-    # offering may grow again (its zone's avoidance ends; unknown: not waited for)
+    blocked_until: Mapping[Offering, float] = field(default_factory=dict)  # when each offering
+    # kept from growing may grow again (its zone's avoidance or its capacity refusal ends;
+    # unknown: not waited for)
 
 
 @dataclass(frozen=True)
@@ -288,22 +289,23 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
     return out, notes + vw_notes
 
 
-def _pool_back_in_time(fleet: FleetView, market: MarketView, now: float, pr: Progress, *,
-                       slack_s: float) -> bool:
-    """Spot is held in an offering kept from growing only by the avoidance that follows a
-    revocation (not known to be out of capacity: a launch refused lately caps it at what it
-    holds), so the pool still runs our instances; its avoidance ends within ``slack_s`` (the
-    time the job may still lose before only the fastest on-demand ring finishes), and the
-    job is ahead of Uniform Progress' line (``work x elapsed / deadline``) until then."""
+def spot_wait(fleet: FleetView, now: float, pr: Progress, *, slack_s: float) -> float | None:
+    """Until when a user's deadline inside its margin may wait for spot it holds in an
+    offering kept from growing for a while (None: it may not).
+
+    Such an offering (its zone avoided after a revocation, or a launch there refused for
+    capacity) still runs some of the job's spot, and may grow again when that ends
+    (``fleet.blocked_until``). The job waits for it if that is within ``slack_s`` (the time
+    it may lose before only the fastest on-demand ring finishes) and it is ahead of Uniform
+    Progress' line (``work x elapsed / deadline``: Wu et al. buy on-demand only behind it)
+    then, even if nothing were done meanwhile. The margin is spotring's, kept while spot
+    can be had; this is the line that says the deadline is still safe."""
     if pr.work is None or pr.deadline_s is None:
-        return False
-    for o, n in fleet.held.items():
-        cap, until = market.caps.get(o), fleet.blocked_until.get(o)
-        if (o.market == "spot" and n > 0 and o in fleet.blocked and (cap is None or cap > n)
-                and until is not None and until - now < slack_s
-                and pr.done >= due(pr.work, max(until, now) - pr.start, pr.deadline_s)):
-            return True
-    return False
+        return None
+    ends = [max(until, now) for o, until in fleet.blocked_until.items()
+            if o.market == "spot" and fleet.held.get(o, 0) > 0 and until - now < slack_s
+            and pr.done >= due(pr.work, max(until, now) - pr.start, pr.deadline_s)]
+    return max(ends) if ends else None
 
 
 def age_factor(shape: AgeShape, ages_s: tuple[float, ...], horizon_h: float) -> float:
@@ -466,18 +468,19 @@ class Planner:
             # their last spot instance 2 h before the deadline with plenty of spot). The
             # floor is Uniform Progress' net for when spot cannot be had.
             floor = 0.0
-        elif 0.0 < floor < target and _pool_back_in_time(
-                fleet, market, now, pr, slack_s=3600 * (hours - s.ramp_h) - left / od_rate):
-            # Inside the margin, the job's ring lost some of its instances to a revocation
-            # and their zone is avoided for a while; the pool still runs the survivors, so it
-            # has capacity, and it may grow again before the slack is gone. Until then the
-            # job stays ahead of Uniform Progress' own line (the deadline's, not the margin's),
-            # so the net waits rather than buy on-demand for the minutes of the avoidance (Wu
-            # et al.'s rule: on-demand only behind that line). On the p3 autoscaling group of
+        elif 0.0 < floor < target and (until := spot_wait(
+                fleet, now, pr, slack_s=3600 * (hours - s.ramp_h) - left / od_rate)) is not None:
+            # Inside the margin, spot the job holds may not grow for a while (its zone avoided
+            # after a revocation took some of the ring, or a launch refused for capacity); it
+            # may grow again before the slack is gone, and until then the job stays ahead of
+            # Uniform Progress' own line (the deadline's, not the margin's): the net waits
+            # rather than buy on-demand for those minutes (Wu et al.'s rule: on-demand only
+            # behind that line), and decides again when they end. On the p3 autoscaling group of
             # Parcae (NSDI'24: 10-32 instances, removals of 1-6 at a time) a 10 h deadline had
             # bought rings of 9 on-demand for 10-15 minutes after each revocation of its last
             # hours: $6-16 of on-demand, 1.14-1.31x the bound (docs/optimizer.md).
             floor = 0.0
+            wake = until if wake is None else min(wake, until)  # decide again then
         if not pr.hard:
             # The job's own deadline is soft: late, not dear. Behind it the job catches up
             # only on rings whose cost per sample is within catch_up_tolerance of the ring

@@ -103,7 +103,7 @@ class Engine:
             view = View(t, world.start, self.work, self.done, self.deadline_s, prices,
                         f.held(), dict(f.failed), world.speed, self.exec.running, self.hazards,
                         revoked or attempt > 0, f.cost(t), self.co, self.shape,
-                        f.ages(t) if self.hot else {}, dict(f.refused))
+                        f.ages(t) if self.hot else {})
             d = self.policy.decide(view)
             decisions.append(d)
             blocked = frozenset(o for o, when in f.failed.items()

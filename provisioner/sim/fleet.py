@@ -49,7 +49,6 @@ class SimFleet:
         self.closed = 0.0  # USD of the instances ended
         self.lives: list[Life] = []
         self.failed: dict[Offering, float] = {}  # offering -> time of its last failure
-        self.refused: dict[Offering, float] = {}  # ... of its last launch refused for capacity
         self.launches = 0
         self._serial = 0
 
@@ -114,7 +113,7 @@ class SimActuator:
             f.add(o, self.boot_s, self.death(o, f.t))
         self.changed = self.changed or k > 0
         if k < n:
-            f.failed[o] = f.refused[o] = f.t
+            f.failed[o] = f.t
             self.on_capacity_failure(o)
         return k == n
 

@@ -75,8 +75,6 @@ class View:
     age_shape: AgeShape = AgeShape()  # the hazard by age, learned as the hazards are
     ages: Mapping[Offering, tuple[float, ...]] = field(default_factory=dict)  # seconds
     # since each held instance was launched
-    refused: Mapping[Offering, float] = field(default_factory=dict)  # offering -> time of its
-    # last launch refused for capacity (among ``failed``; revocations are the others)
 
 
 @dataclass(frozen=True)
@@ -275,11 +273,7 @@ class Spotring:
 
     def decide(self, v: View) -> Decision:
         p = self.p
-        # out of capacity lately: keep what it holds, no more (the daemon's capacity cache);
-        # the others failed lately were revoked, their zones avoided (both are ``blocked``)
-        caps = {o: v.held.get(o, 0) for o, when in v.refused.items()
-                if o.market == "spot" and v.t - when < p.avoid_s}
-        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards, caps=caps,
+        market = MarketView(prices=v.prices, speeds=v.speed, hazards=v.hazards,
                             co_fraction=v.co_fraction, age_shape=v.age_shape)
         blocked = frozenset(o for o, when in v.failed.items()
                             if o.market == "spot" and v.t - when < p.avoid_s)

@@ -302,10 +302,14 @@ class Daemon:
                      if e.offering}  # recommendations: a hazard input (pricing.risk)
         market = self.market.view(self.telemetry.throughput, now, caps, rebalance)
         blocked = frozenset(o for o in market.prices if (o.cloud, o.region, o.zone) in avoid)
-        until = {o: act.avoid.expiry((o.cloud, o.region, o.zone)) for o in blocked}
+        until: dict[Offering, float] = {}  # when each may grow again
+        for o in blocked | unavailable:
+            ends = [u for u in (act.avoid.expiry((o.cloud, o.region, o.zone)),
+                                act.unavailable.expiry(o)) if u is not None]
+            if ends:
+                until[o] = max(ends)
         fleet = FleetView(held=dict(current), blocked=blocked, failed=dict(act.failed),
-                          ages={o: tuple(a) for o, a in ages.items()},
-                          blocked_until={o: u for o, u in until.items() if u is not None})
+                          ages={o: tuple(a) for o, a in ages.items()}, blocked_until=until)
         try:
             decision = self.planner.decide(market, fleet, self._progress(t), t)
         except InfeasibleError as exc:

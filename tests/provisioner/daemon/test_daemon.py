@@ -448,7 +448,8 @@ def test_the_planner_is_given_the_hazard_by_age_and_the_age_of_each_instance_hel
 def test_the_planner_is_told_when_an_avoided_zone_may_grow_again(world):
     # After a revocation the daemon avoids its zone for zone_avoid_ttl_s; the planner is
     # given that zone's offerings as blocked and when the avoidance ends (issue 28: the net
-    # waits for a pool that still runs the job's spot only if that is before the slack ends).
+    # waits for spot the job holds there only if that is before the slack ends). (Offerings
+    # refused for capacity get the end of capacity_ttl_s the same way.)
     coord = FakeCoordinator()
     d, clock, drv, st = world(coordinator=coord)
     seen = []
@@ -474,3 +475,31 @@ def test_the_planner_is_told_when_an_avoided_zone_may_grow_again(world):
     assert set(fleet.blocked_until) == set(fleet.blocked)
     ttl = d.intervals.zone_avoid_ttl_s
     assert all(now < u <= now + ttl for u in fleet.blocked_until.values())
+
+
+def test_the_planner_is_told_when_an_offering_refused_for_capacity_may_grow_again(world):
+    from provisioner.errors import CapacityError
+
+    d, clock, drv, st = world()
+    real_launch = drv.launch
+    seen = []
+    decide = d.planner.decide
+
+    def launch(req):
+        if req.offering.zone == "local-1a":
+            raise CapacityError(req.offering.key, "InsufficientInstanceCapacity (test)")
+        return real_launch(req)
+
+    def spy(market, fleet, progress, now):
+        seen.append((fleet, now))
+        return decide(market, fleet, progress, now)
+
+    drv.launch, d.planner.decide = launch, spy
+    d.poll_prices(); d.plan_and_reconcile()
+    clock.advance(30)
+    d.plan_and_reconcile()
+    fleet, now = seen[-1]
+    refused = [o for o in fleet.blocked_until if o.zone == "local-1a"]
+    assert refused, "no launch was refused: the test proves nothing"
+    ttl = d.intervals.capacity_ttl_s
+    assert all(now < fleet.blocked_until[o] <= now + ttl for o in refused)

@@ -235,6 +235,7 @@ def test_the_net_waits_for_a_pool_that_still_runs_spot_while_its_zone_is_avoided
     # ring (8 x 100/s at ring efficiency, 758/s) is 4,158 s, inside the 2 h margin, so the
     # on-demand floor is part of the pace. A revocation 30 s ago took some of the ring in
     # A (its only spot zone, now avoided for 600 s: it may keep, not grow); 2 survive there.
+    # The net waits for A rather than buy on-demand for those 10 minutes.
     t = 21_600.0
     prices = {A: 1.0, OD: 3.0}
     hit = FleetView(held={A: 2}, blocked=frozenset({A}), failed={A: t - 30},
@@ -247,11 +248,12 @@ def test_the_net_waits_for_a_pool_that_still_runs_spot_while_its_zone_is_avoided
 
     n, d = od(hit)
     assert n == 0 and d.target.get(A) == 2 and d.behind  # the pool runs ours: wait for it
-    # ... not when a launch there was refused for capacity (capped at what it holds) ...
+    assert d.wake_at == t + 570  # ... and decide again when it may grow
+    # the same when a launch there was refused for capacity (capped at what it holds)
     full = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices},
                       caps={A: 2})
-    assert od(hit, mkt=full)[0] >= 1
-    # ... nor when the revocation took every instance there, nor when the end of the
+    assert od(hit, mkt=full)[0] == 0
+    # ... not when the revocation took every instance there, nor when the end of the
     # avoidance is unknown ...
     assert od(replace(hit, held={}))[0] >= 1
     assert od(replace(hit, blocked_until={}))[0] >= 1
