@@ -414,6 +414,19 @@ def test_the_join_deadline_grows_with_the_slowest_boot_measured():
     assert join_deadline(3600, [], speed=600) == 300 * 600  # 5 real minutes at 600x
 
 
+def _watch_planner(d) -> list:
+    """Every decision's (market, fleet, now), as the daemon ``d`` gives them to its planner."""
+    seen = []
+    decide = d.planner.decide
+
+    def spy(market, fleet, progress, now):
+        seen.append((market, fleet, now))
+        return decide(market, fleet, progress, now)
+
+    d.planner.decide = spy
+    return seen
+
+
 def test_the_planner_is_given_the_hazard_by_age_and_the_age_of_each_instance_held(world):
     # Capacity that has lasted tends to last (pricing.risk.AgeShape): the daemon gives the
     # planner the shape its market's lifetimes show and each running instance's age, so a
@@ -427,18 +440,11 @@ def test_the_planner_is_given_the_hazard_by_age_and_the_age_of_each_instance_hel
     lives = tuple(Lifetime(off, t0 + timedelta(hours=i), 600.0, True) for i in range(20)) + \
         tuple(Lifetime(off, t0 + timedelta(hours=i), 20 * 3600.0, False) for i in range(5))
     d, clock, drv, st = world(snapshot=_replace(snap, lifetimes=lives))
-    seen = []
-    decide = d.planner.decide
-
-    def spy(market, fleet, progress, now):
-        seen.append((market, fleet))
-        return decide(market, fleet, progress, now)
-
-    d.planner.decide = spy
+    seen = _watch_planner(d)
     d.poll_prices(); d.plan_and_reconcile()
     clock.advance(600)
     d.poll_prices(); d.plan_and_reconcile()
-    market, fleet = seen[-1]
+    market, fleet, _ = seen[-1]
     assert market.age_shape == age_shape(lives) != AgeShape()
     live = st.live_instances()
     assert sum(len(a) for a in fleet.ages.values()) == len(live) == 3
@@ -452,16 +458,9 @@ def test_the_planner_is_told_when_an_avoided_zone_may_grow_again(world):
     # refused for capacity get the end of capacity_ttl_s the same way.)
     coord = FakeCoordinator()
     d, clock, drv, st = world(coordinator=coord)
-    seen = []
-    decide = d.planner.decide
-
-    def spy(market, fleet, progress, now):
-        seen.append((fleet, now))
-        return decide(market, fleet, progress, now)
-
-    d.planner.decide = spy
+    seen = _watch_planner(d)
     d.poll_prices(); d.plan_and_reconcile()
-    assert seen[-1][0].blocked == frozenset() and seen[-1][0].blocked_until == {}
+    assert seen[-1][1].blocked == frozenset() and seen[-1][1].blocked_until == {}
     before = {r.id: r.offering for r in st.live_instances()}
     coord.speeds = {i: 100.0 for i in before}
     victim = sorted(before)[0]
@@ -469,7 +468,7 @@ def test_the_planner_is_told_when_an_avoided_zone_may_grow_again(world):
     d.watch_notices()
     clock.advance(60)
     d.plan_and_reconcile()
-    fleet, now = seen[-1]
+    _, fleet, now = seen[-1]
     zone = before[victim].zone
     assert fleet.blocked and all(o.zone == zone for o in fleet.blocked)
     assert set(fleet.blocked_until) == set(fleet.blocked)
@@ -482,23 +481,18 @@ def test_the_planner_is_told_when_an_offering_refused_for_capacity_may_grow_agai
 
     d, clock, drv, st = world()
     real_launch = drv.launch
-    seen = []
-    decide = d.planner.decide
+    seen = _watch_planner(d)
 
     def launch(req):
         if req.offering.zone == "local-1a":
             raise CapacityError(req.offering.key, "InsufficientInstanceCapacity (test)")
         return real_launch(req)
 
-    def spy(market, fleet, progress, now):
-        seen.append((fleet, now))
-        return decide(market, fleet, progress, now)
-
-    drv.launch, d.planner.decide = launch, spy
+    drv.launch = launch
     d.poll_prices(); d.plan_and_reconcile()
     clock.advance(30)
     d.plan_and_reconcile()
-    fleet, now = seen[-1]
+    _, fleet, now = seen[-1]
     refused = [o for o in fleet.blocked_until if o.zone == "local-1a"]
     assert refused, "no launch was refused: the test proves nothing"
     ttl = d.intervals.capacity_ttl_s
