@@ -16,9 +16,9 @@ Two modes, chosen by the progress it is given:
   spot capacity missing now is made up later. A hard deadline keeps a safety margin as
   time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
   deadline_floor`), but not for the minutes spot it holds may not grow (a zone avoided, a
-  launch refused) while it is ahead of Uniform Progress' line; the job's own pace buys
-  on-demand only to cover spot's gaps (every
-  spot offering failed lately): on-demand runs the same instances as fast at 3x the price.
+  launch refused) while it is ahead of Uniform Progress' line (:func:`spot_wait`); the
+  job's own pace buys on-demand only to cover spot's gaps (every spot offering failed
+  lately): on-demand runs the same instances as fast at 3x the price.
   The job's own pace is late, not dear: its line moves for the outages of spot seen, it
   catches up only on rings near the pace's cost per sample, on on-demand never dearer per
   sample than on-demand alone, and through an outage like those seen it holds the cheapest
