@@ -36,13 +36,23 @@ def _subst(text: str, bucket: str, job: str) -> str:
     return out
 
 
+#: moto 5.2.6 authorises an S3 ListObjectsV2 request as the IAM action "s3:ListObjectsV2";
+#: AWS authorises it as "s3:ListBucket" (what the modules grant; there is no IAM action
+#: s3:ListObjectsV2). The policy moto evaluates grants moto's name beside AWS's, so the
+#: tests check the modules' grant and not moto's spelling (moto 5.2.5 and before used
+#: s3:ListBucket, and an extra action is inert there).
+MOTO_ACTION_ALIASES = {"s3:ListBucket": ("s3:ListObjectsV2",)}
+
+
 def aws_policy(document: str, bucket: str, job: str) -> str:
-    """``document`` of terraform/aws/snapshots.tf as IAM policy JSON for ``bucket``/``job``."""
+    """``document`` of terraform/aws/snapshots.tf as IAM policy JSON for ``bucket``/``job``
+    (with :data:`MOTO_ACTION_ALIASES` beside the actions moto spells otherwise)."""
     statements: list[dict[str, Any]] = []
     for st in policy_statements(SNAPSHOTS_TF, document):
+        actions = [_unquote(a) for a in st["actions"]]
         out: dict[str, Any] = {
             "Effect": _unquote(st.get("effect", '"Allow"')),
-            "Action": [_unquote(a) for a in st["actions"]],
+            "Action": actions + [m for a in actions for m in MOTO_ACTION_ALIASES.get(a, ())],
             "Resource": [_subst(r, bucket, job) for r in st["resources"]]}
         for c in st.get("condition", []):
             out.setdefault("Condition", {}).setdefault(_unquote(c["test"]), {})[
