@@ -149,6 +149,12 @@ def money_line(m: Mapping[str, float | None]) -> str:
     return line
 
 
+def warning_line(warning: str) -> str:
+    """One line for people of the planner's first word that the budget cannot finish the
+    work (``Result.budget_warning``), said before the job started."""
+    return f"spotring's plan at the start said: {warning}"
+
+
 def with_money(figs: dict[str, dict], results: Mapping[str, Result], world: World,
                params: Params) -> tuple[dict | None, dict[str, float]]:
     """:func:`money` and :meth:`World.spot_shares`, also put into spotring's ``figs`` (as
@@ -194,7 +200,7 @@ def summary(figs: Mapping[str, Mapping], m: Mapping | None,
         lines.append("")
     lines += whole
     if warning:
-        lines.append(f"spotring's plan at the start said: {warning}")
+        lines.append(warning_line(warning))
     if m is not None:
         lines += ["", money_line(m)]
     if shares:
@@ -255,7 +261,7 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
     if m is not None:
         md += ["", money_line(m) + "."]
     if figs.get("spotring", {}).get("budget_warning"):
-        md += ["", f"spotring's plan at the start said: {figs['spotring']['budget_warning']}."]
+        md += ["", warning_line(figs["spotring"]["budget_warning"]) + "."]
     if shares:
         md += ["", share_line(shares) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
