@@ -22,8 +22,11 @@ def on_term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
-with open(os.path.join(out, f"{name}.started"), "w") as fh:
+# written whole, then renamed: a test that sees NAME.started reads all of it (the file
+# opened and read between its creation and its write read as empty on a loaded machine)
+with open(os.path.join(out, f"{name}.started.part"), "w") as fh:
     fh.write(f"{os.getpid()} {os.environ.get('SPOTRING_SLOWDOWN')} "
              f"{os.environ.get('SPOTRING_ZONE')} {os.environ.get('SPOTRING_MODE')}")
+os.replace(os.path.join(out, f"{name}.started.part"), os.path.join(out, f"{name}.started"))
 while True:
     time.sleep(0.05)
