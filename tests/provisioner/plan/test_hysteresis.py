@@ -263,3 +263,50 @@ def test_the_net_waits_for_a_pool_that_still_runs_spot_while_its_zone_is_avoided
     # of slack: an avoidance 570 s long is waited for, one 700 s long is not
     assert od(hit, work=2.7e7)[0] == 0
     assert od(replace(hit, blocked_until={A: t + 700}), work=2.7e7)[0] >= 1
+
+
+def test_the_net_buys_no_on_demand_beside_a_full_pool_whose_spot_finishes_by_the_deadline():
+    # A user's deadline of 10 h; at 6 h, 67% of 20M samples done: 6.6M left, 3.94 h to
+    # the deadline less the ramp. The slack against the fastest on-demand ring (8 x 100/s
+    # at ring efficiency, 758/s) is 1.5 h, inside the 2 h margin, and the only spot pool is
+    # full (capped at the 5 the job holds): the margin's pace asks for on-demand. The 5 (485/s)
+    # alone finish the 6.6M by the deadline: on-demand would only keep the margin, so none.
+    t = 21_600.0
+    prices = {A: 1.0, OD: 3.0}
+
+    def decide(held, done=0.67, caps=None):
+        pr = Progress(start=0.0, work=2e7, done=2e7 * done, deadline_s=36_000.0, hard=True)
+        m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices},
+                       caps=caps or {A: held})
+        return Planner(settings()).decide(m, FleetView(held={A: held}), pr, t)
+
+    d = decide(5)
+    assert d.target.get(OD, 0) == 0 and d.target.get(A) == 5
+    # 4 held (391/s) would not finish by the deadline: the net buys on-demand beside them
+    short = decide(4)
+    assert short.target.get(OD, 0) >= 1 and short.target.get(A) == 4
+    # ... nor would 5 with 60% done (8M left): bought as before
+    assert decide(5, done=0.60).target.get(OD, 0) >= 1
+    # a pool with room is spot to be had: no floor either way (the rule before this one)
+    assert decide(4, caps={A: 8}).target.get(OD, 0) == 0
+
+
+def test_held_spot_finishes_needs_the_spot_held_and_the_on_demand_ring_both_in_time():
+    from provisioner.plan.model import Candidate
+    from provisioner.plan.pacing import held_spot_finishes
+
+    def cand(o, current):
+        return Candidate(offering=o, price_per_hour=1.0, samples_per_s=100.0, current=current)
+
+    b = settings().bounds
+    links = (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps)
+    five = [cand(A, 5), cand(OD, 0)]  # 5 x 100/s as one ring: 485/s
+    assert held_spot_finishes(five, 4.8e6, 10_000.0, 758.0, 50.0, 1024, links)
+    assert not held_spot_finishes(five, 4.9e6, 10_000.0, 758.0, 50.0, 1024, links)
+    # the on-demand ring too must finish, were the spot revoked (no slack left: the net's)
+    assert not held_spot_finishes(five, 4.8e6, 10_000.0, 470.0, 50.0, 1024, links)
+    # on-demand held is not spot; nothing left, or no time, is never "finishes"
+    assert not held_spot_finishes([cand(A, 0), cand(OD, 5)], 1e3, 10_000.0, 758.0, 50.0, 1024,
+                                  links)
+    assert not held_spot_finishes(five, 0.0, 10_000.0, 758.0, 50.0, 1024, links)
+    assert not held_spot_finishes(five, 1e3, 0.0, 758.0, 50.0, 1024, links)
