@@ -448,6 +448,7 @@ class Planner:
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
+        links = (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps)
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
@@ -484,7 +485,7 @@ class Planner:
             wake = until if wake is None else min(wake, until)  # decide again then
         elif 0.0 < floor < target and held_spot_finishes(
                 cands, left, 3600 * (hours - s.ramp_h), od_rate, b.model_mb, b.global_batch,
-                (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps)):
+                links):
             # Inside the margin with no spot to be had (every pool full), the spot the job
             # holds would alone finish the work left by the deadline (less the ramp), and so
             # would the fastest on-demand ring (slack left): on-demand bought now only keeps
@@ -493,8 +494,8 @@ class Planner:
             # al.'s net: on-demand when the deadline, not a margin, needs it). On the T4
             # group SpotServe replayed (ASPLOS'24: 5-17 instances, 9-12 most hours) 3.5e7
             # samples in 9 h, a pace the pool keeps to the deadline but not to its margin,
-            # bought $6.6-7.9 of on-demand beside a full pool: 1.50-1.57x the bound (now
-            # $3.8-4.8 and 1.30-1.36x; docs/optimizer.md).
+            # bought $6.6-7.9 of on-demand beside a full pool: 1.50-1.58x the bound (now
+            # $3.8-4.8 and 1.30-1.37x over 4 seeds; docs/optimizer.md).
             floor = 0.0
         if not pr.hard:
             # The job's own deadline is soft: late, not dear. Behind it the job catches up
@@ -534,8 +535,7 @@ class Planner:
         pins = dict(young)
         if floor > 0.0:  # on-demand beside the spot held, never instead of it
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
-        held_rate = fleet_rate(cands, b.model_mb, b.global_batch,
-                               (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
+        held_rate = fleet_rate(cands, b.model_mb, b.global_batch, links)
         one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
         if (floor <= 0.0 and one_zone and
                 0.0 < held_rate < target <= held_rate * s.ahead_tolerance):
