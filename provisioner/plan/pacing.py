@@ -191,19 +191,15 @@ def fleet_rate(cands: Iterable[Candidate], model_mb: float, global_batch: int,
     return raw * ring_efficiency(n, raw, model_mb, global_batch, gbps)
 
 
-def held_spot_finishes(cands: Iterable[Candidate], left: float, seconds: float,
-                       od_rate: float, model_mb: float, global_batch: int,
-                       links: tuple[float, float, float]) -> bool:
-    """Whether the spot held (each spot candidate's ``current``, as one ring:
-    :func:`fleet_rate`) alone does ``left`` samples in ``seconds``, and so would the
-    fastest on-demand ring (``od_rate`` samples/s, :func:`od_capacity`) were that spot
-    revoked: the deadline then needs no on-demand yet, only a margin might. False when
-    nothing is left to do or no time is."""
+def held_spot_finishes(spot_rate: float, left: float, seconds: float,
+                       od_rate: float) -> bool:
+    """Whether the spot held (``spot_rate`` samples/s as one ring, :func:`fleet_rate`)
+    alone does ``left`` samples in ``seconds``, and so would the fastest on-demand ring
+    (``od_rate``, :func:`od_capacity`) were that spot revoked: the deadline then needs no
+    on-demand yet, only a margin might. False when nothing is left to do or no time is."""
     if left <= 0 or seconds <= 0:
         return False
-    spot = fleet_rate([c for c in cands if c.offering.market == "spot"], model_mb,
-                      global_batch, links)
-    return spot * seconds >= left and od_rate * seconds > left
+    return spot_rate * seconds >= left and od_rate * seconds > left
 
 
 def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, global_batch: int,

@@ -292,21 +292,32 @@ def test_the_net_buys_no_on_demand_beside_a_full_pool_whose_spot_finishes_by_the
 
 
 def test_held_spot_finishes_needs_the_spot_held_and_the_on_demand_ring_both_in_time():
-    from provisioner.plan.model import Candidate
     from provisioner.plan.pacing import held_spot_finishes
-
-    def cand(o, current):
-        return Candidate(offering=o, price_per_hour=1.0, samples_per_s=100.0, current=current)
-
-    b = settings().bounds
-    links = (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps)
-    five = [cand(A, 5), cand(OD, 0)]  # 5 x 100/s as one ring: 485/s
-    assert held_spot_finishes(five, 4.8e6, 10_000.0, 758.0, 50.0, 1024, links)
-    assert not held_spot_finishes(five, 4.9e6, 10_000.0, 758.0, 50.0, 1024, links)
+    assert held_spot_finishes(485.0, 4.8e6, 10_000.0, 758.0)
+    assert not held_spot_finishes(485.0, 4.9e6, 10_000.0, 758.0)
     # the on-demand ring too must finish, were the spot revoked (no slack left: the net's)
-    assert not held_spot_finishes(five, 4.8e6, 10_000.0, 470.0, 50.0, 1024, links)
-    # on-demand held is not spot; nothing left, or no time, is never "finishes"
-    assert not held_spot_finishes([cand(A, 0), cand(OD, 5)], 1e3, 10_000.0, 758.0, 50.0, 1024,
-                                  links)
-    assert not held_spot_finishes(five, 0.0, 10_000.0, 758.0, 50.0, 1024, links)
-    assert not held_spot_finishes(five, 1e3, 0.0, 758.0, 50.0, 1024, links)
+    assert not held_spot_finishes(485.0, 4.8e6, 10_000.0, 470.0)
+    # no spot held; nothing left, or no time, is never "finishes"
+    assert not held_spot_finishes(0.0, 1e3, 10_000.0, 758.0)
+    assert not held_spot_finishes(485.0, 0.0, 10_000.0, 758.0)
+    assert not held_spot_finishes(485.0, 1e3, 0.0, 758.0)
+
+
+def test_a_deadline_that_cannot_reach_its_pace_keeps_every_spot_instance_it_holds():
+    # A user's deadline 29 h away whose pace asks for 726/s (8 instances of A at 100/s each,
+    # at ring efficiency), with 3 h of slack against on-demand (no floor). A's pool
+    # refused the last launch for capacity (capped at the 5 held) and no other spot has room:
+    # the target cannot be reached, nor 3/4 of it (6 instances); half of it is met by 4 at
+    # less cost. The 5 are the most the pool gave: all stay. (On SpotServe's T4 group the
+    # replan after each partial refusal ended the instances just launched: 7 held of the 9
+    # the group had.)
+    t = 3_600.0
+    prices = {A: 1.0, OD: 3.0}
+    work = 700.0 * 29 * 3600
+    pr = Progress(start=0.0, work=work, done=700.0 * 3600, deadline_s=30 * 3600.0, hard=True)
+    m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices},
+                   caps={A: 5})
+    fleet = FleetView(held={A: 5}, blocked=frozenset({A}), failed={A: t},
+                      blocked_until={A: t + 600})
+    d = Planner(settings()).decide(m, fleet, pr, t)
+    assert not d.behind and d.target.get(A) == 5 and d.target.get(OD, 0) == 0
