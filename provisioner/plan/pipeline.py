@@ -564,6 +564,13 @@ class Planner:
         all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
+            if any(n > 0 and o.market == "on-demand" for o, n in fleet.held.items()):
+                # the on-demand held stays a candidate (it may grow toward a pace the spot
+                # cannot reach), beside the spot held, never instead of it: a pace 1% above
+                # what 8 spot instances deliver was met by 7 on-demand and 1 spot, the 6
+                # spot held ended for on-demand at 4x their price
+                pins.update({o: n for o, n in fleet.held.items()
+                             if o.market == "spot" and n > 0})
             line_s = deadline_s - safety * 3600
             # (ahead of the line yet behind by the on-demand slack, in the last hours of a
             # user's deadline: not ahead, or a fleet whose cheapest was just revoked waited

@@ -783,3 +783,33 @@ def test_revocations_that_leave_the_pool_running_buy_little_on_demand():
     assert group.deadline_met and gone.deadline_met
     assert group.revocations >= 30 and gone.revocations >= 30
     assert gone_od > 50.0 and group_od < 0.1 * gone_od
+
+
+def _full_pool_world(cap: int):
+    # One spot pool A ($1/h, on-demand $4/h, 100/s per instance) that never has more than
+    # ``cap`` instances and revokes none, for 40 h.
+    av = (Availability(A, at(0), cap), Availability(A, at(40), cap))
+    return build_world(Snapshot(quotes=(PriceQuote(A, at(0), 1.0, 4.0),), availability=av,
+                                lifetimes=()), SPEED, max_size=8)
+
+
+def test_a_pool_too_small_for_the_pace_is_kept_whole_and_never_swapped_for_on_demand():
+    # 30 h to do 27 h of the work of 6 instances on a pool of 5, and of 8 on a pool of 6.
+    # Each launch beyond the pool is refused and the job's pace is beyond what spot gives:
+    # the pool's instances stay, and on-demand joins the ring as the deadline needs it,
+    # beside them, never instead of them. (On the pool of 5 the replan after each partial
+    # refusal ended the instances just launched: 32 launches. On the pool of 6, once
+    # on-demand was held, a pace 1% above what 8 spot instances deliver was met by 7
+    # on-demand and 1 spot: $774, $743 of it on-demand, where keeping the 6 costs $348.)
+    for cap, n in ((5, 6), (6, 8)):
+        r = simulate_policy(_full_pool_world(cap), "spotring", params(boot_s=180, max_size=8),
+                            work=n * 100.0 * 3600 * 27, deadline_h=30.0)
+        assert r.deadline_met
+        spot = [life for life in r.lives if life.offering.market == "spot"]
+        on_demand = [life for life in r.lives if life.offering.market == "on-demand"]
+        assert not any(life.revoked for life in r.lives)
+        # every spot instance runs from its launch to the last two hours of the job ...
+        assert all(life.ended_h >= r.completion_h - 2.0 for life in spot), (cap, n)
+        # ... and the pool's instances are launched once, at the start
+        assert len(spot) == cap and all(life.launched_h < 0.1 for life in spot), (cap, n)
+        assert sum(life.cost for life in on_demand) < 0.55 * r.cost
