@@ -629,10 +629,9 @@ class Planner:
         ahead = good is not None and not banking
         if pins:
             plan = self._reachable(keep(prob, pins, b.max_regions), target, floor,
-                                   hard=pr.hard, ahead=ahead, held=spot_rate)
+                                   hard=pr.hard, ahead=ahead)
         if plan is None:  # nothing kept, or keeping them makes every fleet infeasible
-            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=ahead,
-                                   held=spot_rate)
+            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=ahead)
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}
@@ -676,17 +675,22 @@ class Planner:
             f"ring (fleet.max_half_ring_loss {s.max_half_ring_loss:.0%}), kept: {why}",))
 
     def _reachable(self, prob: Problem, target: float, floor: float, *, hard: bool,
-                   ahead: bool, held: float = 0.0) -> Plan | None:
+                   ahead: bool) -> Plan | None:
         """The plan for the target, else for a fraction of it (a user's deadline), else
         the fastest fleet (the job's own pace: late whatever it buys; fractions made the
         fleet 15 -> 9 -> 16 as the target grew on the 16-node trace). Ahead of the line, a
         fraction of it from the good offerings only (waiting is free). Not ahead and with
-        no on-demand floor, a fraction is never less than ``held`` (the spot held, as one
-        ring; at most the target): behind a pace it cannot reach, the job keeps the most
-        the pools gave it. On SpotServe's T4 group a launch of 4 that found room for 2 was
-        planned again with the pool capped at the 9 then held; half the target was met by
-        7, and the 2 just launched ended at once (7 held of the 9 the group had, for the
-        10 minutes of each refusal; 4e7 samples in 9 h, 4 seeds: 1.69x -> 1.50x the bound)."""
+        no on-demand floor, a fraction is never less than the rate of the spot held among
+        ``prob``'s candidates (as one ring; at most the target): behind a pace it cannot
+        reach, the job keeps the most the pools gave it. On SpotServe's T4 group a launch
+        of 4 that found room for 2 was planned again with the pool capped at the 9 then
+        held; half the target was met by 7, and the 2 just launched ended at once (7 held
+        of the 9 the group had, for the 10 minutes of each refusal; 4e7 samples in 9 h,
+        4 seeds: 1.69x -> 1.50x the bound)."""
+        b = self.s.bounds
+        held = fleet_rate([c for c in prob.candidates if c.offering.market == "spot"],
+                          b.model_mb, b.global_batch,
+                          (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
         scales: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0) if hard else (1.0, 0.0)
         if ahead:
             scales = (1.0, 0.75, 0.5, 0.25)
