@@ -534,7 +534,11 @@ class Planner:
                 if one > 0:
                     target = floor = min(floor, one)
         pins = dict(young)
-        if floor > 0.0:  # on-demand beside the spot held, never instead of it
+        if floor > 0.0 or any(n > 0 and o.market == "on-demand" for o, n in fleet.held.items()):
+            # on-demand beside the spot held, never instead of it: the floor's, and with
+            # slack the on-demand held (it stays a candidate and may grow toward a pace the
+            # spot cannot reach: a pace 1% above what 8 spot instances deliver was met by 7
+            # on-demand and 1 spot, the 6 spot held ended for on-demand at 4x their price)
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
         held_rate = fleet_rate(cands, b.model_mb, b.global_batch, links)
         one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
@@ -564,13 +568,6 @@ class Planner:
         all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
-            if any(n > 0 and o.market == "on-demand" for o, n in fleet.held.items()):
-                # the on-demand held stays a candidate (it may grow toward a pace the spot
-                # cannot reach), beside the spot held, never instead of it: a pace 1% above
-                # what 8 spot instances deliver was met by 7 on-demand and 1 spot, the 6
-                # spot held ended for on-demand at 4x their price
-                pins.update({o: n for o, n in fleet.held.items()
-                             if o.market == "spot" and n > 0})
             line_s = deadline_s - safety * 3600
             # (ahead of the line yet behind by the on-demand slack, in the last hours of a
             # user's deadline: not ahead, or a fleet whose cheapest was just revoked waited
