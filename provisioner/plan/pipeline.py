@@ -448,9 +448,8 @@ class Planner:
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
-        links = (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps)
         spot_rate = fleet_rate([c for c in cands if c.offering.market == "spot"], b.model_mb,
-                               b.global_batch, links)  # the spot held, as one ring
+                               b.global_batch, b.links)  # the spot held, as one ring
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
@@ -540,7 +539,7 @@ class Planner:
             # spot cannot reach: a pace 1% above what 8 spot instances deliver was met by 7
             # on-demand and 1 spot, the 6 spot held ended for on-demand at 4x their price)
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
-        held_rate = fleet_rate(cands, b.model_mb, b.global_batch, links)
+        held_rate = fleet_rate(cands, b.model_mb, b.global_batch, b.links)
         one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
         if (floor <= 0.0 and one_zone and
                 0.0 < held_rate < target <= held_rate * s.ahead_tolerance):
@@ -684,10 +683,8 @@ class Planner:
         held; half the target was met by 7, and the 2 just launched ended at once (7 held
         of the 9 the group had, for the 10 minutes of each refusal; 4e7 samples in 9 h,
         4 seeds: 1.69x -> 1.50x the bound)."""
-        b = self.s.bounds
         held = fleet_rate([c for c in prob.candidates if c.offering.market == "spot"],
-                          b.model_mb, b.global_batch,
-                          (b.intra_zone_gbps, b.inter_zone_gbps, b.inter_region_gbps))
+                          prob.model_mb, prob.global_batch, prob.links)
         scales: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0) if hard else (1.0, 0.0)
         if ahead:
             scales = (1.0, 0.75, 0.5, 0.25)

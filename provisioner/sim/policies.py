@@ -120,9 +120,7 @@ class Params:
     max_size = property(lambda self: self.plan.bounds.max_size)
     max_zone_share = property(lambda self: self.plan.bounds.max_zone_share)
     zone_allowance = property(lambda self: self.plan.bounds.zone_allowance)
-    links = property(lambda self: (self.plan.bounds.intra_zone_gbps,
-                                   self.plan.bounds.inter_zone_gbps,
-                                   self.plan.bounds.inter_region_gbps))
+    links = property(lambda self: self.plan.bounds.links)
     # the daemon's loop: zone avoidance, the plan period (a launch refused for capacity is
     # retried a plan period later, a round the churn limits deferred goes on then)
     avoid_s = property(lambda self: self.settings.daemon.zone_avoid_ttl_s)
