@@ -52,6 +52,10 @@ class OutageLog:
         elif self.since is None and last_failure is not None and last_failure > self.back:
             self.since = last_failure
 
+    def seen(self) -> bool:
+        """Whether an outage has begun (ended or still going on)."""
+        return bool(self.lengths) or self.since is not None
+
     def running_s(self, t: float) -> float:
         """How long the outage going on at ``t`` has lasted (0 when none is)."""
         return t - self.since if self.since is not None else 0.0

@@ -497,6 +497,19 @@ class Planner:
             # bought $6.6-7.9 of on-demand beside a full pool: 1.50-1.58x the bound (now
             # $3.8-4.8 and 1.30-1.37x over 4 seeds; docs/optimizer.md).
             floor = 0.0
+        elif 0.0 < floor < target and pr.hard and not self.spot_outages.seen():
+            # Inside the margin with no spot to be had, and the job has never been left with
+            # no spot at all (revocations took some of it, never all): on-demand only to the
+            # floor, Uniform Progress' net, beside the spot held; the margin's pace above them
+            # is left to spot the pools may give later. A sample bought on on-demand costs the
+            # same now or later, so later is dearer only if the deadline then needs more than
+            # the fastest on-demand ring, which the floor's slack rules out. On SpotServe's T4
+            # group 3.5e7 samples in 9 h bought the pace's whole gap on-demand ($2.0-5.0 of
+            # it): 1.31x the bound over 4 seeds, now 1.20x. Once all spot was lost at once,
+            # the job keeps the margin's pace: a pool that vanishes every 20 minutes left the
+            # floor alone swapping its on-demand for spot each time it came back, 3 minutes
+            # of boot each, and finishing 0.35-1.24 h late (the group worlds of the tests).
+            target = max(min(target, spot_rate + floor), floor)
         if not pr.hard:
             # The job's own deadline is soft: late, not dear. Behind it the job catches up
             # only on rings whose cost per sample is within catch_up_tolerance of the ring

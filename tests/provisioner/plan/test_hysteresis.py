@@ -291,6 +291,28 @@ def test_the_net_buys_no_on_demand_beside_a_full_pool_whose_spot_finishes_by_the
     assert decide(4, caps={A: 8}).target.get(OD, 0) == 0
 
 
+def test_beside_a_full_pool_the_net_buys_only_its_floor_until_spot_was_all_lost_once():
+    # The same job with 70% done (6M left) on the 4 the pool holds (391/s, short of the
+    # deadline by themselves). The slack against the fastest on-demand ring is 1.7 h, just
+    # inside the 2 h margin: the floor is a sixth of the margin's pace (833/s). Spot never
+    # lost at once, on-demand is bought to the floor only, beside the 4; the pace's gap is
+    # left to spot the pool may give later. A job that was once left with no spot at all
+    # buys the margin's pace, as far as the 8 instances allowed reach.
+    t = 21_600.0
+    prices = {A: 1.0, OD: 3.0}
+    m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices}, caps={A: 4})
+    pr = Progress(start=0.0, work=2e7, done=2e7 * 0.70, deadline_s=36_000.0, hard=True)
+    steady = Planner(settings()).decide(m, FleetView(held={A: 4}), pr, t)
+    assert steady.target.get(A) == 4 and 1 <= steady.target.get(OD, 0) <= 2
+    burnt = Planner(settings())
+    early = replace(pr, done=2e7 * 0.30)
+    burnt.decide(m, FleetView(held={}, failed={A: 7_170.0}), early, 7_200.0)  # all lost
+    burnt.decide(m, FleetView(held={A: 4}), early, 7_800.0)  # ... and back
+    assert burnt.spot_outages.seen()
+    margin = burnt.decide(m, FleetView(held={A: 4}), pr, t)
+    assert margin.target.get(A) == 4 and margin.target.get(OD, 0) >= 3
+
+
 def test_held_spot_finishes_needs_the_spot_held_and_the_on_demand_ring_both_in_time():
     from provisioner.plan.pacing import held_spot_finishes
     assert held_spot_finishes(485.0, 4.8e6, 10_000.0, 758.0)

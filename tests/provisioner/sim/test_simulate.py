@@ -785,10 +785,11 @@ def test_revocations_that_leave_the_pool_running_buy_little_on_demand():
     assert gone_od > 50.0 and group_od < 0.1 * gone_od
 
 
-def _full_pool_world(cap: int):
+def _full_pool_world(cap: int, grown: int | None = None, at_h: float = 0.0):
     # One spot pool A ($1/h, on-demand $4/h, 100/s per instance) that never has more than
-    # ``cap`` instances and revokes none, for 40 h.
-    av = (Availability(A, at(0), cap), Availability(A, at(40), cap))
+    # ``cap`` instances (``grown`` from ``at_h`` on) and revokes none, for 40 h.
+    av = (Availability(A, at(0), cap), Availability(A, at(at_h), grown or cap),
+          Availability(A, at(40), grown or cap))
     return build_world(Snapshot(quotes=(PriceQuote(A, at(0), 1.0, 4.0),), availability=av,
                                 lifetimes=()), SPEED, max_size=8)
 
@@ -813,3 +814,17 @@ def test_a_pool_too_small_for_the_pace_is_kept_whole_and_never_swapped_for_on_de
         # ... and the pool's instances are launched once, at the start
         assert len(spot) == cap and all(life.launched_h < 0.1 for life in spot), (cap, n)
         assert sum(life.cost for life in on_demand) < 0.55 * r.cost
+
+
+def test_beside_a_full_pool_that_grows_later_the_net_buys_only_its_floor():
+    # 18 h to do 80 h of the work of one instance on a pool of 3 that grows to 8 at 10 h
+    # (the bound: 3 until then, 8 after). The 3 fall behind the margin's pace within hours;
+    # spot never lost at once, on-demand is bought only to Uniform Progress' floor, and the
+    # pool's growth does the rest. (Buying the pace's whole gap on-demand from the start,
+    # 4 of them for 10 h, cost $141.50 of which $81.13 on-demand.)
+    r = simulate_policy(_full_pool_world(3, grown=8, at_h=10.0), "spotring",
+                        params(boot_s=180, max_size=8), work=80 * 100.0 * 3600, deadline_h=18.0)
+    assert r.deadline_met and r.revocations == 0
+    on_demand = sum(life.cost for life in r.lives if life.offering.market == "on-demand")
+    assert on_demand < 0.1 * r.cost
+    assert max(life.ended_h for life in r.lives if life.offering.market == "spot") > 16.0
