@@ -1,5 +1,6 @@
 """The local driver: idempotent launches, restart-safe listing, notices and kills."""
 
+import os
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -225,10 +226,15 @@ def test_provision_run_trains_with_two_workers_per_local_instance(tmp_path):
 
     cfg = tmp_path / "cfg.toml"
     cfg.write_text("[local]\ngpus_per_instance = 2\n[fleet]\nmax_size = 1\n")
+    # No outages of the built-in market (one on a loaded machine, whose paced clock runs
+    # further per sample, made a second instance), and 3x the example's epochs: beside busy
+    # processes one worker's start (its torch import) came after the other had trained the
+    # 8 epochs alone.
+    env = {**os.environ, "DIGITS_EPOCHS": "24"}
     done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
-                           "--workdir", str(tmp_path / "wd"),
+                           "--workdir", str(tmp_path / "wd"), "--outages-per-hour", "0",
                            "--duration", "12h"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     st = State.read_only(tmp_path / "wd" / "state.sqlite")
     try:
