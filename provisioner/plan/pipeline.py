@@ -16,7 +16,8 @@ Two modes, chosen by the progress it is given:
   spot capacity missing now is made up later. A hard deadline keeps a safety margin as
   time and phases on-demand in as the slack falls (:func:`~provisioner.plan.pacing.
   deadline_floor`), but not for the minutes spot it holds may not grow (a zone avoided, a
-  launch refused) while it is ahead of Uniform Progress' line (:func:`spot_wait`); the
+  launch refused) while it is ahead of Uniform Progress' line (:func:`spot_wait`), and
+  beside a full pool only to the floor until all spot was once lost at once; the
   job's own pace buys on-demand only to cover spot's gaps (every spot offering failed
   lately): on-demand runs the same instances as fast at 3x the price.
   The job's own pace is late, not dear: its line moves for the outages of spot seen, it
@@ -501,14 +502,15 @@ class Planner:
             # Inside the margin with no spot to be had, and the job has never been left with
             # no spot at all (revocations took some of it, never all): on-demand only to the
             # floor, Uniform Progress' net, beside the spot held; the margin's pace above them
-            # is left to spot the pools may give later. A sample bought on on-demand costs the
-            # same now or later, so later is dearer only if the deadline then needs more than
-            # the fastest on-demand ring, which the floor's slack rules out. On SpotServe's T4
-            # group 3.5e7 samples in 9 h bought the pace's whole gap on-demand ($2.0-5.0 of
-            # it): 1.31x the bound over 4 seeds, now 1.20x. Once all spot was lost at once,
-            # the job keeps the margin's pace: a pool that vanishes every 20 minutes left the
-            # floor alone swapping its on-demand for spot each time it came back, 3 minutes
-            # of boot each, and finishing 0.35-1.24 h late (the group worlds of the tests).
+            # is left to spot the pools may give later. A sample bought on on-demand costs
+            # about the same now or later: later is dearer only if the deadline then needs
+            # more than the fastest on-demand ring, which the floor's slack rules out. On
+            # SpotServe's T4 group 3.5e7 samples in 9 h bought the pace's whole gap on-demand
+            # ($2.0-5.0 of it): 1.31x the bound over 4 seeds, now 1.20x. Once all spot was
+            # lost at once, the job keeps the margin's pace: in the tests' group worlds (a
+            # pool gone for 10 minutes every 20-30, or half a ring revoked every 20 minutes)
+            # the floor alone swapped on-demand for spot at each return, 3 minutes of boot
+            # each, and three deadlines were missed by 0.14-1.24 h.
             target = max(min(target, spot_rate + floor), floor)
         if not pr.hard:
             # The job's own deadline is soft: late, not dear. Behind it the job catches up
