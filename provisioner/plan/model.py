@@ -112,14 +112,14 @@ class Problem:
     def __post_init__(self) -> None:
         if self.objective not in KINDS:
             raise ValueError(f"Problem.objective={self.objective!r}: one of {', '.join(KINDS)}")
+        if self.objective != "max-throughput" and not self.target_samples_per_s:
+            raise ValueError(f"Problem.target_samples_per_s is needed for {self.objective!r}")
 
     @property
     def links(self) -> tuple[float, float, float]:
         """(intra-zone, inter-zone, inter-region) Gb/s, as :func:`~provisioner.plan.pacing.
         fleet_rate` takes them."""
         return self.intra_zone_gbps, self.inter_zone_gbps, self.inter_region_gbps
-        if self.objective != "max-throughput" and not self.target_samples_per_s:
-            raise ValueError(f"Problem.target_samples_per_s is needed for {self.objective!r}")
 
 
 @dataclass(frozen=True)

@@ -268,3 +268,14 @@ def test_a_worker_measured_twice_as_slow_changes_the_next_plan():
 def test_unknown_type_without_prior_raises_keyerror():
     with pytest.raises(KeyError, match="throughput_priors"):
         ThroughputModel().samples_per_s("zz9.nothing")
+
+
+def test_a_problem_names_its_bad_objective_or_missing_target():
+    with pytest.raises(ValueError, match="Problem.objective='fastest'"):
+        Problem((Candidate(A, 1.0, 100),), objective="fastest")
+    for kind in ("min-cost", "deadline"):
+        with pytest.raises(ValueError, match=f"target_samples_per_s is needed for '{kind}'"):
+            Problem((Candidate(A, 1.0, 100),), objective=kind)
+    p = Problem((Candidate(A, 1.0, 100),), objective="deadline", target_samples_per_s=50,
+                inter_zone_gbps=4.0)
+    assert p.links == (p.intra_zone_gbps, 4.0, p.inter_region_gbps)
