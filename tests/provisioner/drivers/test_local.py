@@ -226,10 +226,10 @@ def test_provision_run_trains_with_two_workers_per_local_instance(tmp_path):
 
     cfg = tmp_path / "cfg.toml"
     cfg.write_text("[local]\ngpus_per_instance = 2\n[fleet]\nmax_size = 1\n")
-    # No outages of the built-in market (one on a loaded machine, whose paced clock runs
-    # further per sample, made a second instance), and 3x the example's epochs: beside busy
-    # processes one worker's start (its torch import) came after the other had trained the
-    # 8 epochs alone.
+    # No outages of the built-in market (a second instance was seen once on a loaded
+    # machine, not captured: likely an outage, which the paced clock meets sooner in samples
+    # there), and 3x the example's epochs: beside busy processes one worker's start (its
+    # torch import) came after the other had trained the 8 epochs alone.
     env = {**os.environ, "DIGITS_EPOCHS": "24"}
     done = subprocess.run([sys.executable, "-m", "provisioner.cli", "run", "--config", str(cfg),
                            "--workdir", str(tmp_path / "wd"), "--outages-per-hour", "0",
