@@ -117,7 +117,10 @@ def register(subparsers: Any) -> None:
                    help="trace files or folders (prices and/or availability)")
     p.add_argument("--work", type=float, required=True, metavar="SAMPLES",
                    help="samples to train (e.g. 1.4e8)")
-    p.add_argument("--deadline", type=float, metavar="HOURS", help="deadline from the start")
+    p.add_argument("--deadline", type=float, metavar="HOURS",
+                   help="deadline from the start (with an on-demand price, also prints what "
+                   "the deadline costs at least: kept safe were all spot to vanish, and "
+                   "with objective.safety_hours of slack kept whole)")
     p.add_argument("--policy", action="extend", nargs="+", choices=ALL_POLICIES, metavar="NAME",
                    help=f"policies to run (default: all that apply): {', '.join(ALL_POLICIES)}")
     p.add_argument("--report", metavar="DIR", help="write report.md, figures.json and PNGs here")
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
                             if n != "uniform-progress" or args.deadline is not None]
     with quiet_stdout():
         results = run_all(world, names, params, work=args.work, deadline_h=args.deadline,
-                          tick_s=args.tick, seed=args.seed)
+                          tick_s=args.tick, seed=args.seed, floors=True)
     figs = figures(results)
     m, shares = with_money(figs, results, world, params)
     if args.report:

@@ -241,6 +241,12 @@ def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: fl
     return rate * min(1.0, max(0.0, 1.0 - slack / safety_hours))
 
 
+def margin_hours(safety_hours: float, deadline_h: float) -> float:
+    """The safety margin a user's deadline keeps: ``safety_hours``, at most a quarter of
+    the deadline (short jobs)."""
+    return min(safety_hours, 0.25 * deadline_h)
+
+
 def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float, *,
          hard: bool, safety_hours: float, overhead_h: float = 0.0
          ) -> tuple[float, float, float]:
@@ -257,7 +263,7 @@ def pace(work_left: float, hours_left: float, deadline_h: float, od_rate: float,
     whole pace once the slack is gone, which, with the slack counted against a real ring
     and the launch rounds, still finishes by the job's own deadline, the plain on-demand
     time (counting ``max_size`` x one instance's speed, and no boot, had finished late)."""
-    safety = min(safety_hours, 0.25 * deadline_h) if hard else 0.0
+    safety = margin_hours(safety_hours, deadline_h) if hard else 0.0
     target = max(work_left / (max(hours_left - safety, 0.5 * hours_left) * 3600), 1e-9)
     floor = deadline_floor(target, work_left, hours_left, od_rate, safety, overhead_h)
     return target, floor, safety

@@ -25,9 +25,24 @@ from provisioner.sim.policies import Params
 from provisioner.sim.world import World
 
 
+def od_ring_rate(world: World, params: Params) -> float:
+    """Samples/s the bound credits the fastest on-demand fleet of ``max_size`` instances
+    (the ``fallback`` rate of :func:`hindsight`): the best split of the instances over the
+    on-demand types, each type a ring of its own on the fastest link, as the bound credits
+    them (at least any real ring's rate)."""
+    n_max = max(1, int(params.max_size))
+    best = [0.0] * (n_max + 1)  # best[n]: the most credited with n instances
+    for itype in sorted({o.instance_type for o in world.offerings
+                         if o.market == "on-demand" and o.instance_type in world.speed}):
+        f = [0.0] + [ring_rate(n, world.speed[itype], params.model_mb, params.global_batch,
+                               params.links[0]) for n in range(1, n_max + 1)]
+        best = [max(best[n - k] + f[k] for k in range(n + 1)) for n in range(n_max + 1)]
+    return best[n_max]
+
+
 def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
               time_limit_s: float = 60.0, boots: bool = True,
-              removals: bool = True) -> Result:
+              removals: bool = True, fallback: tuple[float, float] | None = None) -> Result:
     """The offline lower bound: least cost to do ``work`` within ``horizon_h`` knowing the trace.
 
     A program over the whole trace, solved to optimality (status ``optimal``). Time is cut
@@ -73,6 +88,16 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     held for part of it), so the program is a linear one and HiGHS proves its optimum.
     ``time_limit_s`` bounds the solve; if it is hit the dual bound is not reported as a
     cost (status says so).
+
+    ``fallback`` ``(rate, margin_h)`` bounds the policies that keep the deadline safe were
+    spot to vanish: at every cut ``t`` the work credited by ``t`` is at least ``work - rate x
+    (horizon - t - margin_h)``, where ``rate`` (samples/s) is at least the fastest ring the
+    on-demand market allows. A policy cannot tell the trace from the same trace whose spot
+    is gone from ``t`` on, and in that world it can do no more than ``rate`` after ``t``;
+    so with ``margin_h = 0`` this bounds every policy that does not see the future and meets
+    the deadline in every such world. With a margin it bounds the policies that keep that
+    much slack. The rows are kept at the cuts, ``horizon - margin_h`` among them (where the
+    right side's kink is): between two cuts both sides are linear in time, so that suffices.
     """
     offs = [o for o in world.offerings if o.instance_type in world.speed]
     end = min(world.end, world.start + horizon_h * 3600.0)
@@ -81,6 +106,9 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
         for st in (world.price[o], world.avail.get(o)):
             if st is not None:
                 cuts.update(float(x) for x in st.t if world.start < x < end)
+    kink = None if fallback is None else world.start + (horizon_h - fallback[1]) * 3600.0
+    if kink is not None and world.start < kink < end:
+        cuts.add(kink)  # the fallback rows' kink: from it on they ask for the whole work
     edges = sorted(cuts)
     segs = list(zip(edges[:-1], edges[1:]))
     types = sorted({o.instance_type for o in offs})
@@ -180,9 +208,31 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
                 entries += [(k * per_seg + a, -hz),
                             (k * per_seg + n_o + n_t * jmax + a, 1.0)]
             row(entries, 0.0, np.inf)
+    lb = np.zeros(nv)
+    if fallback is not None:  # z_k, the work credited by cut k: z_k >= work - rate (horizon
+        # - t_k - margin), chained z_k = z_{k-1} + the work of segment k
+        fb_rate, fb_margin = fallback
+        if work > fb_rate * 3600.0 * max(horizon_h - fb_margin, 0.0):
+            return Result("hindsight", math.inf, 0.0, work, None, None,
+                          status=f"infeasible within {horizon_h:.1f} h on the fallback")
+        z0 = nv
+        nv += n_s
+        c = np.concatenate([c, np.zeros(n_s)])
+        ub = np.concatenate([ub, np.full(n_s, np.inf)])
+        wk = np.concatenate([wk, np.zeros(n_s)])
+        lb = np.concatenate([lb, np.zeros(n_s)])
+        for k, (_, t1) in enumerate(segs):
+            base = k * per_seg
+            entries = [(z0 + k, 1.0)] + [(base + j, -float(wk[base + j]))
+                                         for j in range(per_seg) if wk[base + j] > 0]
+            if k:
+                entries.append((z0 + k - 1, -1.0))
+            row(entries, 0.0, 0.0)
+            left_h = horizon_h - (t1 - world.start) / 3600.0 - fb_margin
+            lb[z0 + k] = max(work - fb_rate * 3600.0 * max(left_h, 0.0), 0.0)
     a_mat = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     cons = [LinearConstraint(a_mat, lo_b, hi_b), LinearConstraint(wk.reshape(1, -1), work, np.inf)]
-    res = milp(c, constraints=cons, integrality=np.zeros(nv), bounds=Bounds(0, ub),
+    res = milp(c, constraints=cons, integrality=np.zeros(nv), bounds=Bounds(lb, ub),
                options={"time_limit": time_limit_s, "disp": False})
     if res.x is None or res.status != 0:
         status = ("infeasible" if res.status == 2 else f"not solved ({res.message})")
@@ -191,7 +241,8 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     x = res.x[:n_seg_vars].reshape(n_s, per_seg)
     w_seg = (x * wk[:n_seg_vars].reshape(n_s, per_seg)).sum(axis=1)
     c_seg = (x * c[:n_seg_vars].reshape(n_s, per_seg)).sum(axis=1)
-    spread = float(res.x[n_seg_vars:] @ c[n_seg_vars:])  # drawn revocations' boots
+    e_x = res.x[n_seg_vars:n_seg_vars + len(drawn)]
+    spread = float(e_x @ c[n_seg_vars:n_seg_vars + len(drawn)])  # drawn revocations' boots
     if spread > 0:  # spread over the segments in proportion to their instance-hours
         hours_seg = x[:, :n_o].sum(axis=1)
         c_seg = c_seg + spread * hours_seg / max(float(hours_seg.sum()), 1e-12)
@@ -207,7 +258,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     fleet.append(0.0)  # the series end where the bound's horizon does
     rate.append(0.0)
     launched = int(round(float(x[:, n_o + n_t * jmax:].sum())
-                         + res.x[n_seg_vars:].sum())) if n_u else 0
+                         + e_x.sum())) if n_u else 0
     lengths = np.array([(b - a) / 3600.0 for a, b in segs])
     by = {o: (xs, [float(v) for v in x[:, a] / lengths] + [0.0])
           for a, o in enumerate(offs) if x[:, a].sum() > 1e-9}

@@ -27,7 +27,7 @@ from pricing.model import Offering
 from provisioner import plots
 from provisioner.errors import UserError
 from provisioner.sim.engine import simulate_policy
-from provisioner.sim.hindsight import hindsight
+from provisioner.sim.hindsight import hindsight, od_ring_rate
 from provisioner.sim.policies import POLICIES, Params
 from provisioner.sim.result import Result
 from provisioner.sim.world import World, iso
@@ -38,10 +38,12 @@ ALL_POLICIES = tuple(POLICIES) + ("hindsight",)
 
 
 def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
-            deadline_h: float | None, tick_s: float = 600.0, seed: int = 0) -> dict[str, Result]:
+            deadline_h: float | None, tick_s: float = 600.0, seed: int = 0,
+            floors: bool = False) -> dict[str, Result]:
     """Simulate each named policy; hindsight last, over the deadline (or the completion time
     of spotring, else of on-demand, else the whole trace). When spotring did not finish, the
     bound is for the work spotring did over the whole trace, so the two compare equal work.
+    With ``floors`` and a deadline the bound also carries :func:`deadline_floors`.
     Raises UserError on a bad name, on uniform-progress without a deadline, and when
     on-demand or uniform-progress would run with no on-demand price for the baselines' type."""
     for n in names:
@@ -81,11 +83,53 @@ def run_all(world: World, names: Sequence[str], params: Params, *, work: float,
             horizon = trace_h
         r = hindsight(world, params, work=bound_work, horizon_h=min(horizon, trace_h))
         r.deadline_h = deadline_h
+        if floors and deadline_h is not None and not why and r.status == "optimal":
+            r.floors = deadline_floors(world, params, work=work,
+                                       deadline_h=min(deadline_h, trace_h))
         if why:
             r.work = bound_work
             r.status += why
         out["hindsight"] = r
     return out
+
+
+def deadline_floors(world: World, params: Params, *, work: float,
+                    deadline_h: float) -> dict[str, float] | None:
+    """What a deadline costs on this market at least, beyond the bound (None without an
+    on-demand price to fall back on): ``deadline_safe_usd``, the bound of the policies that
+    would still meet it were all spot to vanish at any moment (no policy that cannot see the
+    future tells the trace from that world until then: every one that meets every deadline
+    it can be asked to pays at least this), and ``margin_kept_usd``, the bound of those that
+    keep the deadline's margin (``margin_hours``, ``objective.safety_hours`` of slack against
+    the fastest on-demand ring) all along. Spotring's net phases the margin in rather than
+    keeping it whole, so the second is the margin's price, not a bound on spotring. Infinite
+    where no fleet keeps it (the JSON says null)."""
+    from provisioner.plan.pacing import margin_hours
+
+    rate = od_ring_rate(world, params)
+    if rate <= 0:
+        return None
+    margin = margin_hours(params.settings.objective.safety_hours, deadline_h)
+    safe, kept = (hindsight(world, params, work=work, horizon_h=deadline_h,
+                            fallback=(rate, m)).cost for m in (0.0, margin))
+    return {"deadline_safe_usd": safe, "margin_kept_usd": kept, "margin_hours": margin}
+
+
+def floors_line(f: Mapping) -> str:
+    """One line for people of the bound's :func:`deadline_floors` (its figures ``f``)."""
+    bound = f.get("total_cost_usd")
+
+    def usd(x: float | None) -> str:
+        if x is None:
+            return "none (no fleet does)"
+        return f"${x:,.2f}" + (f" ({x / bound:.3f}x the bound)" if bound else "")
+
+    return (f"the deadline on this market, at least: {usd(f['deadline_safe_usd'])} for a "
+            "policy that would still meet it were all spot to vanish at any moment (one that "
+            "cannot see the future cannot tell); "
+            f"{usd(f['margin_kept_usd'])} keeping {f['margin_hours']:g} h of slack against the "
+            "fastest on-demand ring all along (objective.safety_hours, which spotring phases "
+            "in rather than keeps whole)")
 
 
 def figures(results: Mapping[str, Result]) -> dict[str, dict]:
@@ -205,6 +249,8 @@ def summary(figs: Mapping[str, Mapping], m: Mapping | None,
         lines += ["", money_line(m)]
     if shares:
         lines += [share_line(shares)]
+    if "deadline_safe_usd" in figs.get("hindsight", {}):
+        lines += [floors_line(figs["hindsight"])]
     return "\n".join(lines)
 
 
@@ -264,6 +310,8 @@ def write_report(directory: str | Path, world: World, results: Mapping[str, Resu
         md += ["", warning_line(figs["spotring"]["budget_warning"]) + "."]
     if shares:
         md += ["", share_line(shares) + "."]
+    if "deadline_safe_usd" in figs.get("hindsight", {}):
+        md += ["", floors_line(figs["hindsight"]) + "."]
     md += ["", "The ratio is spotring's cost per sample over the policy's, between runs that did "
            "the same work; a run that did not finish is compared per sample of unequal work and "
            "marked so. Hindsight is an offline bound: it knows the whole trace, keeps max_size "

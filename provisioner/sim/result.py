@@ -49,6 +49,8 @@ class Result:
     budget_usd: float | None = None  # the job's budget, when it had one
     budget_warning: str | None = None  # the planner's first word that it cannot finish the work
     empty_behind_h: float = 0.0  # hours holding nothing while the policy said it was behind
+    floors: dict[str, float] | None = None  # the bound's: a deadline kept safe, at least
+    # (:func:`provisioner.sim.report.deadline_floors`)
 
     @property
     def cost_per_m(self) -> float:
@@ -107,4 +109,6 @@ class Result:
                     "budget_usd": num(self.budget_usd, 4),
                     "budget_left_usd": num(self.budget_usd - self.cost, 4)}),
                 **({} if self.budget_warning is None else {
-                    "budget_warning": self.budget_warning})}
+                    "budget_warning": self.budget_warning}),
+                **({} if self.floors is None else {
+                    k: num(v, 4) for k, v in self.floors.items()})}

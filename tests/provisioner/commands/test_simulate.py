@@ -129,3 +129,22 @@ def test_the_share_of_time_spot_had_capacity_is_reported_for_pacing_spot_share(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "p3.2xlarge 75% of the time" in out and "[pacing] spot_share" in out
+
+
+def test_with_a_deadline_it_says_what_the_deadline_costs_at_least(trace, tmp_path, capsys):
+    # 4 spot instances at most, $1/h, on-demand $4/h; 1e7 samples (the 4-instance ring does
+    # about 1.4e6 an hour) by 9 h. Keeping 2 h of slack means finishing by 7 h, on more
+    # instances: dearer than the bound; kept safe alone, no dearer than it here.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[job]\nthroughput_priors = {"p3.2xlarge" = 100.0}\nmodel_mb = 1.0\n')
+    args = ["simulate", "--trace", str(trace), "--work", "1e7", "--deadline", "9",
+            "--config", str(cfg), "--policy", "spotring", "hindsight"]
+    assert main(args + ["--json"]) == 0
+    bound = json.loads(capsys.readouterr().out)["hindsight"]
+    assert bound["margin_hours"] == 2.0
+    assert (bound["total_cost_usd"] <= bound["deadline_safe_usd"] + 1e-6
+            < bound["margin_kept_usd"])
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "the deadline on this market, at least: $" in out
+    assert f"${bound['margin_kept_usd']:,.2f}" in out and "keeping 2 h of slack" in out
