@@ -16,7 +16,11 @@ ratios are taken against):
   either can cost is the bound of ``W_T`` over ``[0, T]`` plus the bound of the rest over
   ``[T, deadline]`` in that world; the best such policy is at least the ``W_T`` whose worse
   ratio of the two is least. A floor above the goal would prove the goal out of reach of
-  any policy that does not see the future; one below it says the run's loss is the policy's.
+  any policy that does not see the future; one below it says the run's loss is the policy's;
+- **the deadline kept safe** (:func:`provisioner.sim.report.deadline_floors`): the bound of
+  the policies that would still meet the deadline were all spot to vanish at any hour (every
+  such hour is a ``--until``), and of those that keep ``objective.safety_hours`` of slack
+  against the fastest on-demand ring all along: the margin's own price on this market.
 
 Prints ONE JSON line (``--table`` also prints the rows to stderr). Seconds on 2 cores.
 """
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     from provisioner.config import parse_settings
     from provisioner.sim.hindsight import hindsight
     from provisioner.sim.policies import Params
-    from provisioner.sim.report import run_all
+    from provisioner.sim.report import deadline_floors, run_all
 
     settings = parse_settings({})
     world = world_of(row, settings, 0)
@@ -113,11 +117,19 @@ def main(argv: list[str] | None = None) -> dict:
         floor.append({"share_by_T": round(k / a.steps, 3), "trace": round(r_trace, 4),
                       "spot_stays": round(r_stays, 4), "worse": round(max(r_trace, r_stays), 4)})
     best = min(floor, key=lambda f: f["worse"])
+    kept = deadline_floors(world, p, work=work, deadline_h=deadline) or {}
+
+    def ratio(x: float | None) -> float | None:
+        return None if x is None or not np.isfinite(x) else round(x / bound, 4)
+
     out = {"row": row.name, "bound": round(bound, 2), "spotring": round(ours.cost, 2),
            "vs_bound": round(ours.cost / bound, 4), "gap_by_hour": gap,
            "until_h": a.until, "bound_spot_stays": round(bound_stays, 2),
            "non_anticipating_floor": best["worse"], "at_share_by_T": best["share_by_T"],
-           "spotring_share_by_T": round(float(np.interp(a.until, xs, done)) / work, 3)}
+           "spotring_share_by_T": round(float(np.interp(a.until, xs, done)) / work, 3),
+           "deadline_safe_floor": ratio(kept.get("deadline_safe_usd")),
+           "margin_kept_floor": ratio(kept.get("margin_kept_usd")),
+           "margin_hours": kept.get("margin_hours")}
     if a.table:
         for g in gap:
             print(f"{g['hour']:5.1f} h  done {g['done']:.3f}  spent ${g['spent']:7.2f}  "
