@@ -103,7 +103,7 @@ def deadline_floors(world: World, params: Params, *, work: float,
     keep the deadline's margin (``margin_hours``, ``objective.safety_hours`` of slack against
     the fastest on-demand ring) all along. Spotring's net phases the margin in rather than
     keeping it whole, so the second is the margin's price, not a bound on spotring. Infinite
-    where no fleet keeps it (the JSON says null)."""
+    where no fleet keeps it (the JSON says null); None too when a solve hit its time limit."""
     from provisioner.plan.pacing import margin_hours
 
     rate = od_ring_rate(world, params)
@@ -111,8 +111,11 @@ def deadline_floors(world: World, params: Params, *, work: float,
         return None
     margin = margin_hours(params.settings.objective.safety_hours, deadline_h)
     safe, kept = (hindsight(world, params, work=work, horizon_h=deadline_h,
-                            fallback=(rate, m)).cost for m in (0.0, margin))
-    return {"deadline_safe_usd": safe, "margin_kept_usd": kept, "margin_hours": margin}
+                            fallback=(rate, m)) for m in (0.0, margin))
+    if any(r.status.startswith("not solved") for r in (safe, kept)):
+        return None  # a time limit is no figure (infeasible is one: no fleet keeps it)
+    return {"deadline_safe_usd": safe.cost, "margin_kept_usd": kept.cost,
+            "margin_hours": margin}
 
 
 def floors_line(f: Mapping) -> str:

@@ -97,3 +97,20 @@ def test_simulate_prints_what_the_deadline_costs_at_least():
         r = run_all(world, ["spotring", "hindsight"], p, work=WORK, **kw)
         assert "deadline_safe_usd" not in figures(r)["hindsight"]
         assert "at least:" not in summary(figures(r), None)
+
+
+def test_a_floor_whose_solve_hit_its_time_limit_is_no_figure(monkeypatch):
+    from provisioner.sim import report
+    from provisioner.sim.result import Result
+
+    def slow(world, params, *, work, horizon_h, fallback=None, **kw):
+        if fallback is None:
+            return hindsight(world, params, work=work, horizon_h=horizon_h, **kw)
+        return Result("hindsight", math.inf, 0.0, work, None, None,
+                      status=f"not solved (Time limit reached) within {horizon_h:.1f} h")
+
+    monkeypatch.setattr(report, "hindsight", slow)
+    world, p = one_spot_world(), params()
+    assert report.deadline_floors(world, p, work=WORK, deadline_h=10.0) is None
+    r = run_all(world, ["spotring", "hindsight"], p, work=WORK, deadline_h=10.0, floors=True)
+    assert "deadline_safe_usd" not in figures(r)["hindsight"]
