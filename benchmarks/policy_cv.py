@@ -19,7 +19,9 @@ each deadline run from every STEP_H hours of its traces (``trace_rows.windows``)
 is one draw of its market, and a rule fitted to it can lose on the next; over windows the
 value is chosen by the least mean (then the least worst) and the table gives each run's
 windows' mean, worst and misses (``--full --windows 48``: 356 runs for four values, about
-13 minutes with ``--jobs 2``).
+13 minutes with ``--jobs 2``). ``--floors`` adds what each deadline costs at least over the
+bound (:func:`provisioner.sim.report.deadline_floors`): a window past its goal whose floor
+kept safe is within it lost to the policy, not to the market.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def _config(knob: str, value: float) -> dict:
     return {section: {name: value}}
 
 
-def _one(args: tuple[Row, str, float, float]) -> dict:
-    row, knob, value, scale = args
-    out = run_row(row, _config(knob, value), work_scale=scale)
+def _one(args: tuple[Row, str, float, float, bool]) -> dict:
+    row, knob, value, scale, floors = args
+    out = run_row(row, _config(knob, value), work_scale=scale, floors=floors)
     out["value"] = value
     return out
 
@@ -126,11 +128,14 @@ def markdown_windows(results: list[dict], values: list[float], an: dict, knob: s
     """The table of a ``--windows`` run: per row, its windows at the value chosen on the
     other families (mean and worst ratio to the bound, windows past the goal, the
     invariants summed), then the mean at each value tried."""
+    floors = any("deadline_safe" in r for r in results)
     lines = [f"| family (held out) | run | windows | {knob} chosen on the others | mean vs "
              "bound | worst | past the goal | worst vs on-demand | deadlines missed | "
              "hours empty while behind | unpaid swaps | "
+             + ("worst kept safe | worst margin kept | " if floors else "")
              + " | ".join(f"mean at {v:g}" for v in values) + " |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(values)]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(values)
+             + ("---:|---:|" if floors else "")]
     for fam, h in an["held_out"].items():
         v = h["value"]
         for row in dict.fromkeys(base(r) for r in results if r["family"] == fam):
@@ -147,8 +152,19 @@ def markdown_windows(results: list[dict], values: list[float], an: dict, knob: s
                 f"{sum(r['deadline_met'] is False for r in mine)} | "
                 f"{sum(r.get('empty_behind_h') or 0 for r in mine):.2f} | "
                 f"{sum(r['unpaid_swaps'] for r in mine)} | "
+                + ("".join(f"{_worst_floor(mine, k)} | " for k in ("deadline_safe", "margin_kept"))
+                   if floors else "")
                 + " | ".join(f"{sum(x) / max(len(x), 1):.3f}x" for x in at.values()) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _worst_floor(runs: list[dict], key: str) -> str:
+    """The worst of ``runs``' floor ``key`` over the bound ("none": no fleet keeps it in
+    some window; "-": not computed)."""
+    got = [r[key] for r in runs if key in r]
+    if not got:
+        return "-"
+    return "none" if any(v is None for v in got) else f"{max(got):.3f}x"
 
 
 def main() -> int:
@@ -163,6 +179,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="processes (the machine is shared)")
     ap.add_argument("--cache", help="JSON file: reuse runs found there, add the new ones")
     ap.add_argument("--markdown", help="write the table docs/optimizer.md shows here")
+    ap.add_argument("--floors", action="store_true",
+                    help="also what each deadline costs at least over the bound: kept safe "
+                    "were all spot to vanish, and keeping objective.safety_hours of slack "
+                    "(two more solves a deadline run; a loss above the first is the policy's)")
     args = ap.parse_args()
     knob, _, vals = args.knob.partition("=")
     values = [float(v) for v in vals.split(",")]
@@ -178,12 +198,17 @@ def main() -> int:
     if args.cache and Path(args.cache).exists():
         cache = json.loads(Path(args.cache).read_text())
     key = lambda row, v: f"{knob}={v}|{row.name}|{scale}"  # noqa: E731
-    todo = [(row, knob, v, scale) for row in rows for v in values if key(row, v) not in cache]
+    todo = [(row, knob, v, scale, args.floors) for row in rows for v in values
+            if key(row, v) not in cache or (args.floors and row.deadline_h is not None
+                                            and "deadline_safe" not in cache[key(row, v)])]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for (row, _, v, _), out in zip(todo, pool.map(_one, todo)):
+        for (row, _, v, _, _), out in zip(todo, pool.map(_one, todo)):
             cache[key(row, v)] = out
-            print(f"{row.name} {knob}={v}: {out.get('vs_bound')}x the bound", file=sys.stderr)
+            print(f"{row.name} {knob}={v}: {out.get('vs_bound')}x the bound"
+                  + ("" if "deadline_safe" not in out else
+                     f" (at least {out['deadline_safe']}x kept safe, {out['margin_kept']}x "
+                     "with the margin)"), file=sys.stderr)
             if args.cache:
                 Path(args.cache).write_text(json.dumps(cache, indent=1, sort_keys=True))
     results = [cache[key(row, v)] for row in rows for v in values]

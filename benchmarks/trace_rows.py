@@ -135,9 +135,13 @@ def windows(row: Row, step_h: float) -> tuple[Row, ...]:
 
 
 def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, seed: int = 0,
-            policies: tuple[str, ...] = ("spotring", "on-demand", "hindsight")) -> dict:
+            policies: tuple[str, ...] = ("spotring", "on-demand", "hindsight"),
+            floors: bool = False) -> dict:
     """Replay ``row`` with settings ``config`` (a dict as a TOML file reads); spotring's
-    figures, its ratios to on-demand and to the bound, and the invariants."""
+    figures, its ratios to on-demand and to the bound, and the invariants. With ``floors``
+    (a deadline row), also what the deadline costs at least over the bound
+    (``deadline_safe``, ``margin_kept``: :func:`provisioner.sim.report.deadline_floors`;
+    None where no fleet keeps it)."""
     from provisioner.config import parse_settings
     from provisioner.sim.invariants import check
     from provisioner.sim.policies import Params
@@ -148,7 +152,8 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     p = Params(settings, itype=row.itype, size=4)
     work = row.work * work_scale
     deadline = None if row.deadline_h is None else row.deadline_h * work_scale
-    r = run_all(world, list(policies), p, work=work, deadline_h=deadline, seed=seed)
+    r = run_all(world, list(policies), p, work=work, deadline_h=deadline, seed=seed,
+                floors=floors)
     ours = r["spotring"]
     out = {"row": row.name, "family": row.family, "multi": row.multi, "window_of": row.window_of,
            "cost": round(ours.cost, 4),
@@ -157,6 +162,9 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     if "hindsight" in r and r["hindsight"].cost > 0:
         out["bound"] = round(r["hindsight"].cost, 4)
         out["vs_bound"] = round(ours.cost_per_m / r["hindsight"].cost_per_m, 4)
+        for k, v in (r["hindsight"].floors or {}).items():
+            if k.endswith("_usd"):
+                out[k[:-4]] = round(v / r["hindsight"].cost, 4) if v < float("inf") else None
     out.update(check(r, world, p, deadline_h=deadline))
     return {k: plain(v) for k, v in out.items()}
 

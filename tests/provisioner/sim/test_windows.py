@@ -60,3 +60,16 @@ def test_the_windows_table_gives_each_row_its_mean_worst_and_misses():
     line = markdown(runs, [1.0, 2.0], an, "pacing.x").splitlines()[2]
     assert line.startswith("| f | r | 3 | 1 | 1.047x | 1.080x | 1 | 0.300x | 0 | 0.00 | 0 |")
     assert line.endswith("| 1.047x | 1.000x |")
+
+
+def test_with_floors_the_table_gives_the_worst_each_deadline_costs_at_least():
+    runs = [dict(_run("r", k, 1.0, x), deadline_safe=1.0, margin_kept=m)
+            for k, x, m in ((0, 1.30, 1.01), (24, 1.02, 1.04), (48, 1.03, 1.02))]
+    an = {"held_out": {"f": {"value": 1.0}}}
+    lines = markdown(runs, [1.0], an, "pacing.x").splitlines()
+    assert "| worst kept safe | worst margin kept |" in lines[0]
+    assert lines[1].count("|") == lines[0].count("|") == lines[2].count("|")
+    assert "| 0 | 1.000x | 1.040x | 1.117x |" in lines[2]  # a 1.30x window the policy lost
+    runs[1]["margin_kept"] = None  # no fleet keeps the margin in one window
+    assert "| 1.000x | none |" in markdown(runs, [1.0], an, "pacing.x").splitlines()[2]
+    assert "kept safe" not in markdown([_run("r", 0, 1.0, 1.0)], [1.0], an, "pacing.x")
