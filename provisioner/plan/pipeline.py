@@ -454,6 +454,7 @@ class Planner:
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
+        released = False  # the on-demand held gives way (it would only keep the margin)
         wake = None
         if floor <= 0.0 and od_rate > 0 and left > 0:  # when the slack reaches the floor's
             # window if nothing is done meanwhile: the ramp must start then, not a tick later
@@ -498,6 +499,7 @@ class Planner:
             # bought $6.6-7.9 of on-demand beside a full pool: 1.50-1.58x the bound (now
             # $3.8-4.8 and 1.30-1.37x over 4 seeds; docs/optimizer.md).
             floor = 0.0
+            released = True
         elif 0.0 < floor < target and pr.hard and not self.spot_outages.seen():
             # Inside the margin with no spot to be had, and the job has never been left with
             # no spot at all (revocations took some of it, never all): on-demand only to the
@@ -554,6 +556,17 @@ class Planner:
             # spot cannot reach: a pace 1% above what 8 spot instances deliver was met by 7
             # on-demand and 1 spot, the 6 spot held ended for on-demand at 4x their price)
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
+        held = {o: n for o, n in fleet.held.items() if n > 0}
+        if released:
+            # ... and for the same reason the on-demand already held goes: it would fill the
+            # margin's pace beside the spot that finishes alone (held with slack, it stays a
+            # candidate and may grow toward a pace spot cannot reach, below). On SpotServe's
+            # T4 group, 3.5e7 samples in 9 h, seed 2: of 7 on-demand bought when 2 of 11 spot
+            # were revoked, 4 stayed 20-50 minutes after the pool refilled and more were
+            # bought beside them: $3.67 of on-demand, 1.291x the bound; now all 7 end within
+            # 2 minutes of the refill, $2.03 and 1.174x.
+            cands = [c for c in cands if c.offering.market != "on-demand"]
+            held = {o: n for o, n in held.items() if o.market != "on-demand"}
         held_rate = fleet_rate(cands, b.model_mb, b.global_batch, b.links)
         one_zone = len({(o.region, o.zone) for o, n in fleet.held.items() if n > 0}) == 1
         if (floor <= 0.0 and one_zone and
@@ -563,7 +576,7 @@ class Planner:
             # preemption traces, zones capped at 4 a region apart, the ring moved every
             # hour for the 5th instance the pace asked for and no region had: 102 launches).
             # A ring spread over zones may still gather into one (the MILP prices the link).
-            pins.update({o: n for o, n in fleet.held.items() if n > 0})
+            pins.update(held)
         if floor <= 0.0 and one_zone and held_rate > 0.0 and (
                 not pr.hard or target <= held_rate * s.ahead_tolerance) and any(
                 n > 0 and o in fleet.blocked for o, n in fleet.held.items()):
@@ -575,8 +588,7 @@ class Planner:
             # slack (no on-demand floor) a few minutes at the survivors' rate cost only time:
             # always so for the job's own pace (late, not dear), for a user's deadline only
             # while the survivors keep its pace within the tolerance.
-            return Decision({o: n for o, n in fleet.held.items() if n > 0}, wake_at=wake,
-                            notes=tuple(notes), behind=behind)
+            return Decision(held, wake_at=wake, notes=tuple(notes), behind=behind)
         good: set[Offering] | None = None
         banking = False  # good is the cheap hardware for a bank or the spot time, not ahead
         all_cands = cands

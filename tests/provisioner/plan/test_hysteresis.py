@@ -291,6 +291,25 @@ def test_the_net_buys_no_on_demand_beside_a_full_pool_whose_spot_finishes_by_the
     assert decide(4, caps={A: 8}).target.get(OD, 0) == 0
 
 
+def test_beside_a_full_pool_whose_spot_finishes_the_on_demand_held_gives_way_too():
+    # The job above, 67% done, the 5 the full pool holds finishing the 6.6M left by the
+    # deadline: with 2 on-demand still held from an earlier floor, those go as well (they
+    # would only fill the margin's pace); the 5 spot stay. With 60% done the 5 do not
+    # finish alone: the net keeps on-demand beside them.
+    t = 21_600.0
+    prices = {A: 1.0, OD: 3.0}
+    m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices}, caps={A: 5})
+
+    def decide(done, held):
+        pr = Progress(start=0.0, work=2e7, done=2e7 * done, deadline_s=36_000.0, hard=True)
+        return Planner(settings()).decide(m, FleetView(held=held), pr, t)
+
+    d = decide(0.67, {A: 5, OD: 2})
+    assert d.target.get(A) == 5 and d.target.get(OD, 0) == 0
+    behind = decide(0.60, {A: 5, OD: 2})
+    assert behind.target.get(A) == 5 and behind.target.get(OD, 0) >= 1
+
+
 def test_beside_a_full_pool_the_net_buys_only_its_floor_until_spot_was_all_lost_once():
     # The same job with 70% done (6M left) on the 4 the pool holds (391/s, short of the
     # deadline by themselves). The slack against the fastest on-demand ring is 1.7 h, just
