@@ -12,6 +12,7 @@ repository) at run time; nothing here copies them.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -162,9 +163,10 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     if "hindsight" in r and r["hindsight"].cost > 0:
         out["bound"] = round(r["hindsight"].cost, 4)
         out["vs_bound"] = round(ours.cost_per_m / r["hindsight"].cost_per_m, 4)
-        for k, v in (r["hindsight"].floors or {}).items():
-            if k.endswith("_usd"):
-                out[k[:-4]] = round(v / r["hindsight"].cost, 4) if v < float("inf") else None
+        floors = r["hindsight"].floors
+        for name in ("deadline_safe", "margin_kept") if floors else ():
+            v = floors[f"{name}_usd"]
+            out[name] = round(v / r["hindsight"].cost, 4) if math.isfinite(v) else None
     out.update(check(r, world, p, deadline_h=deadline))
     return {k: plain(v) for k, v in out.items()}
 

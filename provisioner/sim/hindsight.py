@@ -25,6 +25,13 @@ from provisioner.sim.policies import Params
 from provisioner.sim.world import World
 
 
+def _credit(world: World, params: Params, itype: str) -> list[float]:
+    """Samples/s the bound credits ``n`` instances of ``itype`` with, ``n`` = 0..max_size:
+    the simulator's ring of its own on the fastest link."""
+    return [0.0] + [ring_rate(n, world.speed[itype], params.model_mb, params.global_batch,
+                              params.links[0]) for n in range(1, max(1, int(params.max_size)) + 1)]
+
+
 def od_ring_rate(world: World, params: Params) -> float:
     """Samples/s the bound credits the fastest on-demand fleet of ``max_size`` instances
     (the ``fallback`` rate of :func:`hindsight`): the best split of the instances over the
@@ -34,8 +41,7 @@ def od_ring_rate(world: World, params: Params) -> float:
     best = [0.0] * (n_max + 1)  # best[n]: the most credited with n instances
     for itype in sorted({o.instance_type for o in world.offerings
                          if o.market == "on-demand" and o.instance_type in world.speed}):
-        f = [0.0] + [ring_rate(n, world.speed[itype], params.model_mb, params.global_batch,
-                               params.links[0]) for n in range(1, n_max + 1)]
+        f = _credit(world, params, itype)
         best = [max(best[n - k] + f[k] for k in range(n + 1)) for n in range(n_max + 1)]
     return best[n_max]
 
@@ -99,6 +105,9 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     much slack. The rows are kept at the cuts, ``horizon - margin_h`` among them (where the
     right side's kink is): between two cuts both sides are linear in time, so that suffices.
     """
+    if fallback is not None and work > fallback[0] * 3600.0 * max(horizon_h - fallback[1], 0.0):
+        return Result("hindsight", math.inf, 0.0, work, None, None,
+                      status=f"infeasible within {horizon_h:.1f} h on the fallback")
     offs = [o for o in world.offerings if o.instance_type in world.speed]
     end = min(world.end, world.start + horizon_h * 3600.0)
     cuts = {world.start, end}
@@ -114,11 +123,8 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     types = sorted({o.instance_type for o in offs})
     jmax = max(1, int(params.max_size))
     gains: dict[str, np.ndarray] = {}
-    for itype in types:
-        s = world.speed[itype]
-        f = [0.0] + [ring_rate(n, s, params.model_mb, params.global_batch, params.links[0])
-                     for n in range(1, jmax + 1)]
-        gains[itype] = np.diff(f) * 3600.0  # samples per hour of the j-th instance
+    for itype in types:  # samples per hour of the j-th instance
+        gains[itype] = np.diff(_credit(world, params, itype)) * 3600.0
     n_o, n_t, n_s = len(offs), len(types), len(segs)
     n_u = n_o if boots and params.boot_s > 0 else 0
     per_seg = n_o + n_t * jmax + n_u
@@ -212,9 +218,6 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     if fallback is not None:  # z_k, the work credited by cut k: z_k >= work - rate (horizon
         # - t_k - margin), chained z_k = z_{k-1} + the work of segment k
         fb_rate, fb_margin = fallback
-        if work > fb_rate * 3600.0 * max(horizon_h - fb_margin, 0.0):
-            return Result("hindsight", math.inf, 0.0, work, None, None,
-                          status=f"infeasible within {horizon_h:.1f} h on the fallback")
         z0 = nv
         nv += n_s
         c = np.concatenate([c, np.zeros(n_s)])

@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 from pricing.model import Offering
 from provisioner import plots
 from provisioner.errors import UserError
+from provisioner.plan.pacing import margin_hours
 from provisioner.sim.engine import simulate_policy
 from provisioner.sim.hindsight import hindsight, od_ring_rate
 from provisioner.sim.policies import POLICIES, Params
@@ -104,8 +105,6 @@ def deadline_floors(world: World, params: Params, *, work: float,
     the fastest on-demand ring) all along. Spotring's net phases the margin in rather than
     keeping it whole, so the second is the margin's price, not a bound on spotring. Infinite
     where no fleet keeps it (the JSON says null); None too when a solve hit its time limit."""
-    from provisioner.plan.pacing import margin_hours
-
     rate = od_ring_rate(world, params)
     if rate <= 0:
         return None
