@@ -93,6 +93,40 @@ class OutageLog:
         return sum(d * d for d in ds) / total if total > 0 else 0.0
 
 
+@dataclass
+class HeldRate:
+    """The useful samples/s of the spot held, decision by decision: a step in time, so that
+    what the job's pools gave over the last hour, revocations and refills included, can be
+    told from what it holds this minute. Mutable memory of a
+    :class:`~provisioner.plan.pipeline.Planner`; a new one (a restarted daemon) knows only
+    the present."""
+
+    steps: list[tuple[float, float]] = field(default_factory=list)
+
+    def observe(self, t: float, rate: float) -> None:
+        """The rate held from ``t`` on (a second decision at the same ``t`` replaces it)."""
+        if self.steps and t <= self.steps[-1][0]:
+            self.steps[-1] = (self.steps[-1][0], rate)
+        else:
+            self.steps.append((t, rate))
+
+    def mean(self, t: float, horizon_s: float) -> float:
+        """The time-weighted mean over the ``horizon_s`` before ``t``, or over the time seen
+        when that is shorter (the last rate when no time has passed; 0 before any).
+        Forgets the steps older than the horizon."""
+        start = t - horizon_s
+        while len(self.steps) > 1 and self.steps[1][0] <= start:
+            self.steps.pop(0)
+        total = area = 0.0
+        for i, (u, r) in enumerate(self.steps):
+            end = self.steps[i + 1][0] if i + 1 < len(self.steps) else t
+            span = min(end, t) - max(u, start)
+            if span > 0:
+                total += span
+                area += r * span
+        return area / total if total > 0 else (self.steps[-1][1] if self.steps else 0.0)
+
+
 def due(work: float, elapsed_s: float, line_s: float, lead_s: float = 0.0) -> float:
     """Samples due ``lead_s`` from now on the progress line that reaches ``work`` at
     ``line_s`` after the start (Uniform Progress' line)."""

@@ -57,10 +57,10 @@ from provisioner.errors import InfeasibleError
 from provisioner.plan.model import Candidate, Plan, Problem, gpu_of, gpu_spec
 from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
-from provisioner.plan.pacing import (OutageLog, ahead_offerings, bank_rate, catch_up_rate,
-                                     due, fleet_rate, good_offerings, held_spot_finishes,
-                                     net_rate, od_capacity, pace, per_sample_fleet,
-                                     spot_time_target)
+from provisioner.plan.pacing import (HeldRate, OutageLog, ahead_offerings, bank_rate,
+                                     catch_up_rate, due, fleet_rate, good_offerings,
+                                     held_spot_finishes, net_rate, od_capacity, pace,
+                                     per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import fleet_objective, solve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -357,6 +357,7 @@ class Planner:
         self.outages = OutageLog()  # of the cheapest hardware per sample (banking)
         self.spot_outages = OutageLog()  # of all spot (the job's own pace waits for them)
         self.launches = LaunchLog()
+        self.spot_held = HeldRate()  # what the spot held gave over the churn horizon
 
     @classmethod
     def of(cls, inp: PlannerInput) -> "Planner":
@@ -451,6 +452,14 @@ class Planner:
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         spot_rate = fleet_rate([c for c in cands if c.offering.market == "spot"], b.model_mb,
                                b.global_batch, b.links)  # the spot held, as one ring
+        self.spot_held.observe(now, spot_rate)
+        spot_usual = spot_rate  # what the spot held gives, for the net's rule below
+        if spot_rate > 0 and od_rate * (3600 * (hours - s.ramp_h) - horizon_s) > left:
+            # a pool that lost part of the ring a moment ago has given its hour's mean, and
+            # refills tend to come within the churn horizon: the mean counts while the
+            # slack outlasts that horizon (a refill that does not come leaves the slack to
+            # the net); none of it once all spot is lost (an outage, not a refill)
+            spot_usual = max(spot_rate, self.spot_held.mean(now, horizon_s))
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
@@ -487,17 +496,19 @@ class Planner:
             floor = 0.0
             wake = until if wake is None else min(wake, until)  # decide again then
         elif 0.0 < floor < target and held_spot_finishes(
-                spot_rate, left, 3600 * (hours - s.ramp_h), od_rate):
+                spot_usual, left, 3600 * (hours - s.ramp_h), od_rate):
             # Inside the margin with no spot to be had (every pool full), the spot the job
-            # holds would alone finish the work left by the deadline (less the ramp), and so
-            # would the fastest on-demand ring (slack left): on-demand bought now only keeps
-            # spotring's margin, at its price for sure, against a revocation that may not
-            # come, and if it comes the net decides again with the slack it then has (Wu et
-            # al.'s net: on-demand when the deadline, not a margin, needs it). On the T4
-            # group SpotServe replayed (ASPLOS'24: 5-17 instances, 9-12 most hours) 3.5e7
-            # samples in 9 h, a pace the pool keeps to the deadline but not to its margin,
-            # bought $6.6-7.9 of on-demand beside a full pool: 1.50-1.58x the bound (now
-            # $3.8-4.8 and 1.30-1.37x over 4 seeds; docs/optimizer.md).
+            # holds (at what its pools gave over the last hour, above) would alone finish the
+            # work left by the deadline (less the ramp), and so would the fastest on-demand
+            # ring (slack left): on-demand bought now only keeps spotring's margin, at its
+            # price for sure, against a revocation that may not come, and if it comes the
+            # net decides again with the slack it then has (Wu et al.'s net: on-demand when
+            # the deadline, not a margin, needs it). On the T4 group SpotServe replayed
+            # (ASPLOS'24: 5-17 instances, 9-12 most hours) 3.5e7 samples in 9 h, a pace the
+            # pool keeps to the deadline but not to its margin, bought $6.6-7.9 of on-demand
+            # beside a full pool: 1.50-1.58x the bound; with the spot held counted as this
+            # minute's ring, 1.17x over 4 seeds, two of 11 just revoked buying 4-8 on-demand
+            # the refill made useless; with the hour's, 1.06x (docs/optimizer.md).
             floor = 0.0
             released = True
         elif 0.0 < floor < target and pr.hard and not self.spot_outages.seen():

@@ -310,6 +310,37 @@ def test_beside_a_full_pool_whose_spot_finishes_the_on_demand_held_gives_way_too
     assert behind.target.get(A) == 5 and behind.target.get(OD, 0) >= 1
 
 
+def test_beside_a_full_pool_the_net_counts_what_the_pool_gave_over_the_last_hour():
+    # The job of the two tests above at 6 h, 67% done; the full pool held 5 for the hour
+    # before and one was revoked a minute ago: the 4 left (391/s) would not finish the 6.6M
+    # by themselves, but the pool gave 5 all hour, which would, and the 1.5 h of slack
+    # against the fastest on-demand ring outlasts the hour a refill may take: no on-demand.
+    # A planner that saw nothing before buys it (the test above), and so does this one
+    # with all spot lost, or with less slack than that hour.
+    prices = {A: 1.0, OD: 3.0}
+    m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices})
+
+    def od(left, held, *, t=21_600.0, before=5, cap=4):
+        pr = Progress(start=0.0, work=2e7, done=2e7 - left, deadline_s=36_000.0, hard=True)
+        p = Planner(settings())
+        if before:
+            full = replace(m, caps={A: before})
+            p.decide(full, FleetView(held={A: before}), replace(pr, done=pr.done - 1.3e6),
+                     t - 3_700)
+            p.decide(full, FleetView(held={A: before}), replace(pr, done=pr.done - 5e3), t - 60)
+        now = replace(m, caps={A: cap})
+        return p.decide(now, FleetView(held=held), pr, t).target.get(OD, 0)
+
+    assert od(6.6e6, {A: 4}) == 0
+    assert od(6.6e6, {A: 4}, before=0) >= 1  # nothing seen before: the 4 alone
+    assert od(6.6e6, {}, cap=0) >= 1  # all spot lost: an outage, not a refill
+    # 2.5 h before the deadline (less the ramp) with 4.2M left: the pool's 5 (485/s) would
+    # finish, the 4 would not (391/s), and the slack is 58 minutes: no hour to wait
+    late = 36_000.0 - 3600 * settings().ramp_h - 9_000.0
+    assert od(4.2e6, {A: 4}, t=late) >= 1
+    assert od(4.2e6, {A: 5}, t=late, cap=5) == 0  # (the 5 held finish: none)
+
+
 def test_beside_a_full_pool_the_net_buys_only_its_floor_until_spot_was_all_lost_once():
     # The same job with 70% done (6M left) on the 4 the pool holds (391/s, short of the
     # deadline by themselves). The slack against the fastest on-demand ring is 1.7 h, just
