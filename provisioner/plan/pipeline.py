@@ -453,13 +453,14 @@ class Planner:
         spot_rate = fleet_rate([c for c in cands if c.offering.market == "spot"], b.model_mb,
                                b.global_batch, b.links)  # the spot held, as one ring
         self.spot_held.observe(now, spot_rate)
+        hour_mean = self.spot_held.mean(now, horizon_s)  # (and forgets what is older)
         spot_usual = spot_rate  # what the spot held gives, for the net's rule below
         if spot_rate > 0 and od_rate * (3600 * (hours - s.ramp_h) - horizon_s) > left:
             # a pool that lost part of the ring a moment ago has given its hour's mean, and
             # refills tend to come within the churn horizon: the mean counts while the
             # slack outlasts that horizon (a refill that does not come leaves the slack to
             # the net); none of it once all spot is lost (an outage, not a refill)
-            spot_usual = max(spot_rate, self.spot_held.mean(now, horizon_s))
+            spot_usual = max(spot_rate, hour_mean)
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
