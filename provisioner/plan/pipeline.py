@@ -512,7 +512,8 @@ class Planner:
             # the refill made useless; with the hour's, 1.06x (docs/optimizer.md).
             floor = 0.0
             released = True
-        elif 0.0 < floor < target and pr.hard and not self.spot_outages.seen():
+        elif 0.0 < floor < target and pr.hard and (
+                not self.spot_outages.seen() or left < od_rate * horizon_s):
             # Inside the margin with no spot to be had, and the job has never been left with
             # no spot at all (revocations took some of it, never all): on-demand only to the
             # floor, Uniform Progress' net, beside the spot held; the margin's pace above them
@@ -524,7 +525,12 @@ class Planner:
             # lost at once, the job keeps the margin's pace: in the tests' group worlds (a
             # pool gone for 10 minutes every 20-30, or half a ring revoked every 20 minutes)
             # the floor alone swapped on-demand for spot at each return, 3 minutes of boot
-            # each, and three deadlines were missed by 0.14-1.24 h.
+            # each, and three deadlines were missed by 0.14-1.24 h. Not for the last of the
+            # work, though, less than the fastest on-demand ring does in the churn horizon:
+            # a swap or two there costs minutes of a slack that is hours. The margin's pace
+            # on on-demand had bought the V100 probes' last 7% with $11.5 of it, the floor
+            # $9.5 (first start: 1.196x -> 1.176x the bound; Parcae's group, 4e7 in 9 h,
+            # seed 1: 1.105x -> 1.060x; the small group worlds still meet every deadline).
             target = max(min(target, spot_rate + floor), floor)
         if not pr.hard:
             # The job's own deadline is soft: late, not dear. Behind it the job catches up

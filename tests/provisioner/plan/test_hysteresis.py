@@ -363,6 +363,31 @@ def test_beside_a_full_pool_the_net_buys_only_its_floor_until_spot_was_all_lost_
     assert margin.target.get(A) == 4 and margin.target.get(OD, 0) >= 3
 
 
+def test_once_all_spot_was_lost_the_net_buys_only_its_floor_for_the_last_hour_of_work():
+    # A job that was once left with no spot, at 7.5 h of its 10 h deadline, holding the 1
+    # instance its full pool allows: with 3M samples left (more than the fastest on-demand
+    # ring, 758/s, does in the 1 h churn horizon) it buys the margin's pace on on-demand;
+    # with 2M left (44 minutes of that ring) only Uniform Progress' floor, as a job never
+    # left without spot does: a swap or two cost minutes of a slack of hours there.
+    prices = {A: 1.0, OD: 3.0}
+    m = MarketView(prices=prices, speeds=SPEEDS, hazards={o: 0.0 for o in prices}, caps={A: 1})
+
+    def od(left, burnt):
+        pr = Progress(start=0.0, work=2e7, done=2e7 - left, deadline_s=36_000.0, hard=True)
+        p = Planner(settings())
+        if burnt:
+            early = replace(pr, done=2e7 * 0.30)
+            p.decide(m, FleetView(held={}, failed={A: 7_170.0}), early, 7_200.0)  # all lost
+            p.decide(m, FleetView(held={A: 1}), early, 7_800.0)  # ... and back
+            assert p.spot_outages.seen()
+        d = p.decide(m, FleetView(held={A: 1}), pr, 27_000.0)
+        assert d.target.get(A) == 1
+        return d.target.get(OD, 0)
+
+    assert od(3e6, burnt=True) >= 5 > od(3e6, burnt=False)
+    assert od(2e6, burnt=True) == od(2e6, burnt=False) == 1
+
+
 def test_held_spot_finishes_needs_the_spot_held_and_the_on_demand_ring_both_in_time():
     from provisioner.plan.pacing import held_spot_finishes
     assert held_spot_finishes(485.0, 4.8e6, 10_000.0, 758.0)
