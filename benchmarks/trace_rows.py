@@ -163,9 +163,9 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     if "hindsight" in r and r["hindsight"].cost > 0:
         out["bound"] = round(r["hindsight"].cost, 4)
         out["vs_bound"] = round(ours.cost_per_m / r["hindsight"].cost_per_m, 4)
-        floors = r["hindsight"].floors
-        for name in ("deadline_safe", "margin_kept") if floors else ():
-            v = floors[f"{name}_usd"]
+        got = r["hindsight"].floors  # (the ``floors`` asked for, where a deadline has them)
+        for name in ("deadline_safe", "margin_kept") if got else ():
+            v = got[f"{name}_usd"]
             out[name] = round(v / r["hindsight"].cost, 4) if math.isfinite(v) else None
     out.update(check(r, world, p, deadline_h=deadline))
     return {k: plain(v) for k, v in out.items()}

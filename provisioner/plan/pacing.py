@@ -103,20 +103,20 @@ class HeldRate:
 
     steps: list[tuple[float, float]] = field(default_factory=list)
 
-    def observe(self, t: float, rate: float) -> None:
-        """The rate held from ``t`` on (a second decision at the same ``t`` replaces it)."""
+    def observe(self, t: float, rate: float, keep_s: float) -> None:
+        """The rate held from ``t`` on (a second decision at the same ``t`` replaces it);
+        the steps that ended more than ``keep_s`` before ``t`` are forgotten."""
         if self.steps and t <= self.steps[-1][0]:
             self.steps[-1] = (self.steps[-1][0], rate)
         else:
             self.steps.append((t, rate))
+        while len(self.steps) > 1 and self.steps[1][0] <= t - keep_s:
+            self.steps.pop(0)
 
     def mean(self, t: float, horizon_s: float) -> float:
         """The time-weighted mean over the ``horizon_s`` before ``t``, or over the time seen
-        when that is shorter (the last rate when no time has passed; 0 before any).
-        Forgets the steps older than the horizon."""
+        when that is shorter (the last rate when no time has passed; 0 before any)."""
         start = t - horizon_s
-        while len(self.steps) > 1 and self.steps[1][0] <= start:
-            self.steps.pop(0)
         total = area = 0.0
         for i, (u, r) in enumerate(self.steps):
             end = self.steps[i + 1][0] if i + 1 < len(self.steps) else t

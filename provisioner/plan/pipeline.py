@@ -452,15 +452,15 @@ class Planner:
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         spot_rate = fleet_rate([c for c in cands if c.offering.market == "spot"], b.model_mb,
                                b.global_batch, b.links)  # the spot held, as one ring
-        self.spot_held.observe(now, spot_rate)
-        hour_mean = self.spot_held.mean(now, horizon_s)  # (and forgets what is older)
+        run_s = 3600 * (hours - s.ramp_h)  # the time left to work, the ramp's taken out
+        self.spot_held.observe(now, spot_rate, horizon_s)
         spot_usual = spot_rate  # what the spot held gives, for the net's rule below
-        if spot_rate > 0 and od_rate * (3600 * (hours - s.ramp_h) - horizon_s) > left:
+        if spot_rate > 0 and od_rate * (run_s - horizon_s) > left:
             # a pool that lost part of the ring a moment ago has given its hour's mean, and
             # refills tend to come within the churn horizon: the mean counts while the
             # slack outlasts that horizon (a refill that does not come leaves the slack to
             # the net); none of it once all spot is lost (an outage, not a refill)
-            spot_usual = max(spot_rate, hour_mean)
+            spot_usual = max(spot_rate, self.spot_held.mean(now, horizon_s))
         target, floor, safety = pace(left, hours, deadline_s / 3600, od_rate, hard=pr.hard,
                                      safety_hours=s.safety_hours, overhead_h=s.ramp_h)
         behind = floor > 0.0
@@ -484,7 +484,7 @@ class Planner:
             # floor is Uniform Progress' net for when spot cannot be had.
             floor = 0.0
         elif 0.0 < floor < target and (until := spot_wait(
-                fleet, now, pr, slack_s=3600 * (hours - s.ramp_h) - left / od_rate)) is not None:
+                fleet, now, pr, slack_s=run_s - left / od_rate)) is not None:
             # Inside the margin, spot the job holds may not grow for a while (its zone avoided
             # after a revocation took some of the ring, or a launch refused for capacity); it
             # may grow again before the slack is gone, and until then the job stays ahead of
@@ -497,7 +497,7 @@ class Planner:
             floor = 0.0
             wake = until if wake is None else min(wake, until)  # decide again then
         elif 0.0 < floor < target and held_spot_finishes(
-                spot_usual, left, 3600 * (hours - s.ramp_h), od_rate):
+                spot_usual, left, run_s, od_rate):
             # Inside the margin with no spot to be had (every pool full), the spot the job
             # holds (at what its pools gave over the last hour, above) would alone finish the
             # work left by the deadline (less the ramp), and so would the fastest on-demand

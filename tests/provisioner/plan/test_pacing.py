@@ -30,15 +30,16 @@ def test_outage_log_measures_outages_from_failure_to_holding_again():
 def test_held_rate_is_the_time_weighted_mean_over_the_horizon():
     h = HeldRate()
     assert h.mean(0.0, 3600.0) == 0.0  # nothing seen
-    h.observe(0.0, 500.0)
+    h.observe(0.0, 500.0, 3600.0)
     assert h.mean(0.0, 3600.0) == 500.0  # no time passed: the rate held
-    h.observe(1800.0, 400.0)
+    h.observe(1800.0, 400.0, 3600.0)
     assert h.mean(3600.0, 3600.0) == pytest.approx(450.0)  # half an hour of each
-    h.observe(3600.0, 0.0)
-    h.observe(3600.0, 100.0)  # a second decision at the same moment replaces the first
+    h.observe(3600.0, 0.0, 3600.0)
+    h.observe(3600.0, 100.0, 3600.0)  # a second decision at the same moment replaces it
     assert h.mean(5400.0, 3600.0) == pytest.approx(250.0)  # 400 then 100, half each
-    assert h.mean(9000.0, 3600.0) == pytest.approx(100.0)  # older steps forgotten
-    assert h.steps == [(3600.0, 100.0)]
+    h.observe(9000.0, 100.0, 3600.0)
+    assert h.mean(9000.0, 3600.0) == pytest.approx(100.0)
+    assert h.steps == [(3600.0, 100.0), (9000.0, 100.0)]  # older steps forgotten
 
 
 def test_outage_log_tells_a_running_outage_from_the_typical_one():
