@@ -62,7 +62,7 @@ def test_kills_before_the_first_bucket_and_mid_step_cost_one_step_each(tmp_path:
         # 30 s here, whichever comes first; docs/trainer.md, "GPUs and NCCL": about 1 run in
         # 10 here)
         late = ("heartbeat stopped" in why["c"]
-                or "not completed within 30s (--collective-timeout)" in log)
+                or f"not completed within {TIMEOUT_S:g}s (--collective-timeout)" in log)
         assert gaps[1] < (TIMEOUT_S + 10 if late else TIMEOUT_S / 3), (gaps, why)
     finally:
         ring.close()
