@@ -350,14 +350,16 @@ def net_rate(net: Iterable[Candidate], pace: float, tolerance: float, *, left: f
 def bank_rate(cheap: Iterable[Candidate], pace: float, per_sample: float, max_size: int,
               model_mb: float, global_batch: int, gbps: float) -> float | None:
     """The most useful samples/s worth banking with: the fastest ring of one of ``cheap``
-    whose samples beyond those of its smallest ring that keeps ``pace`` cost at most
-    ``per_sample`` USD each at the margin (the dearer spot's cost per sample, the most a
-    banked sample can save: one the net would otherwise do); None when no ring keeps the
-    pace. A ring's efficiency falls with its size, so its last instances add few samples
-    for their price: on the four types of aws-10-26-2022 with a 34.4 h deadline the bank
-    ran 11-16 V100 where 3 kept the pace; the 13 beyond the 3 add samples at $1.03 per
-    million (the 16th alone at 2.05x the 3-ring's cost per sample), dearer than the
-    $0.94 of the K80 they were to spare."""
+    grown from its smallest ring that keeps ``pace`` one instance at a time while the
+    instance added adds samples at no more than ``per_sample`` USD each (the dearer spot's
+    cost per sample, the most a banked sample can save: one the net would otherwise do);
+    None when no ring keeps the pace. A ring's efficiency falls with its size, so each
+    instance adds fewer samples for its price than the one before. On the four types of
+    aws-10-26-2022 with a 34.4 h deadline the bank first ran 11-16 V100 where 3 kept the
+    pace (the 16th at 2.05x the 3-ring's cost per sample); the instances beyond the pace
+    ring were then priced together against the $0.94 per million of the K80 they were to
+    spare, which still grew rings of 8-12 whose last instances cost more than that; priced
+    one by one, 5-6 (docs/optimizer.md)."""
     best: float | None = None
     for c in cheap:
         if c.useful <= 0 or c.price_per_hour <= 0:
@@ -367,11 +369,11 @@ def bank_rate(cheap: Iterable[Candidate], pace: float, per_sample: float, max_si
         n0 = next((n for n in range(1, len(rates)) if rates[n] >= pace), None)
         if n0 is None:
             continue
-        for n in range(n0, len(rates)):
-            extra = rates[n] - rates[n0]
-            if n == n0 or (extra > 0 and (n - n0) * c.price_per_hour / 3600.0 / extra
-                           <= per_sample):
-                best = rates[n] if best is None else max(best, rates[n])
+        n = n0
+        while n + 1 < len(rates) and rates[n + 1] > rates[n] and (
+                c.price_per_hour / 3600.0 / (rates[n + 1] - rates[n]) <= per_sample):
+            n += 1
+        best = rates[n] if best is None else max(best, rates[n])
     return best
 
 

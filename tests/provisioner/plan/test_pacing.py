@@ -173,7 +173,8 @@ def test_rate_within_stops_at_the_ring_whose_samples_cost_the_limit():
 def test_bank_rate_stops_where_the_rings_extra_samples_cost_more_than_the_nets():
     # V100 at $0.918/h, 400/s, 50 MB gradient, batch 1,024, 10 Gb/s; the pace 1,100/s takes 3
     # (1,129/s). Against K80 at $0.27/h for 80/s ($0.94 per 1M samples) the bank may grow
-    # the ring while the instances beyond the 3 add samples at no more than that each.
+    # the ring while each instance it adds adds samples at no more than that: a ring's
+    # efficiency falls with its size, so each adds fewer than the one before.
     from pricing.model import Offering
     from provisioner.plan.model import Candidate, ring_rate
     from provisioner.plan.pacing import bank_rate
@@ -181,9 +182,13 @@ def test_bank_rate_stops_where_the_rings_extra_samples_cost_more_than_the_nets()
                       0.918, 400.0)]
     r = [ring_rate(n, 400.0, 50.0, 1024, 10.0) for n in range(17)]
     net = 0.27 / 3600 / 80.0
-    worth = [n for n in range(4, 17) if (n - 3) * 0.918 / 3600 / (r[n] - r[3]) <= net]
-    assert worth and max(worth) < 16  # (the whole 16-ring's extra costs $1.03 per 1M)
+    worth = [n for n in range(4, 17) if 0.918 / 3600 / (r[n] - r[n - 1]) <= net]
+    assert worth == list(range(4, max(worth) + 1)) and max(worth) < 16
     assert bank_rate(v100, 1100.0, net, 16, 50.0, 1024, 10.0) == pytest.approx(r[max(worth)])
+    # (all the instances beyond the 3 together add samples for less than K80's up to a
+    # larger ring, the first version's rule: its last instances cost more than K80's)
+    together = [n for n in range(4, 17) if (n - 3) * 0.918 / 3600 / (r[n] - r[3]) <= net]
+    assert max(together) > max(worth)
     # against on-demand's $3.06/h for 400/s every ring is worth it; against nothing, none
     # beyond the ring that keeps the pace; no ring keeps 10,000/s: no cap to give
     assert bank_rate(v100, 1100.0, 3.06 / 3600 / 400.0, 16, 50.0, 1024, 10.0) == pytest.approx(r[16])
@@ -214,3 +219,4 @@ def test_a_known_capacity_of_the_cheapest_is_there_and_none_is_out():
 
     assert decide(8) == {v100: 2}
     assert decide(0) == {}
+

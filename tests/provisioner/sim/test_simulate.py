@@ -705,7 +705,7 @@ def test_the_bank_grows_the_ring_only_while_its_extra_samples_cost_less_than_the
     # with a 50 MB gradient: a ring's efficiency falls with its size. A user's deadline of
     # 10 h (the line at 8 h) for 4e7 samples, on the line at 1 h; the pace takes 4 V100.
     # A 5 h bank within the 1 h churn horizon asks for 6,944/s, past 16 V100; the bank
-    # stops at the ring whose instances beyond the 4 still add samples for less than K80's.
+    # stops at the ring whose last instance still adds samples for less than K80's.
     from provisioner.plan.model import ring_rate
     from provisioner.sim.policies import View
     k80 = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
@@ -716,7 +716,7 @@ def test_the_bank_grows_the_ring_only_while_its_extra_samples_cost_less_than_the
              speed={"p3.2xlarge": 400.0, "p2.xlarge": 80.0}, running=True)
     r = [ring_rate(n, 400.0, 50.0, 1024, 10.0) for n in range(17)]
     assert r[3] < 3.5e7 / (7 * 3600) <= r[4]
-    worth = max(n for n in range(5, 17) if (n - 4) * 0.918 / (r[n] - r[4]) <= 0.27 / 80.0)
+    worth = max(n for n in range(5, 17) if 0.918 / (r[n] - r[n - 1]) <= 0.27 / 80.0)
     assert worth < 16
     assert dict(spotring(p, v).decide(v).target) == {A: worth}
     # A p3.8xlarge (4 V100, 1,600/s for $4.2/h: dearer per sample than A, cheaper than K80)
