@@ -220,3 +220,30 @@ def test_a_known_capacity_of_the_cheapest_is_there_and_none_is_out():
     assert decide(8) == {v100: 2}
     assert decide(0) == {}
 
+
+def test_a_bank_grows_only_the_cheapest_not_the_dearer_spot_it_holds():
+    # V100 ($0.918/h, 400/s) with 3 known to be there, beside K80 ($0.27/h, 80/s: 1.47x the
+    # V100's cost per sample), 50 MB gradient. A user's deadline (10 h) for 4e7 samples, on
+    # its line at 1 h, banks 5 h of its pace: more than the 3 V100 give. One K80 launched
+    # at 0.5 h (beside a V100 ring whose launch then failed) is kept, young, but the bank
+    # buys only the cheapest: on the four types of aws-10-26-2022 a kept K80 grew to 9 at
+    # the V100's retries, and the net was waited on beside them.
+    from pricing.model import Offering
+    from provisioner.plan.model import Problem
+    from provisioner.plan.pipeline import FleetView, MarketView, Planner, PlanSettings, Progress
+    v100 = Offering("aws", "us-east-1", "us-east-1a", "p3.2xlarge", "spot")
+    k80 = Offering("aws", "us-east-1", "us-east-1a", "p2.xlarge", "spot")
+    s = PlanSettings(bounds=Problem((), max_size=16, max_zone_share=1.0, max_regions=1,
+                                    boot_s=0.0, reform_s=0.0, model_mb=50.0,
+                                    global_batch=1024), bank_hours=5.0)
+    market = MarketView(prices={v100: 0.918, k80: 0.27},
+                        speeds={"p3.2xlarge": 400.0, "p2.xlarge": 80.0},
+                        hazards={v100: 0.0, k80: 0.0}, caps={v100: 3})
+    planner = Planner(s)
+    planner.decide(market, FleetView(held={}),
+                   Progress(start=0.0, work=4e7, done=2.5e6, deadline_s=36_000.0, hard=True),
+                   1_800.0)
+    d = planner.decide(market, FleetView(held={k80: 1}),
+                       Progress(start=0.0, work=4e7, done=5e6, deadline_s=36_000.0, hard=True),
+                       3_600.0)
+    assert dict(d.target) == {v100: 3, k80: 1}
