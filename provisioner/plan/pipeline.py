@@ -664,13 +664,14 @@ class Planner:
                 if rate is not None:
                     target = max(rate, 1e-9)
             if good is not None:
-                # only the good hardware is bought: the rest held and pinned (launched
-                # lately) may be kept, never grown (on the four types of aws-10-26-2022 a
-                # K80 kept beside a V100 launch that failed grew to 9 at the V100's retries
-                # while the net was to be waited on)
-                cands = [c if c.offering in good else replace(c, max_count=min(
-                    c.current, c.current if c.max_count is None else c.max_count))
-                         for c in cands if c.offering in good or c.offering in pins]
+                # only the good hardware is bought: the rest pinned (launched lately, or
+                # kept) stays at most what is held, never grown (on the four types of
+                # aws-10-26-2022 a K80 kept beside a V100 launch that failed grew to 9 at
+                # the V100's retries while the net was to be waited on)
+                cands = [
+                    c if c.offering in good else replace(c, max_count=(
+                        c.current if c.max_count is None else min(c.current, c.max_count)))
+                    for c in cands if c.offering in good or c.offering in pins]
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
         plan = None
         ahead = good is not None and not banking
