@@ -667,11 +667,16 @@ class Planner:
                 # only the good hardware is bought: the rest pinned (launched lately, or
                 # kept) stays at most what is held, never grown (on the four types of
                 # aws-10-26-2022 a K80 kept beside a V100 launch that failed grew to 9 at
-                # the V100's retries while the net was to be waited on)
+                # the V100's retries while the net was to be waited on). Nor is dearer spot
+                # pinned here, young or part of the ring held: the solver keeps it or drops
+                # it at its price, re-form included (pinned, K80 launched for an outage of
+                # the V100 ran beside the V100's bank each time it came back: $20.6 of K80
+                # from +24 h, $9.5 when the solver may drop it)
                 cands = [
                     c if c.offering in good else replace(c, max_count=(
                         c.current if c.max_count is None else min(c.current, c.max_count)))
                     for c in cands if c.offering in good or c.offering in pins]
+                pins = {o: n for o, n in pins.items() if o in good or o.market != "spot"}
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
         plan = None
         ahead = good is not None and not banking
