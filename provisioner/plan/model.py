@@ -11,7 +11,7 @@ never mutate one (use ``dataclasses.replace``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from pricing.model import GpuSpec, Offering
@@ -71,6 +71,12 @@ class Candidate:
         """It may grow: no known cap, or a cap above what it holds (out of capacity lately,
         capped at what it holds, it may not)."""
         return self.max_count is None or self.max_count > self.current
+
+    def capped_at_held(self) -> "Candidate":
+        """The same candidate that may keep what it holds but not grow: capped at what it
+        holds (a known cap below that stays)."""
+        cap = self.current if self.max_count is None else min(self.max_count, self.current)
+        return replace(self, max_count=cap)
 
     @property
     def zone_key(self) -> str:

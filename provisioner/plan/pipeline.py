@@ -275,11 +275,9 @@ def candidates(market: MarketView, fleet: FleetView, s: PlanSettings, *,
         hz = 0.0 if o.market == "on-demand" else market.hazards.get(o, s.default_hazard) * (
             age_factor(market.age_shape, fleet.ages.get(o, ()) if held else (),
                        b.churn_horizon_hours))
-        cap = market.caps.get(o)
-        if o.market == "spot" and o in blocked:
-            cap = held if cap is None else min(cap, held)
-        out.append(Candidate(o, market.prices[o], speed, hz, loss_h,
-                             market.gpus.get(o.instance_type, 1), cap, held))
+        c = Candidate(o, market.prices[o], speed, hz, loss_h,
+                      market.gpus.get(o.instance_type, 1), market.caps.get(o), held)
+        out.append(c.capped_at_held() if o.market == "spot" and o in blocked else c)
     if unknown:
         notes.append(f"skipped {len(unknown)} instance types with no throughput prior: "
                      + ", ".join(sorted(unknown)[:8]))
@@ -672,10 +670,8 @@ class Planner:
                 # it at its price, re-form included (pinned, K80 launched for an outage of
                 # the V100 ran beside the V100's bank each time it came back: $20.6 of K80
                 # from +24 h, $9.5 when the solver may drop it)
-                cands = [
-                    c if c.offering in good else replace(c, max_count=(
-                        c.current if c.max_count is None else min(c.current, c.max_count)))
-                    for c in cands if c.offering in good or c.offering in pins]
+                cands = [c if c.offering in good else c.capped_at_held()
+                         for c in cands if c.offering in good or c.offering in pins]
                 pins = {o: n for o, n in pins.items() if o in good or o.market != "spot"}
         prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
         plan = None

@@ -66,3 +66,12 @@ def test_deadline_floor_phases_on_demand_in_as_the_slack_shrinks():
     assert deadline_floor(rate, work, 10.0, od, safety_hours=2.0) == 0.0      # slack 6 > 2
     assert deadline_floor(rate, work, 5.0, od, safety_hours=2.0) == pytest.approx(50.0)  # slack 1
     assert deadline_floor(rate, work, 4.0, od, safety_hours=2.0) == pytest.approx(100.0)  # none
+
+
+def test_a_candidate_capped_at_what_it_holds_may_keep_but_not_grow():
+    from provisioner.plan.model import Candidate
+    c = Candidate(A, 1.0, 100.0, current=3)
+    assert c.room and c.capped_at_held().max_count == 3 and not c.capped_at_held().room
+    # a known cap below what it holds stays; one above it comes down to it
+    assert Candidate(A, 1.0, 100.0, max_count=2, current=3).capped_at_held().max_count == 2
+    assert Candidate(A, 1.0, 100.0, max_count=5, current=3).capped_at_held().max_count == 3
