@@ -7,8 +7,8 @@ ratios are taken against):
 
 - **the gap by hour** (``--at H ...``): spotring's run replayed, and at each hour ``H`` the
   least it could still pay: what it spent by ``H`` plus the bound of the work it had left
-  over ``[H, deadline]`` (less one boot of a whole fleet, which the bound of the rest pays
-  again), over the bound. 1.000x at the start, its ratio at the end: where it rises is
+  over ``[H, deadline]`` (with the boots of a whole fleet free, the fleet held at ``H``),
+  over the bound. 1.000x at the start, its ratio at the end: where it rises is
   where the run lost, whatever it did later;
 - **a non-anticipating policy's best** (``--until T``): a policy cannot tell the trace from
   the same trace whose spot stays after ``T`` (the hour its first outage of every zone
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.trace_rows import ROWS, world_of  # noqa: E402
+from benchmarks.trace_rows import ROWS, windows, world_of  # noqa: E402
 
 
 def _world_after(world, t: float, level: int):
@@ -58,7 +58,8 @@ def _world_after(world, t: float, level: int):
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", default="10-26 V100, 34.4 h",
-                    help="a row of benchmarks/trace_rows.py with a deadline")
+                    help="a row of benchmarks/trace_rows.py with a deadline, or one of its "
+                    "windows ('NAME @+H h': from H hours into its traces)")
     ap.add_argument("--at", type=float, nargs="*",
                     default=[3, 6, 9, 12.8, 16, 19.7, 25.8, 27, 28, 29, 30, 31],
                     help="hours at which to take the gap of spotring's run")
@@ -69,6 +70,17 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     rows = {r.name: r for r in ROWS}
     row = rows.get(a.row)
+    base, _, off = a.row.partition(" @+")
+    if row is None and rows.get(base) is not None and rows[base].deadline_h is not None:
+        try:  # one window of the row: "NAME @+H h", as policy_cv.py --windows names it
+            step = float(off.removesuffix(" h"))
+        except ValueError:
+            step = -1.0
+        if step >= 0:
+            row = next((w for w in windows(rows[base], step or 24.0) if w.name == a.row), None)
+        if row is None:
+            ap.error(f"--row {a.row!r}: no such window; name one as 'NAME @+H h', H the "
+                     f"hours into the traces from which the deadline and 6 h more fit them")
     if row is None or row.deadline_h is None:
         ap.error(f"--row {a.row!r}: name a row with a deadline: "
                  + ", ".join(repr(n) for n, r in rows.items() if r.deadline_h))
@@ -87,14 +99,16 @@ def main(argv: list[str] | None = None) -> dict:
     work, deadline = row.work, row.deadline_h
     ours = run_all(world, ["spotring"], p, work=work, deadline_h=deadline, seed=0)["spotring"]
     bound = hindsight(world, p, work=work, horizon_h=deadline).cost
-    spot = [o for o in world.price if o.market == "spot"]
-    credit = p.max_size * p.boot_s / 3600 * max(world.price[o].at(world.start) for o in spot)
 
     def rest(w, at_h: float, left: float) -> float:
+        # the fleet a policy holds at ``at_h`` (at most max_size instances) is booted
+        # already: the bound of the rest starts that many for free, of the offerings it
+        # chooses (a credit of max_size boots at the dearest spot price had counted a
+        # p3.16xlarge's boot per instance on the four types: floors below 1)
         if left <= 0:
             return 0.0
         return hindsight(dataclasses.replace(w, start=w.start + at_h * 3600), p, work=left,
-                         horizon_h=deadline - at_h).cost
+                         horizon_h=deadline - at_h, free_boots=p.max_size).cost
 
     xs, fleet, rates, cum = (np.asarray(v, dtype=float) for v in ours.series)
     done = np.concatenate([[0.0], np.cumsum(rates[:-1] * np.diff(xs) * 3600.0)])
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         i = max(int(np.searchsorted(xs, h, side="right")) - 1, 0)
         did = min(work, done[i] + rates[i] * (h - xs[i]) * 3600.0)
         spent = float(np.interp(h, xs, cum))
-        least = (spent + max(rest(world, h, work - did) - credit, 0.0)) / bound
+        least = (spent + rest(world, h, work - did)) / bound
         gap.append({"hour": h, "done": round(did / work, 3), "spent": round(spent, 2),
                     "fleet": int(fleet[i]), "at_best": round(least, 4)})
     stays = _world_after(world, world.start + a.until * 3600, p.max_size)
@@ -112,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     for k in range(a.steps + 1):
         w_t = work * k / a.steps
         first = hindsight(world, p, work=w_t, horizon_h=a.until).cost if w_t > 0 else 0.0
-        r_trace = (first + max(rest(world, a.until, work - w_t) - credit, 0.0)) / bound
-        r_stays = (first + max(rest(stays, a.until, work - w_t) - credit, 0.0)) / bound_stays
+        r_trace = (first + rest(world, a.until, work - w_t)) / bound
+        r_stays = (first + rest(stays, a.until, work - w_t)) / bound_stays
         floor.append({"share_by_T": round(k / a.steps, 3), "trace": round(r_trace, 4),
                       "spot_stays": round(r_stays, 4), "worse": round(max(r_trace, r_stays), 4)})
     best = min(floor, key=lambda f: f["worse"])

@@ -48,7 +48,8 @@ def od_ring_rate(world: World, params: Params) -> float:
 
 def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
               time_limit_s: float = 60.0, boots: bool = True,
-              removals: bool = True, fallback: tuple[float, float] | None = None) -> Result:
+              removals: bool = True, fallback: tuple[float, float] | None = None,
+              free_boots: int = 0) -> Result:
     """The offline lower bound: least cost to do ``work`` within ``horizon_h`` knowing the trace.
 
     A program over the whole trace, solved to optimality (status ``optimal``). Time is cut
@@ -76,6 +77,13 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
       ``h`` (no availability series): ``e[o] >= h sum_s y[o,s] - sum_s u[o,s]`` (``e >= 0``),
       at the offering's lowest price times the boot: every instance revoked was launched, so
       a run's launches are at least its expected revocations ``h x instance-hours``.
+
+    - with ``boots`` and ``free_boots``, up to that many instances (of offerings the program
+      chooses, ``f[o] >= 0``, ``sum_o f[o] <= free_boots``) are running already at the start:
+      the first segment's row is ``u[o,0] + f[o] >= y[o,0]/L_0``. The bound of the rest of a
+      run from an hour on, where a policy already holds a fleet of at most ``max_size``
+      booted instances (``benchmarks/online_gap.py``); any fleet it holds is one choice of
+      ``f``, so the program still bounds it.
 
     Why this bounds every policy the simulator can run: any schedule has, within a segment,
     integer counts ``n_T(t)`` held; setting ``d[T,j] = |{t: n_T(t) >= j}|`` and ``y`` to
@@ -187,6 +195,8 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
         if n_u:
             ub0 = base + n_o + n_t * jmax
             prev = (k - 1) * per_seg if k else None
+            if not k:
+                first_rows = list(range(r, r + n_o))  # the rows the free boots enter
             prev_h = (segs[k - 1][1] - segs[k - 1][0]) / 3600.0 if k else 1.0
             for a, o in enumerate(offs):
                 p_lo = c[base + a] if prev is None else min(c[base + a], c[prev + a])
@@ -233,6 +243,18 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
             row(entries, 0.0, 0.0)
             left_h = horizon_h - (t1 - world.start) / 3600.0 - fb_margin
             lb[z0 + k] = max(work - fb_rate * 3600.0 * max(left_h, 0.0), 0.0)
+    if n_u and free_boots > 0:  # f[o]: instances of o running already at the start
+        f0 = nv
+        nv += n_o
+        c = np.concatenate([c, np.zeros(n_o)])
+        ub = np.concatenate([ub, np.full(n_o, np.inf)])
+        wk = np.concatenate([wk, np.zeros(n_o)])
+        lb = np.concatenate([lb, np.zeros(n_o)])
+        for a, fr in enumerate(first_rows):
+            rows.append(fr)
+            cols.append(f0 + a)
+            vals.append(1.0)
+        row([(f0 + a, 1.0) for a in range(n_o)], -np.inf, float(free_boots))
     a_mat = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     cons = [LinearConstraint(a_mat, lo_b, hi_b), LinearConstraint(wk.reshape(1, -1), work, np.inf)]
     res = milp(c, constraints=cons, integrality=np.zeros(nv), bounds=Bounds(lb, ub),

@@ -27,3 +27,10 @@ def test_a_row_without_a_deadline_is_refused_with_the_rows_that_have_one(capsys)
         main(["--row", "16-node"])
     assert e.value.code == 2
     assert "'10-26 V100, 34.4 h'" in capsys.readouterr().err
+
+
+def test_a_window_that_does_not_fit_the_traces_is_refused_with_the_form(capsys, shared_data):
+    with pytest.raises(SystemExit) as e:
+        main(["--row", "10-26 V100, 34.4 h @+99999 h"])
+    assert e.value.code == 2
+    assert "'NAME @+H h'" in capsys.readouterr().err

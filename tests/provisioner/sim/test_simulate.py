@@ -511,6 +511,23 @@ def test_hindsight_pays_the_relaunches_of_the_instances_removals_revoke():
     assert with_removals.cost - without.cost == pytest.approx(2 * 0.5 * 0.1, abs=1e-6)
 
 
+def test_hindsight_starts_the_fleet_held_already_without_its_boots():
+    # a at $1/h for the first hour, b at $1.5/h always; one instance; 2 instance-hours of
+    # work in 2 h: 1 h of a and 1 h of b ($2.50), and each start pays its boot (0.1 h at the
+    # offering's price): a at 0 h ($0.10) and b at 1 h ($0.15). A fleet held already at the
+    # start (the rest of a run from an hour on) boots a for free, never the later b.
+    world = two_zone_world((1.0, 9.0))
+    p = params(max_size=1, boot_s=360)
+    work = 720_000
+    paid = hindsight(world, p, work=work, horizon_h=2.0)
+    held = hindsight(world, p, work=work, horizon_h=2.0, free_boots=1)
+    assert paid.status == held.status == "optimal"
+    assert paid.cost == pytest.approx(2.75, abs=1e-6)
+    assert held.cost == pytest.approx(2.65, abs=1e-6)
+    assert hindsight(world, p, work=work, horizon_h=2.0, free_boots=5).cost == (
+        pytest.approx(2.65, abs=1e-6))  # one instance at most is held: one boot is free
+
+
 def test_hindsight_pays_the_relaunches_of_drawn_lifetimes():
     # No availability series: lifetimes drawn at 0.5/h. 3 instance-hours expect 1.5
     # revocations; every instance revoked was launched, so the bound pays at least 1.5
