@@ -141,6 +141,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     c = np.zeros(nv)
     ub = np.full(nv, np.inf)
     wk = np.zeros(nv)
+    lb = np.zeros(nv)
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -170,6 +171,16 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
         lo_b.append(lo)
         hi_b.append(hi)
         r += 1
+
+    def columns(n: int) -> int:
+        """``n`` more columns (cost 0, no work, in [0, inf)); the index of the first."""
+        nonlocal nv, c, ub, wk, lb
+        first, nv = nv, nv + n
+        c = np.concatenate([c, np.zeros(n)])
+        ub = np.concatenate([ub, np.full(n, np.inf)])
+        wk = np.concatenate([wk, np.zeros(n)])
+        lb = np.concatenate([lb, np.zeros(n)])
+        return first
 
     for k, (t0, t1) in enumerate(segs):
         hours = (t1 - t0) / 3600.0
@@ -210,11 +221,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
     if drawn:  # e[o] >= hazard x instance-hours - sum_s u[o,s]: the launches that replace
         # the expected revocations of drawn lifetimes beyond those the u already count
         # (every revoked instance was launched: launches >= revocations), at the lowest price
-        e0 = nv
-        nv += len(drawn)
-        c = np.concatenate([c, np.zeros(len(drawn))])
-        ub = np.concatenate([ub, np.full(len(drawn), np.inf)])
-        wk = np.concatenate([wk, np.zeros(len(drawn))])
+        e0 = columns(len(drawn))
         for m, a in enumerate(drawn):
             o = offs[a]
             c[e0 + m] = min(world.price[o].at(t0) for t0, _ in segs) * boot_h
@@ -224,16 +231,10 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
                 entries += [(k * per_seg + a, -hz),
                             (k * per_seg + n_o + n_t * jmax + a, 1.0)]
             row(entries, 0.0, np.inf)
-    lb = np.zeros(nv)
     if fallback is not None:  # z_k, the work credited by cut k: z_k >= work - rate (horizon
         # - t_k - margin), chained z_k = z_{k-1} + the work of segment k
         fb_rate, fb_margin = fallback
-        z0 = nv
-        nv += n_s
-        c = np.concatenate([c, np.zeros(n_s)])
-        ub = np.concatenate([ub, np.full(n_s, np.inf)])
-        wk = np.concatenate([wk, np.zeros(n_s)])
-        lb = np.concatenate([lb, np.zeros(n_s)])
+        z0 = columns(n_s)
         for k, (_, t1) in enumerate(segs):
             base = k * per_seg
             entries = [(z0 + k, 1.0)] + [(base + j, -float(wk[base + j]))
@@ -244,12 +245,7 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
             left_h = horizon_h - (t1 - world.start) / 3600.0 - fb_margin
             lb[z0 + k] = max(work - fb_rate * 3600.0 * max(left_h, 0.0), 0.0)
     if n_u and free_boots > 0:  # f[o]: instances of o running already at the start
-        f0 = nv
-        nv += n_o
-        c = np.concatenate([c, np.zeros(n_o)])
-        ub = np.concatenate([ub, np.full(n_o, np.inf)])
-        wk = np.concatenate([wk, np.zeros(n_o)])
-        lb = np.concatenate([lb, np.zeros(n_o)])
+        f0 = columns(n_o)
         for a, fr in enumerate(first_rows):
             rows.append(fr)
             cols.append(f0 + a)
