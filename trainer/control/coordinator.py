@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.control import decide as dc
+from trainer.control.state import counter_value
 from trainer.protocol import messages as mb
 from trainer.protocol.messages import MemberInfo, JobOutcome, Plan
 from trainer.protocol.admission import derive_key
@@ -181,6 +182,11 @@ class Coordinator:
             out = dc.stats(self._ring)
         if self._server is not None:
             out["rejected"] = stats_of(self._server.counters)
+            # a member's end counts from its report, before the next tick reads it: its
+            # process may exit first, and the daemon must not replace an instance that
+            # finished (on a loaded machine `provision run` launched one after the end)
+            out["completing"] = out["completing"] or counter_value(
+                self._server.local_get(mb.DONES)) > 0
             raw = self._server.local_get(mb.SNAPSHOT)
             try:
                 m = Manifest.parse(raw) if raw else None

@@ -112,11 +112,15 @@ class TickReads:
         return self.values.get(key)
 
     def count(self, key: str) -> int:
-        v = self.values.get(key)
-        try:
-            return int(v) if v is not None else 0
-        except ValueError:
-            return 0
+        return counter_value(self.values.get(key))
+
+
+def counter_value(raw: bytes | None) -> int:
+    """A store counter's value (0 when unset or not a number)."""
+    try:
+        return int(raw) if raw is not None else 0
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)

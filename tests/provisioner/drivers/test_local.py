@@ -238,7 +238,12 @@ def test_provision_run_trains_with_two_workers_per_local_instance(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     st = State.read_only(tmp_path / "wd" / "state.sqlite")
     try:
-        (instance,) = st.instances()
+        instances = st.instances()
+        assert len(instances) == 1, "\n".join(  # what launched the others, when it fails
+            [*map(str, instances), *(f"{t:.0f} {targets} {why[:200]}"
+                                     for t, targets, why in st.decisions()),
+             *(f"{e.t:.1f} {e.kind} {e.instance_id} {e.detail[:200]}" for e in st.events())])
+        (instance,) = instances
         joined = {e.instance_id for e in st.events(kinds=["ring-join"])}
         assert joined == {f"{instance.id}/0", f"{instance.id}/1"}
         ring = st.get_meta("ring")

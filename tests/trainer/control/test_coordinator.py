@@ -107,6 +107,28 @@ def test_members_and_drain_by_name(coord: Coordinator) -> None:
         s.stop.set()
 
 
+def test_a_member_that_reported_its_end_makes_the_job_completing_before_the_next_tick(
+        coord: Coordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A member reports its end and its process exits; on a loaded machine the daemon can see
+    # the exit before the protocol thread's next tick reads the report. The job must read as
+    # completing from the report itself, or the daemon replaces an instance that finished
+    # (a second instance launched after the end of `provision run`, seen in CI).
+    sims = [_Sim(coord, n) for n in ("a", "b", "c")]
+    _wait(lambda: coord.plan() is not None)
+    for s in sims:
+        s.form(1)
+    _wait(lambda: all(m.state == "active" for m in coord.members()))
+    assert coord.stats()["completing"] is False
+    with coord._lock:  # no tick after this one: the protocol thread is starved
+        monkeypatch.setattr(coord, "_tick", lambda: None)
+    sims[0].store.set(mb.k_done(sims[0].id), mb.Done("c0ffee", 10, {}).to_json())
+    sims[0].store.add(mb.DONES, 1)
+    stats = coord.stats()
+    assert stats["completing"] is True and stats["finished"] is False
+    for s in sims:
+        s.stop.set()
+
+
 def test_the_end_of_the_job_is_recorded_beside_its_snapshots(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from trainer.protocol.admission import derive_key
     from trainer.state import snapshot as snap
