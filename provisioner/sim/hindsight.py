@@ -77,13 +77,11 @@ def hindsight(world: World, params: Params, *, work: float, horizon_h: float,
       ``h`` (no availability series): ``e[o] >= h sum_s y[o,s] - sum_s u[o,s]`` (``e >= 0``),
       at the offering's lowest price times the boot: every instance revoked was launched, so
       a run's launches are at least its expected revocations ``h x instance-hours``.
-
     - with ``boots`` and ``free_boots``, up to that many instances (of offerings the program
       chooses, ``f[o] >= 0``, ``sum_o f[o] <= free_boots``) are running already at the start:
-      the first segment's row is ``u[o,0] + f[o] >= y[o,0]/L_0``. The bound of the rest of a
-      run from an hour on, where a policy already holds a fleet of at most ``max_size``
-      booted instances (``benchmarks/online_gap.py``); any fleet it holds is one choice of
-      ``f``, so the program still bounds it.
+      the first segment's row is ``u[o,0] + f[o] >= y[o,0]/L_0``. This bounds the rest of a
+      run from an hour on (``benchmarks/online_gap.py``), where a policy already holds at
+      most ``max_size`` booted instances: any fleet it holds is one choice of ``f``.
 
     Why this bounds every policy the simulator can run: any schedule has, within a segment,
     integer counts ``n_T(t)`` held; setting ``d[T,j] = |{t: n_T(t) >= j}|`` and ``y`` to
