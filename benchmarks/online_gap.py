@@ -7,8 +7,8 @@ ratios are taken against):
 
 - **the gap by hour** (``--at H ...``): spotring's run replayed, and at each hour ``H`` the
   least it could still pay: what it spent by ``H`` plus the bound of the work it had left
-  over ``[H, deadline]`` (with the boots of a whole fleet free, the fleet held at ``H``),
-  over the bound. 1.000x at the start, its ratio at the end: where it rises is
+  over ``[H, deadline]`` (starting up to ``max_size`` instances of its choosing without a
+  boot: whatever the run held at ``H`` was booted already), over the bound. 1.000x at the start, its ratio at the end: where it rises is
   where the run lost, whatever it did later;
 - **a non-anticipating policy's best** (``--until T``): a policy cannot tell the trace from
   the same trace whose spot stays after ``T`` (the hour its first outage of every zone
