@@ -241,7 +241,12 @@ def _diagnose(p: Problem, cands: list[Candidate], n_guess: int, gbps: float,
             return None
         return res.x if res.x is not None and res.status in (0, 1) else None
 
+    if feasible(frozenset()) is not None:  # as posed it has a fleet: the pass timed out
+        return (f"no fleet found within the solver's time limit ({limit:g} s per pass) on a "
+                f"problem that has one: raise optimizer.time_limit_s or give the solver more CPU")
     for g in _GROUPS:
+        if g == "budget" and p.budget_per_hour is None:
+            continue  # no budget row to relax
         x = feasible(frozenset({g}))
         if x is None:
             continue

@@ -279,3 +279,19 @@ def test_a_problem_names_its_bad_objective_or_missing_target():
     p = Problem((Candidate(A, 1.0, 100),), objective="deadline", target_samples_per_s=50,
                 inter_zone_gbps=4.0)
     assert p.links == (p.intra_zone_gbps, 4.0, p.inter_region_gbps)
+
+
+def test_a_pass_that_timed_out_on_a_feasible_problem_is_not_blamed_on_a_constraint():
+    # What a loaded machine does: the pass gives up before HiGHS finds a fleet, and the
+    # diagnosis, with time of its own, finds one. With no budget set, the "budget" group
+    # relaxes nothing: it had been named (and its figure formatted from None).
+    from provisioner.plan.solve import _diagnose
+    p = Problem((Candidate(A, 1.0, 100), Candidate(B, 1.5, 100)), objective="min-cost",
+                target_samples_per_s=250)
+    cands, _ = prune(p)
+    msg = _diagnose(p, cands, p.max_size, 10.0, 1.0)
+    assert "time limit" in msg and "optimizer.time_limit_s" in msg and "budget" not in msg
+    tight = Problem((Candidate(A, 1.0, 100),), objective="min-cost", target_samples_per_s=500,
+                    max_size=3)
+    cands, _ = prune(tight)
+    assert "throughput target" in _diagnose(tight, cands, tight.max_size, 10.0, 1.0)
