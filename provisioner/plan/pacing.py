@@ -256,6 +256,51 @@ def od_capacity(cands: Iterable[Candidate], max_size: int, model_mb: float, glob
     return best
 
 
+def od_alone_per_sample(cands: Iterable[Candidate], work: float, seconds: float,
+                        max_size: int, model_mb: float, global_batch: int,
+                        gbps: float) -> float | None:
+    """USD per useful sample of on-demand alone: the least, over the on-demand rings (one
+    offering, up to ``max_size``) that do ``work`` in ``seconds``, of a ring's cost per
+    sample (a ring's efficiency only falls with its size, so each offering's smallest such
+    ring). None when no on-demand ring does it."""
+    if work <= 0 or seconds <= 0:
+        return None
+    best: float | None = None
+    for c in cands:
+        if c.offering.market != "on-demand" or c.useful <= 0 or c.price_per_hour <= 0:
+            continue
+        for n in range(1, most_units(c, max_size) + 1):
+            rate = ring_rate(n, c.useful, model_mb, global_batch, gbps)
+            if rate * seconds >= work:
+                per = n * c.price_per_hour / 3600.0 / rate
+                best = per if best is None else min(best, per)
+                break
+    return best
+
+
+def od_rate_kept(cands: Iterable[Candidate], od_rate: float, *, work: float, left: float,
+                 spent: float, seconds: float, max_size: int, model_mb: float,
+                 global_batch: int, gbps: float) -> float:
+    """The fastest on-demand ring the deadline's slack may count on (``od_rate``, the
+    fastest of all, :func:`od_capacity`) while the rest of the work done on it keeps the
+    job's cost per sample at most on-demand alone's (:func:`od_alone_per_sample` over the
+    deadline's ``seconds``): what ``spent`` leaves of on-demand alone's cost, over the
+    ``left`` samples, is the most a sample of the rest may cost (:func:`rate_within`).
+    ``od_rate`` as it is when no ring keeps it (the deadline first) or nothing is left.
+    Counted on once all spot has been out longer than the margin and than every outage
+    seen: waiting until only the fastest ring could finish, a job whose spot was gone for
+    good after 9.5 h (02-15's first start) held nothing for 17 h, then 16 on-demand
+    instances: 1.040x on-demand alone's cost per sample; 0.951x with this ring
+    (docs/optimizer.md)."""
+    od = [c for c in cands if c.offering.market == "on-demand"]
+    ref = od_alone_per_sample(od, work, seconds, max_size, model_mb, global_batch, gbps)
+    if ref is None or left <= 0:
+        return od_rate
+    allowed = (ref * work - spent) / left  # USD per sample (rate_within's: x 3600)
+    kept = rate_within(od, allowed * 3600.0, max_size, model_mb, global_batch, gbps)
+    return min(od_rate, kept) if kept > 0 else od_rate
+
+
 def deadline_floor(rate: float, work_left: float, hours_left: float, od_rate: float,
                    safety_hours: float, overhead_h: float = 0.0) -> float:
     """On-demand samples/s to keep for a deadline (Uniform Progress' safety net).
@@ -380,8 +425,10 @@ def bank_rate(cheap: Iterable[Candidate], pace: float, per_sample: float, max_si
 def rate_within(cands: Iterable[Candidate], per_sample: float, max_size: int, model_mb: float,
                 global_batch: int, gbps: float) -> float:
     """The most useful samples/s a ring of one of ``cands`` delivers at a cost per useful
-    sample of at most ``per_sample`` USD (0 when none does): a ring's efficiency only falls
-    with its size, so past that rate a sample costs more than ``per_sample``."""
+    sample of at most ``per_sample`` (0 when none does): a ring's efficiency only falls
+    with its size, so past that rate a sample costs more than ``per_sample``. The unit is
+    that of ``price_per_hour / useful``: USD per hour per useful sample/s, 3600 x USD per
+    sample (:func:`bank_rate`'s ``per_sample`` is USD per sample)."""
     best = 0.0
     for c in cands:
         if c.useful <= 0 or c.price_per_hour <= 0:

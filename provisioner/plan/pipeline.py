@@ -59,7 +59,7 @@ from provisioner.plan import budget, spread, virtual
 from provisioner.plan.hysteresis import LaunchLog
 from provisioner.plan.pacing import (HeldRate, OutageLog, ahead_offerings, bank_rate,
                                      catch_up_rate, due, fleet_rate, good_offerings,
-                                     held_spot_finishes, net_rate, od_capacity, pace,
+                                     held_spot_finishes, net_rate, od_capacity, od_rate_kept, pace,
                                      per_sample_fleet, spot_time_target)
 from provisioner.plan.solve import fleet_objective, solve
 
@@ -448,6 +448,15 @@ class Planner:
         left = max(pr.work - pr.done, 0.0)
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
+        if pr.hard and self.spot_outages.running_s(now) > 3600 * s.safety_hours and (
+                self.spot_outages.running_s(now) > max(self.spot_outages.lengths, default=0.0)):
+            # all spot out longer than the margin and than any outage seen: it may not come
+            # back, and the rest on the fastest ring may cost more per sample than
+            # on-demand alone (invariant 1); the slack counts on a ring that keeps it
+            od_rate = od_rate_kept(cands, od_rate, work=pr.work, left=left, spent=pr.spent,
+                                   seconds=pr.deadline_s, max_size=b.max_size,
+                                   model_mb=b.model_mb, global_batch=b.global_batch,
+                                   gbps=b.intra_zone_gbps)
         spot_rate = fleet_rate([c for c in cands if c.offering.market == "spot"], b.model_mb,
                                b.global_batch, b.links)  # the spot held, as one ring
         run_s = 3600 * (hours - s.ramp_h)  # the time left to work, the ramp's taken out

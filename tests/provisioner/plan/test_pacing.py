@@ -269,3 +269,33 @@ def test_a_bank_with_room_lets_the_dearer_spot_launched_lately_go():
                      50.0, 1024, 10.0)
     n = next(n for n in range(1, 17) if ring_rate(n, 400.0, 50.0, 1024, 10.0) >= most - 1e-6)
     assert n < 8 and target == {v100: n}
+
+
+def test_the_on_demand_ring_counted_on_keeps_the_cost_per_sample_of_on_demand_alone():
+    # on-demand at $3.06/h for 400/s, 50 MB, batch 1,024, 10 Gb/s. 1.44e8 samples in 40 h
+    # take a 3-ring (1,129/s; 2 would do 783/s): on-demand alone's cost per sample is the
+    # 3-ring's. With nothing spent yet the rest may cost no more: the 3-ring is counted on.
+    # Spot that did half the work for $20 leaves (3-ring's cost - $20) for the other half:
+    # a bigger ring within it. Spent past on-demand alone's whole cost: no ring keeps it,
+    # the fastest (the deadline first).
+    from pricing.model import Offering
+    from provisioner.plan.model import Candidate, ring_rate
+    from provisioner.plan.pacing import od_alone_per_sample, od_rate_kept
+    od = Offering("aws", "us-west-2", "*", "p3.2xlarge", "on-demand")
+    spot = Offering("aws", "us-west-2", "us-west-2a", "p3.2xlarge", "spot")
+    cands = [Candidate(od, 3.06, 400.0), Candidate(spot, 0.918, 400.0)]
+    rate = lambda n: ring_rate(n, 400.0, 50.0, 1024, 10.0)  # noqa: E731
+    work, secs = 1.44e8, 40 * 3600.0
+    assert rate(2) * secs < work <= rate(3) * secs
+    ref = od_alone_per_sample(cands, work, secs, 16, 50.0, 1024, 10.0)
+    assert ref == pytest.approx(3 * 3.06 / 3600 / rate(3))
+    assert od_alone_per_sample(cands, work, 60.0, 16, 50.0, 1024, 10.0) is None  # none can
+    kw = dict(work=work, seconds=secs, max_size=16, model_mb=50.0, global_batch=1024, gbps=10.0)
+    fastest = rate(16)
+    assert od_rate_kept(cands, fastest, left=work, spent=0.0, **kw) == pytest.approx(rate(3))
+    half = od_rate_kept(cands, fastest, left=work / 2, spent=20.0, **kw)
+    allowed = (ref * work - 20.0) / (work / 2)
+    n = max(k for k in range(1, 17) if k * 3.06 / 3600 / rate(k) <= allowed)
+    assert n > 3 and half == pytest.approx(rate(n))
+    assert od_rate_kept(cands, fastest, left=work / 2, spent=1e4, **kw) == fastest
+    assert od_rate_kept(cands, fastest, left=0.0, spent=0.0, **kw) == fastest

@@ -845,3 +845,24 @@ def test_beside_a_full_pool_that_grows_later_the_net_buys_only_its_floor():
     on_demand = sum(life.cost for life in r.lives if life.offering.market == "on-demand")
     assert on_demand < 0.1 * r.cost
     assert max(life.ended_h for life in r.lives if life.offering.market == "spot") > 16.0
+
+
+def test_spot_gone_for_good_leaves_the_rest_to_an_on_demand_ring_no_dearer_than_on_demand_alone():
+    # A ($1/h, on-demand $4/h, 100/s) is there for the first hour, then gone for good; 3.6M
+    # samples by 12 h (2 h margin), rings cost their all-reduce (100 MB, 256 a step: 2 A
+    # 0.94 efficient, 3 A 0.88, 16 A 0.52). On-demand alone runs one for 10 h: $40.
+    # Waiting for spot until only the fastest on-demand ring (16) could still finish left
+    # the rest to 4-6 on-demand in the last 3 h: $40.61, 1.015x on-demand alone's cost per
+    # sample (invariant 1). Once the outage outlasts the margin and every outage seen, the
+    # slack counts on the fastest ring that keeps the invariant: on-demand from 6.9 h on
+    # 3 at most, $37.60.
+    quotes = (PriceQuote(A, at(0), 1.0, 4.0),)
+    av = (Availability(A, at(0), 100), Availability(A, at(1), 0), Availability(A, at(14), 0))
+    world = build_world(Snapshot(quotes=quotes, availability=av), SPEED, max_size=16)
+    kw = dict(max_size=16, model_mb=100, global_batch=256)
+    r = simulate_policy(world, "spotring", params(**kw), work=3.6e6, deadline_h=12.0)
+    od = simulate_policy(world, "on-demand", params(**kw), work=3.6e6, deadline_h=12.0)
+    assert r.deadline_met and r.finished and od.finished
+    assert r.cost_per_m <= od.cost_per_m * (1 + 1e-9)
+    assert sum(life.cost for life in r.lives if life.offering.market == "spot") > 0.5
+    assert max(sizes_of(r)) <= 3
