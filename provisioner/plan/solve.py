@@ -182,7 +182,12 @@ def _solve(problem: Problem, *, time_limit_s: float = 1.0) -> Plan:
                 n_guess = problem.max_size
                 attempt += 1
                 continue
-            raise InfeasibleError(_diagnose(problem, cands, problem.max_size, gbps, time_limit_s))
+            # a pass can run out of time on a loaded machine before HiGHS has a fleet (the
+            # repaired LP may fail too): once more with more time before calling it infeasible
+            found = solve_model(problem, cands, n_guess, gbps, RETRY_FACTOR * time_limit_s)
+        if found is None:
+            raise InfeasibleError(_diagnose(problem, cands, problem.max_size, gbps,
+                                            RETRY_FACTOR * time_limit_s))
         model, x, status = found
         n_found = int(round(x[:model.n].sum()))
         _, new_gbps = link_of(problem, model.cands, x[:model.n])  # the model's own order
@@ -225,6 +230,9 @@ def _plan(p: Problem, model: Model, x: np.ndarray, status: str, pruned: int,
         raw_throughput=raw, ring_efficiency=eff, link=link, solve_ms=ms,
         considered=len(p.candidates), pruned=pruned, chosen=chosen, notes=p.notes)
 
+
+#: How much longer the one retry of a pass that found no fleet may run (and the diagnosis).
+RETRY_FACTOR = 4.0
 
 _GROUPS = ("budget", "target", "availability", "quotas", "zone-share", "ondemand-floor",
            "max_regions")

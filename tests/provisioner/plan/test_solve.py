@@ -295,3 +295,22 @@ def test_a_pass_that_timed_out_on_a_feasible_problem_is_not_blamed_on_a_constrai
                     max_size=3)
     cands, _ = prune(tight)
     assert "throughput target" in _diagnose(tight, cands, tight.max_size, 10.0, 1.0)
+
+
+def test_a_pass_that_finds_no_fleet_in_time_is_tried_once_more_with_more_time(monkeypatch):
+    # The first pass runs out of time without a fleet (as on a loaded machine): the retry,
+    # with RETRY_FACTOR times the limit, finds the fleet a quiet machine finds at once
+    # (3 x A); it had raised InfeasibleError, which ended a simulation.
+    import provisioner.plan.solve as solve_mod
+    real, limits = solve_mod.solve_model, []
+
+    def slow_first(problem, cands, n_guess, gbps, limit):
+        limits.append(limit)
+        return None if len(limits) == 1 else real(problem, cands, n_guess, gbps, limit)
+
+    monkeypatch.setattr(solve_mod, "solve_model", slow_first)
+    p = Problem((Candidate(A, 1.0, 100), Candidate(B, 1.5, 100)), objective="min-cost",
+                target_samples_per_s=250)
+    plan = solve(p, time_limit_s=0.5)
+    assert fleet(plan) == {A.key: 3}
+    assert limits[:2] == [0.5, solve_mod.RETRY_FACTOR * 0.5]
