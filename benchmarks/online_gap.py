@@ -43,45 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.trace_rows import ROWS, windows, world_of  # noqa: E402
-
-
-def _world_after(world, t: float, level: int):
-    """``world`` with every spot availability series held at ``level`` from ``t`` on (and no
-    removal after it): the same market as far as a policy at ``t`` can tell, whose spot
-    stays."""
-    from pricing.series import Step
-
-    avail, reclaims = dict(world.avail), dict(world.reclaims)
-    for o, st in world.avail.items():
-        if st is None or o.market != "spot":
-            continue
-        keep = st.t < t
-        avail[o] = Step(list(st.t[keep]) + [t], list(st.v[keep]) + [level])
-        if o in reclaims:
-            reclaims[o] = reclaims[o].before(t)
-    return dataclasses.replace(world, avail=avail, reclaims=reclaims)
-
-
-def outage_starts(world, deadline_h: float) -> list[float]:
-    """Hours (from the start, within the deadline) at which the cheapest spot type per
-    sample goes out in every zone: where the trace and the one whose spot stays part."""
-    spot = [o for o, st in world.avail.items()
-            if st is not None and o.market == "spot" and o.instance_type in world.speed]
-    if not spot:
-        return []
-    cheap = min({o.instance_type for o in spot}, key=lambda t: min(
-        world.price[o].at(world.start) for o in spot if o.instance_type == t) / world.speed[t])
-    series = [world.avail[o] for o in spot if o.instance_type == cheap]
-    end = world.start + deadline_h * 3600.0
-    cuts = sorted({float(x) for st in series for x in st.t if world.start < x < end})
-    starts, before = [], sum(st.at(world.start) for st in series)
-    for t in cuts:
-        now = sum(st.at(t) for st in series)
-        if before > 0 and now <= 0:
-            starts.append(round((t - world.start) / 3600.0, 4))
-        before = now
-    return starts
+from benchmarks.trace_rows import (ROWS, outage_starts, windows,  # noqa: E402
+                                   world_after, world_of)
 
 
 def tree_floor(stage: list[list[float]], rest: list[list[list[float]]],
@@ -237,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
         bounds: list = [[] for _ in hours]
         for k, h in enumerate(hours):
             for level in levels:
-                other = _world_after(world, world.start + h * 3600, level)
+                other = world_after(world, world.start + h * 3600, level)
                 bounds[k].append(hindsight(other, p, work=work, horizon_h=deadline).cost)
                 rest[k].append([least(other, h, deadline, work - g) for g in grid])
         return stage, rest, bounds
@@ -251,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     theirs = {}  # spotring in the worlds it cannot tell from the trace until --until
     for name, level, own in (("spot_stays", p.max_size, floor_stays_bound),
                              ("spot_gone", 0, gone_bound)):
-        other = _world_after(world, world.start + a.until * 3600, level)
+        other = world_after(world, world.start + a.until * 3600, level)
         run = run_all(other, ["spotring"], p, work=work, deadline_h=deadline, seed=0)["spotring"]
         theirs[name] = round(run.cost / own, 4) if run.deadline_met is not False else None
     floor = [{"share_by_T": round(k / a.steps, 3),

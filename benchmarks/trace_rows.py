@@ -135,14 +135,56 @@ def windows(row: Row, step_h: float) -> tuple[Row, ...]:
     return tuple(out)
 
 
+def world_after(world, t: float, level: int):
+    """``world`` with every spot availability series held at ``level`` from ``t`` on (and no
+    removal after it): the same market as far as a policy at ``t`` can tell, whose spot
+    stays (``max_size``), or is gone (0)."""
+    from pricing.series import Step
+
+    avail, reclaims = dict(world.avail), dict(world.reclaims)
+    for o, st in world.avail.items():
+        if st is None or o.market != "spot":
+            continue
+        keep = st.t < t
+        avail[o] = Step(list(st.t[keep]) + [t], list(st.v[keep]) + [level])
+        if o in reclaims:
+            reclaims[o] = reclaims[o].before(t)
+    return replace(world, avail=avail, reclaims=reclaims)
+
+
+def outage_starts(world, deadline_h: float) -> list[float]:
+    """Hours (from the start, within the deadline) at which the cheapest spot type per
+    sample goes out in every zone: where the trace and the one whose spot stays part."""
+    spot = [o for o, st in world.avail.items()
+            if st is not None and o.market == "spot" and o.instance_type in world.speed]
+    if not spot:
+        return []
+    cheap = min({o.instance_type for o in spot}, key=lambda t: min(
+        world.price[o].at(world.start) for o in spot if o.instance_type == t) / world.speed[t])
+    series = [world.avail[o] for o in spot if o.instance_type == cheap]
+    end = world.start + deadline_h * 3600.0
+    cuts = sorted({float(x) for st in series for x in st.t if world.start < x < end})
+    starts, before = [], sum(st.at(world.start) for st in series)
+    for t in cuts:
+        now = sum(st.at(t) for st in series)
+        if before > 0 and now <= 0:
+            starts.append(round((t - world.start) / 3600.0, 4))
+        before = now
+    return starts
+
+
 def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, seed: int = 0,
             policies: tuple[str, ...] = ("spotring", "on-demand", "hindsight"),
-            floors: bool = False) -> dict:
+            floors: bool = False, gone: bool = False) -> dict:
     """Replay ``row`` with settings ``config`` (a dict as a TOML file reads); spotring's
     figures, its ratios to on-demand and to the bound, and the invariants. With ``floors``
     (a deadline row), also what the deadline costs at least over the bound
     (``deadline_safe``, ``margin_kept``: :func:`provisioner.sim.report.deadline_floors`;
-    None where no fleet keeps it)."""
+    None where no fleet keeps it). With ``gone``, also spotring against on-demand alone in
+    the world whose spot is gone for good from the first outage of its cheapest spot in
+    every zone at least an hour in (:func:`outage_starts`; ``gone_from_h``,
+    ``cost_vs_on_demand_if_gone``, ``deadline_met_if_gone``; None without such an outage):
+    invariant 1 where a policy cannot tell an outage that ends from one that does not."""
     from provisioner.config import parse_settings
     from provisioner.sim.invariants import check
     from provisioner.sim.policies import Params
@@ -168,6 +210,17 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
             v = got[f"{name}_usd"]
             out[name] = round(v / r["hindsight"].cost, 4) if math.isfinite(v) else None
     out.update(check(r, world, p, deadline_h=deadline))
+    if gone:
+        horizon = deadline if deadline is not None else out["hours"] or 0.0
+        t = next((h for h in outage_starts(world, horizon) if h >= 1.0), None)
+        out["gone_from_h"] = t
+        out["cost_vs_on_demand_if_gone"] = out["deadline_met_if_gone"] = None
+        if t is not None:
+            other = world_after(world, world.start + t * 3600.0, 0)
+            g = check(run_all(other, ["spotring", "on-demand"], p, work=work,
+                              deadline_h=deadline, seed=seed), other, p, deadline_h=deadline)
+            out["cost_vs_on_demand_if_gone"] = g.get("cost_vs_on_demand")
+            out["deadline_met_if_gone"] = g["deadline_met"]
     return {k: plain(v) for k, v in out.items()}
 
 

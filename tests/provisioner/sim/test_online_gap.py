@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.online_gap import _world_after, main, outage_starts, tree_floor
+from benchmarks.online_gap import main, tree_floor
+from benchmarks.trace_rows import outage_starts, world_after
 from provisioner.sim.world import build_world
 from tests.provisioner.sim.test_revocations import group_trace
 from tests.provisioner.sim.test_simulate import A, SPEED
@@ -14,7 +15,7 @@ from tests.provisioner.sim.test_simulate import A, SPEED
 def test_the_world_whose_spot_stays_agrees_with_the_trace_until_the_hour_only():
     world = build_world(group_trace(A, [4, 2, 0, 3, 0, 4], 1.0), SPEED, max_size=4)
     t = world.start + 2.5 * 3600
-    stays = _world_after(world, t, 4)
+    stays = world_after(world, t, 4)
     for h in (0.5, 1.5, 2.2):
         assert stays.available(A, world.start + h * 3600) == world.available(A, world.start + h * 3600)
     assert [stays.available(A, world.start + h * 3600) for h in (2.6, 3.5, 4.5)] == [4, 4, 4]

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from benchmarks.policy_cv import markdown, pick
+from benchmarks.policy_cv import analyse, markdown, pick
 from benchmarks.trace_rows import ROWS, WINDOW_TAIL_H, windows, world_of
 
 
@@ -73,3 +73,18 @@ def test_with_floors_the_table_gives_the_worst_each_deadline_costs_at_least():
     runs[1]["margin_kept"] = None  # no fleet keeps the margin in one window
     assert "| 1.000x | none |" in markdown(runs, [1.0], an, "pacing.x").splitlines()[2]
     assert "kept safe" not in markdown([_run("r", 0, 1.0, 1.0)], [1.0], an, "pacing.x")
+
+
+def test_with_gone_a_family_is_held_to_on_demand_alone_where_all_spot_is_gone_too():
+    runs = [dict(_run("r", k, 1.0, 1.02), gone_from_h=9.0, cost_vs_on_demand_if_gone=c,
+                 deadline_met_if_gone=True) for k, c in ((0, 0.95), (24, 0.99))]
+    got = analyse(runs, [1.0])["held_out"]["f"]
+    assert got["goal_od_met_if_gone"] and got["runs"]["r @+0 h"]["gone_from_h"] == 9.0
+    runs[1]["cost_vs_on_demand_if_gone"] = 1.04  # dearer than on-demand alone there
+    assert not analyse(runs, [1.0])["held_out"]["f"]["goal_od_met_if_gone"]
+    runs[1].update(cost_vs_on_demand_if_gone=0.9, deadline_met_if_gone=False)
+    assert not analyse(runs, [1.0])["held_out"]["f"]["goal_od_met_if_gone"]
+    runs[1].update(gone_from_h=None, cost_vs_on_demand_if_gone=None, deadline_met_if_gone=None)
+    assert analyse(runs, [1.0])["held_out"]["f"]["goal_od_met_if_gone"]  # no outage: nothing
+    plain = analyse([_run("r", 0, 1.0, 1.02)], [1.0])["held_out"]["f"]
+    assert "goal_od_met_if_gone" not in plain and "gone_from_h" not in plain["runs"]["r @+0 h"]
