@@ -88,3 +88,19 @@ def test_with_gone_a_family_is_held_to_on_demand_alone_where_all_spot_is_gone_to
     assert analyse(runs, [1.0])["held_out"]["f"]["goal_od_met_if_gone"]  # no outage: nothing
     plain = analyse([_run("r", 0, 1.0, 1.02)], [1.0])["held_out"]["f"]
     assert "goal_od_met_if_gone" not in plain and "gone_from_h" not in plain["runs"]["r @+0 h"]
+
+
+def test_the_jobs_own_pace_after_its_first_outage_keeps_near_on_demand_alone_if_spot_is_gone(
+        shared_data):
+    # 16-late: spot out for the first 10.9 h, back, then (in the world run_row(gone=True)
+    # builds) gone for good from 11.1 h. The job's own pace waited through its second outage
+    # up to the first one's length, then caught up on rings dearer per sample than on-demand
+    # alone's: 1.025x. Past its first outage the on-demand ring it counts on keeps on-demand
+    # alone's cost per sample: 1.003x (the catch-up past the moved line is still a little
+    # dearer). Its own trace is as before: 0.314x on-demand.
+    from benchmarks.trace_rows import run_row
+    row = next(r for r in ROWS if r.name == "16-late")
+    out = run_row(row, {}, gone=True, policies=("spotring", "on-demand"))
+    assert out["gone_from_h"] == pytest.approx(11.08, abs=0.01)
+    assert out["cost_vs_on_demand_if_gone"] < 1.01
+    assert out["cost_vs_on_demand"] < 0.32 and out["finished"]
