@@ -167,12 +167,12 @@ def good_offerings(cands: Iterable[Candidate], tolerance: float) -> set[Offering
     return {o for o, x in per.items() if x <= tolerance * best}
 
 
-def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, model_mb: float,
-                     global_batch: int, gbps: float) -> tuple[float, str] | None:
-    """(rate, region) of the fleet of one offering with the lowest cost per useful sample
-    that keeps ``target`` (its smallest such ring: ring efficiency only falls with size), or
-    None when no single offering can. The optimiser then prices that rate with every
-    constraint (zone share, churn, mixes)."""
+def _cheapest_keeping(cands: Iterable[Candidate], target: float, max_size: int,
+                      model_mb: float, global_batch: int,
+                      gbps: float) -> tuple[float, float, str] | None:
+    """(cost per useful sample in USD per hour per sample/s, rate, region) of the ring of one
+    offering with the lowest cost per useful sample that keeps ``target`` (each offering's
+    smallest such ring: ring efficiency only falls with size), or None when none can."""
     best: tuple[float, float, str] | None = None
     for c in cands:
         s = c.useful
@@ -185,6 +185,16 @@ def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, m
                 if best is None or per_sample < best[0]:
                     best = (per_sample, rate, c.offering.region)
                 break
+    return best
+
+
+def per_sample_fleet(cands: Iterable[Candidate], target: float, max_size: int, model_mb: float,
+                     global_batch: int, gbps: float) -> tuple[float, str] | None:
+    """(rate, region) of the fleet of one offering with the lowest cost per useful sample
+    that keeps ``target`` (its smallest such ring: ring efficiency only falls with size), or
+    None when no single offering can. The optimiser then prices that rate with every
+    constraint (zone share, churn, mixes)."""
+    best = _cheapest_keeping(cands, target, max_size, model_mb, global_batch, gbps)
     return None if best is None else (best[1], best[2])
 
 
@@ -265,17 +275,9 @@ def od_alone_per_sample(cands: Iterable[Candidate], work: float, seconds: float,
     ring). None when no on-demand ring does it."""
     if work <= 0 or seconds <= 0:
         return None
-    best: float | None = None
-    for c in cands:
-        if c.offering.market != "on-demand" or c.useful <= 0 or c.price_per_hour <= 0:
-            continue
-        for n in range(1, most_units(c, max_size) + 1):
-            rate = ring_rate(n, c.useful, model_mb, global_batch, gbps)
-            if rate * seconds >= work:
-                per = n * c.price_per_hour / 3600.0 / rate
-                best = per if best is None else min(best, per)
-                break
-    return best
+    best = _cheapest_keeping([c for c in cands if c.offering.market == "on-demand"],
+                             work / seconds, max_size, model_mb, global_batch, gbps)
+    return None if best is None else best[0] / 3600.0
 
 
 def od_rate_kept(cands: Iterable[Candidate], od_rate: float, *, work: float, left: float,
