@@ -8,8 +8,8 @@ ratios are taken against):
 - **the gap by hour** (``--at H ...``): spotring's run replayed, and at each hour ``H`` the
   least it could still pay: what it spent by ``H`` plus the bound of the work it had left
   over ``[H, deadline]`` (starting up to ``max_size`` instances of its choosing without a
-  boot: whatever the run held at ``H`` was booted already), over the bound. 1.000x at the start, its ratio at the end: where it rises is
-  where the run lost, whatever it did later;
+  boot: whatever the run held at ``H`` was booted already), over the bound. 1.000x at the
+  start, its ratio at the end: where it rises is where the run lost, whatever it did later;
 - **a non-anticipating policy's best** (``--until T``): a policy cannot tell the trace from
   the same trace whose spot stays after ``T`` (the hour its first outage of every zone
   starts), so it has done the same work ``W_T`` by ``T`` in both. For each ``W_T`` the least
@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the hour up to which the trace and the one whose spot stays agree")
     ap.add_argument("--steps", type=int, default=20, help="work shares W_T tried, 0 to 1")
     ap.add_argument("--branches", type=float, nargs="*", default=None,
-                    help="hours at which the trace and a world whose spot stays part, for "
-                    "the floor over all of them (default: every start of an outage of the "
-                    "cheapest spot type in all its zones)")
+                    help="hours at which the trace and the worlds whose spot stays or is "
+                    "gone part, for the floor over all of them (default: every start of an "
+                    "outage of the cheapest spot type in all its zones)")
     ap.add_argument("--grid", type=int, default=40,
                     help="work levels tried at the branches, 0 to 1 (finer: slower, lower)")
     ap.add_argument("--fine", type=int, default=200,
@@ -188,6 +188,15 @@ def main(argv: list[str] | None = None) -> dict:
         gap.append({"hour": h, "done": round(did / work, 3), "spent": round(spent, 2),
                     "fleet": int(fleet[i]), "at_best": round(at_best, 4)})
 
+    others: dict[tuple[float, int], tuple] = {}
+
+    def other(h: float, level: int) -> tuple:
+        """The world whose spot is held at ``level`` from ``h`` on, and its bound (once)."""
+        if (h, level) not in others:
+            w = world_after(world, world.start + h * 3600, level)
+            others[h, level] = (w, hindsight(w, p, work=work, horizon_h=deadline).cost)
+        return others[h, level]
+
     def tables(hours: list[float], n: int, levels: tuple[int, ...]) -> tuple[list, list, list]:
         """``tree_floor``'s tables: the trace's stages between ``hours`` and, at each hour,
         the worlds whose spot is held from it on at each of ``levels`` (``max_size``:
@@ -200,27 +209,24 @@ def main(argv: list[str] | None = None) -> dict:
         bounds: list = [[] for _ in hours]
         for k, h in enumerate(hours):
             for level in levels:
-                other = world_after(world, world.start + h * 3600, level)
-                bounds[k].append(hindsight(other, p, work=work, horizon_h=deadline).cost)
-                rest[k].append([least(other, h, deadline, work - g) for g in grid])
+                w, own = other(h, level)
+                bounds[k].append(own)
+                rest[k].append([least(w, h, deadline, work - g) for g in grid])
         return stage, rest, bounds
 
     stage, rest, bounds = tables([a.until], a.steps, (p.max_size,))
     two, at_t = tree_floor(stage, rest, bounds, bound)
-    floor_stays_bound = bounds[0][0]
-    stage3, rest3, bounds3 = tables([a.until], a.fine, (p.max_size, 0))
-    three, at_three = tree_floor(stage3, rest3, bounds3, bound, lower=True)
-    gone_bound = bounds3[0][1]
-    theirs = {}  # spotring in the worlds it cannot tell from the trace until --until
-    for name, level, own in (("spot_stays", p.max_size, floor_stays_bound),
-                             ("spot_gone", 0, gone_bound)):
-        other = world_after(world, world.start + a.until * 3600, level)
-        run = run_all(other, ["spotring"], p, work=work, deadline_h=deadline, seed=0)["spotring"]
-        theirs[name] = round(run.cost / own, 4) if run.deadline_met is not False else None
     floor = [{"share_by_T": round(k / a.steps, 3),
               "trace": round((stage[0][k] + stage[1][a.steps - k]) / bound, 4),
               "spot_stays": round((stage[0][k] + rest[0][0][k]) / bounds[0][0], 4)}
              for k in range(a.steps + 1)]
+    stage3, rest3, bounds3 = tables([a.until], a.fine, (p.max_size, 0))
+    three, at_three = tree_floor(stage3, rest3, bounds3, bound, lower=True)
+    theirs = {}  # spotring in the worlds it cannot tell from the trace until --until
+    for name, level in (("spot_stays", p.max_size), ("spot_gone", 0)):
+        w, own = other(a.until, level)
+        run = run_all(w, ["spotring"], p, work=work, deadline_h=deadline, seed=0)["spotring"]
+        theirs[name] = round(run.cost / own, 4) if run.deadline_met is not False else None
     branches = sorted(h for h in (outage_starts(world, deadline) if a.branches is None
                                   else a.branches) if 0 < h < deadline)
     stage, rest, bounds = tables(branches, a.grid, (p.max_size, 0))
@@ -234,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = {"row": row.name, "bound": round(bound, 2), "spotring": round(ours.cost, 2),
            "vs_bound": round(ours.cost / bound, 4), "gap_by_hour": gap,
-           "until_h": a.until, "bound_spot_stays": round(floor_stays_bound, 2),
+           "until_h": a.until, "bound_spot_stays": round(other(a.until, p.max_size)[1], 2),
            "non_anticipating_floor": round(two, 4), "at_share_by_T": round(at_t[0] / a.steps, 3),
            "spotring_share_by_T": round(float(np.interp(a.until, xs, done)) / work, 3),
            "deadline_safe_floor": ratio(kept.get("deadline_safe_usd")),
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
            "margin_hours": kept.get("margin_hours"),
            "three_world_lower_bound": round(three, 4),
            "three_world_share_by_T": round(at_three[0] / a.fine, 3),
-           "bound_spot_gone": round(gone_bound, 2),
+           "bound_spot_gone": round(other(a.until, 0)[1], 2),
            "spotring_in_those_worlds": {"trace": round(ours.cost / bound, 4), **theirs},
            "branch_hours": branches, "grid": a.grid,
            "branch_floor_stays": round(stays, 4),
