@@ -622,6 +622,14 @@ class Planner:
         all_cands = cands
         if floor <= 0.0:  # slack enough: wait for spot rather than pay on-demand
             cands = [c for c in cands if c.offering.market == "spot" or c.current] or cands
+            if not pr.hard:  # the job's own pace, late not dear: the on-demand held keeps
+                # and does not grow while spot may be had (beyond the ring that keeps the pace
+                # its samples cost more than on-demand alone's; the floor's catch-up grows it
+                # when spot cannot be had). On the 16-late trace with spot gone after 11.1 h,
+                # each retry of spot grew the 4 on-demand to 5 and the floor cut it back:
+                # a 10-minute instance every 20 minutes, 1.008x on-demand alone
+                cands = [c.capped_at_held() if c.offering.market == "on-demand" else c
+                         for c in cands]
             line_s = deadline_s - safety * 3600
             # (ahead of the line yet behind by the on-demand slack, in the last hours of a
             # user's deadline: not ahead, or a fleet whose cheapest was just revoked waited

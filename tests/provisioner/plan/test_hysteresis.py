@@ -418,3 +418,21 @@ def test_a_deadline_that_cannot_reach_its_pace_keeps_every_spot_instance_it_hold
                       blocked_until={A: t + 600})
     d = Planner(settings()).decide(m, fleet, pr, t)
     assert not d.behind and d.target.get(A) == 5 and d.target.get(OD, 0) == 0
+
+
+def test_the_on_demand_held_behind_the_jobs_own_pace_does_not_grow_while_spot_may_be_had():
+    # The job's own pace, behind it, with 4 on-demand held (the ring that keeps the pace,
+    # 4 x 100/s at 50 MB / 1,024: 365.7/s) and spot said to have room in another region
+    # (one instance, not failed lately). No on-demand floor then: spot is tried. The 4
+    # on-demand keep, and do not grow to 5, whose samples cost more than on-demand
+    # alone's (the ring's efficiency falls with its size). On the 16-late trace with spot
+    # gone for good, each retry of spot grew the ring to 5 and the floor's catch-up cut it
+    # back to 4: a 10-minute on-demand instance every 20 minutes.
+    from provisioner.plan.model import ring_rate
+    rate = ring_rate(4, 100.0, 50.0, 1024, 10.0)
+    pr = Progress(start=0.0, work=rate * 36_000, done=rate * 3_600, deadline_s=36_000.0,
+                  hard=False)
+    m = MarketView(prices={C: 1.0, OD: 3.0}, speeds=SPEEDS, hazards={C: 0.0, OD: 0.0},
+                   caps={C: 1})
+    d = Planner(settings(max_size=16)).decide(m, FleetView(held={OD: 4}), pr, 7_200.0)
+    assert d.target.get(OD, 0) == 4

@@ -96,11 +96,14 @@ def test_the_jobs_own_pace_after_its_first_outage_keeps_near_on_demand_alone_if_
     # builds) gone for good from 11.1 h. The job's own pace waited through its second outage
     # up to the first one's length, then caught up on rings dearer per sample than on-demand
     # alone's: 1.025x. Past its first outage the on-demand ring it counts on keeps on-demand
-    # alone's cost per sample: 1.003x (the catch-up past the moved line is still a little
-    # dearer). Its own trace is as before: 0.314x on-demand.
+    # alone's cost per sample: 1.003x, where the solver read a ring of on-demand priced for
+    # the region (zone "*") at the inter-zone link and bought 5 for the pace 4 keep; with
+    # the ring of 4, each retry of spot grew it to 5 for 10 minutes (1.008x). Read as one
+    # zone, and the on-demand held not grown while spot is tried: 0.996x. Its own trace is
+    # as before: 0.314x on-demand.
     from benchmarks.trace_rows import run_row
     row = next(r for r in ROWS if r.name == "16-late")
     out = run_row(row, {}, gone=True, policies=("spotring", "on-demand"))
     assert out["gone_from_h"] == pytest.approx(11.08, abs=0.01)
-    assert out["cost_vs_on_demand_if_gone"] < 1.01
+    assert out["cost_vs_on_demand_if_gone"] <= 1.0
     assert out["cost_vs_on_demand"] < 0.32 and out["finished"]
