@@ -360,8 +360,8 @@ def link_of(p: Problem, cands: Sequence[Candidate], x: np.ndarray | None) -> tup
         return "inter-region", p.inter_region_gbps
     if len({c.zone_key for c in used}) > 1:  # a region-wide offering ("*") beside a zone of
         # its region is two zones; alone, one (as the pacing's rings and the simulator have
-        # it: a 4-ring of on-demand in "*" read at the inter-zone link missed the job's own
-        # pace by 0.1%, and a 5th instance cost the pace's catch-up 3% per sample)
+        # it: a 4-ring of on-demand in "*" read at the inter-zone link fell 7.9% short of
+        # the job's own pace, and the 5th instance bought cost its catch-up 3% per sample)
         return "inter-zone", p.inter_zone_gbps
     return "intra-zone", p.intra_zone_gbps
 

@@ -210,7 +210,7 @@ def test_a_ring_of_one_region_wide_offering_is_one_zone_and_beside_a_zone_two():
     # On-demand priced for a region (zone "*"), 400/s each, 50 MB, batch 1,024. Four alone
     # deliver 1600 / (1 + 1600 x 0.06 / 1024) = 1462.9/s at 10 Gb/s, as the pacing's rings
     # and the simulator read them: a target of exactly that buys 4, not 5 (read at the
-    # inter-zone link the 4 gave 1.7% less). Beside spot in a zone of its region the ring
+    # inter-zone link the 4 gave 7.9% less). Beside spot in a zone of its region the ring
     # spans two zones.
     from provisioner.plan.model import ring_rate
     od = O("*", market="on-demand")
