@@ -8,8 +8,8 @@ run's ``--config``: ``logs/<instance id>/<unit>/<seq>``, :mod:`provisioner.drive
 kept after the instance was revoked or terminated, each line prefixed with its unit (``boot``,
 ``spotring-worker@<gpu>.service``). This command only reads them. ``-f`` follows while the run's daemon holds its lock
 (:func:`provisioner.daemon.run.lock.held_by`, read from ``/proc/locks``: following never takes the
-lock) and ends, after printing what is left, when the daemon exits, as ``sky logs`` ends with
-its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
+lock) and ends, after printing what is left, when the daemon exits (its process gone too: it
+prints its end after releasing the lock), as ``sky logs`` ends with its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
 where it comes from.
 """
 
@@ -29,6 +29,9 @@ FOLLOW_POLL_S = 0.25
 #: How often ``-f`` lists a cloud worker's shipped chunks (its shipper sends one every
 #: :data:`provisioner.drivers.shiplog.SHIP_S` seconds; a listing is a paid request).
 SHIPPED_POLL_S = 5.0
+#: How long ``-f`` waits, after the daemon released its run's lock, for its process to end
+#: (it prints its last lines then); a process still there after it is not waited for.
+EXIT_WAIT_S = 30.0
 
 
 def register(sub: Any) -> None:
@@ -112,12 +115,25 @@ def run(args: argparse.Namespace) -> int:
         shipped.emit(args.lines)
     if not args.follow:
         return 0
-    if held_by(target.lock) is None:
+    first = held_by(target.lock)
+    if first is None:
         print(f"(no daemon runs {target.what}: nothing to follow)", file=sys.stderr)
         return 0
     last = time.monotonic()
+    holder = first if first > 0 else None  # the daemon's pid, read while it holds the lock
+    freed: float | None = None  # when its lock was first seen released
     while True:
-        running = held_by(target.lock) is not None
+        pid = held_by(target.lock)
+        if pid is not None:
+            holder, freed = (pid if pid > 0 else holder), None
+        elif freed is None:
+            freed = time.monotonic()
+        # the daemon releases its lock, then prints its end ("stopped: ..."): following ends
+        # once its process is gone too (at most EXIT_WAIT_S after the lock), so those lines
+        # are printed (on a loaded machine a poll found the lock free before the print)
+        running = pid is not None or (
+            holder is not None and freed is not None
+            and time.monotonic() - freed < EXIT_WAIT_S and _alive(holder))
         for name, path in files:
             offsets[path] = _more(path, offsets.get(path, 0), name, prefix)
         if shipped is not None and (not running or time.monotonic() - last >= SHIPPED_POLL_S):
@@ -126,6 +142,25 @@ def run(args: argparse.Namespace) -> int:
         if not running:
             return 0  # the daemon exited: its last lines are printed
         time.sleep(FOLLOW_POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``/proc``; else a signal 0)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        import os
+
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
 
 
 def _more(path: Path, offset: int, name: str, prefix: bool) -> int:

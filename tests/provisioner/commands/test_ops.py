@@ -30,6 +30,10 @@ for k in range(int(sys.argv[3])):
     log.write(f"line {k}\\n"); log.flush(); time.sleep(0.2)
 while not os.path.exists(sys.argv[4]):
     time.sleep(0.05)
+if len(sys.argv) > 5:  # as a daemon ends: its lock released, then its end printed
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    time.sleep(float(sys.argv[5]))
+    log.write("stopped: interrupted\\n"); log.flush()
 """
 
 
@@ -45,12 +49,15 @@ def cli(capsys, *args):
     return code, cap.out, cap.err
 
 
-def holder(wd: Path, lines: int, release: Path) -> subprocess.Popen:
+def holder(wd: Path, lines: int, release: Path, end_after: float | None = None
+           ) -> subprocess.Popen:
     """A stand-in daemon: holds WORKDIR/.lock, writes ``lines`` lines to daemon.log, and
-    exits once ``release`` exists."""
+    exits once ``release`` exists (with ``end_after``: releases the lock, then writes its
+    end line that many seconds later, as ``provision run`` prints its end)."""
     wd.mkdir(parents=True, exist_ok=True)
+    extra = [] if end_after is None else [str(end_after)]
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(wd / ".lock"),
-                             str(wd / "daemon.log"), str(lines), str(release)])
+                             str(wd / "daemon.log"), str(lines), str(release), *extra])
     assert wait_for(lambda: held_by(wd / ".lock") == proc.pid, 60)
     return proc
 
@@ -94,6 +101,26 @@ def test_logs_follows_while_the_daemon_holds_the_lock(tmp_path):
         out, err = follow.communicate(timeout=120)
         assert follow.returncode == 0, err
         assert out.splitlines() == [f"line {k}" for k in range(10)] and not err
+    finally:
+        release.touch()
+        proc.wait(timeout=60)
+
+
+def test_logs_follow_prints_the_end_a_daemon_writes_after_releasing_its_lock(tmp_path):
+    # `provision run` releases the run's lock, then prints "stopped: ...". Following ended
+    # at the first poll that found the lock free, before that line on a loaded machine (the
+    # e2e detach test failed so once); it now waits for the daemon's process to end.
+    wd, release = tmp_path / "w", tmp_path / "release"
+    proc = holder(wd, 2, release, end_after=1.5)
+    try:
+        follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert wait_for(lambda: "line 1" in (wd / "daemon.log").read_text(), 120)
+        release.touch()
+        out, err = follow.communicate(timeout=120)
+        assert follow.returncode == 0, err
+        assert out.splitlines() == ["line 0", "line 1", "stopped: interrupted"]
     finally:
         release.touch()
         proc.wait(timeout=60)
