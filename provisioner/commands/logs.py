@@ -9,13 +9,14 @@ kept after the instance was revoked or terminated, each line prefixed with its u
 ``spotring-worker@<gpu>.service``). This command only reads them. ``-f`` follows while the run's daemon holds its lock
 (:func:`provisioner.daemon.run.lock.held_by`, read from ``/proc/locks``: following never takes the
 lock) and ends, after printing what is left, when the daemon exits (its process gone too: it
-prints its end after releasing the lock), as ``sky logs`` ends with its job; Ctrl-C ends it sooner (exit 130, quietly). With two files each line is prefixed with
-where it comes from.
+prints its end after releasing the lock), as ``sky logs`` ends with its job; Ctrl-C ends it
+sooner (exit 130, quietly). With two files each line is prefixed with where it comes from.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,17 +151,15 @@ def _alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
         return False
-    except OSError:
-        import os
-
+    except OSError:  # no /proc here
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        except OSError:
+        except OSError:  # another user's: it is there
             return True
         return True
-    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])  # (state after comm)
 
 
 def _more(path: Path, offset: int, name: str, prefix: bool) -> int:
