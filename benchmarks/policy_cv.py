@@ -189,15 +189,18 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="processes (the machine is shared)")
     ap.add_argument("--cache", help="JSON file: reuse runs found there, add the new ones")
     ap.add_argument("--markdown", help="write the table docs/optimizer.md shows here")
-    ap.add_argument("--gone", action="store_true",
+    ap.add_argument("--gone", type=int, nargs="?", const=1, default=0, metavar="K",
                     help="also each run against on-demand alone where all spot is gone for "
-                    "good from its first outage an hour in (invariant 1 where an outage "
-                    "that ends cannot be told from one that does not; one more replay a run)")
+                    "good from its first outage an hour in (with K: from each of its first K "
+                    "outages, the worst counted; invariant 1 where an outage that ends "
+                    "cannot be told from one that does not; up to K more replays a run)")
     ap.add_argument("--floors", action="store_true",
                     help="also what each deadline costs at least over the bound: kept safe "
                     "were all spot to vanish, and keeping objective.safety_hours of slack "
                     "(two more solves a deadline run; a loss above the first is the policy's)")
     args = ap.parse_args()
+    if args.gone < 0:
+        ap.error(f"--gone {args.gone}: K is how many outages to part each run from (1 or more)")
     knob, _, vals = args.knob.partition("=")
     values = [float(v) for v in vals.split(",")]
     rows = ROWS if args.full else tuple(r for r in ROWS if r.name in SMALL)
@@ -215,7 +218,8 @@ def main() -> int:
     todo = [(row, knob, v, scale, args.floors, args.gone) for row in rows for v in values
             if key(row, v) not in cache or (args.floors and row.deadline_h is not None
                                             and "deadline_safe" not in cache[key(row, v)])
-            or (args.gone and GONE[0] not in cache[key(row, v)])]
+            or (args.gone and cache[key(row, v)].get(
+                "gone_asked", 1 if GONE[0] in cache[key(row, v)] else 0) < args.gone)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for (row, _, v, _, _, _), out in zip(todo, pool.map(_one, todo)):

@@ -175,16 +175,18 @@ def outage_starts(world, deadline_h: float) -> list[float]:
 
 def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, seed: int = 0,
             policies: tuple[str, ...] = ("spotring", "on-demand", "hindsight"),
-            floors: bool = False, gone: bool = False) -> dict:
+            floors: bool = False, gone: int = 0) -> dict:
     """Replay ``row`` with settings ``config`` (a dict as a TOML file reads); spotring's
     figures, its ratios to on-demand and to the bound, and the invariants. With ``floors``
     (a deadline row), also what the deadline costs at least over the bound
     (``deadline_safe``, ``margin_kept``: :func:`provisioner.sim.report.deadline_floors`;
-    None where no fleet keeps it). With ``gone``, also spotring against on-demand alone in
-    the world whose spot is gone for good from the first outage of its cheapest spot in
-    every zone at least an hour in (:func:`outage_starts`; ``gone_from_h``,
-    ``cost_vs_on_demand_if_gone``, ``deadline_met_if_gone``; None without such an outage):
-    invariant 1 where a policy cannot tell an outage that ends from one that does not."""
+    None where no fleet keeps it). With ``gone`` (``True``: 1), also spotring against
+    on-demand alone in the worlds whose spot is gone for good from each of the first ``gone``
+    outages of its cheapest spot in every zone at least an hour in (:func:`outage_starts`),
+    the worst of them: ``gone_from_h`` (its hour), ``cost_vs_on_demand_if_gone``,
+    ``deadline_met_if_gone`` (False if any missed; None without such an outage), and
+    ``gone_worlds`` replayed: invariant 1 where a policy cannot tell an outage that ends
+    from one that does not."""
     from provisioner.config import parse_settings
     from provisioner.sim.invariants import check
     from provisioner.sim.policies import Params
@@ -212,16 +214,31 @@ def run_row(row: Row, config: dict | None = None, *, work_scale: float = 1.0, se
     out.update(check(r, world, p, deadline_h=deadline))
     if gone:
         horizon = deadline if deadline is not None else out["hours"] or 0.0
-        t = next((h for h in outage_starts(world, horizon) if h >= 1.0), None)
-        out["gone_from_h"] = t
-        out["cost_vs_on_demand_if_gone"] = out["deadline_met_if_gone"] = None
-        if t is not None:
+        hours = [h for h in outage_starts(world, horizon) if h >= 1.0][:int(gone)]
+        figs = []
+        for t in hours:
             other = world_after(world, world.start + t * 3600.0, 0)
-            g = check(run_all(other, ["spotring", "on-demand"], p, work=work,
-                              deadline_h=deadline, seed=seed), other, p, deadline_h=deadline)
-            out["cost_vs_on_demand_if_gone"] = g.get("cost_vs_on_demand")
-            out["deadline_met_if_gone"] = g["deadline_met"]
+            figs.append((t, check(run_all(other, ["spotring", "on-demand"], p, work=work,
+                                          deadline_h=deadline, seed=seed),
+                                  other, p, deadline_h=deadline)))
+        out.update(worst_gone(figs), gone_asked=int(gone))
     return {k: plain(v) for k, v in out.items()}
+
+
+def worst_gone(figs: list[tuple[float, dict]]) -> dict:
+    """Of the worlds whose spot is gone from each hour of ``figs`` (``(hour, check's
+    figures)``), the worst: its hour and cost per sample over on-demand alone's (the
+    dearest; None if none has one), whether every deadline was met (False if one was
+    missed, None without a deadline or a world), and how many worlds."""
+    out: dict = {"gone_from_h": None, "cost_vs_on_demand_if_gone": None,
+                 "deadline_met_if_gone": None, "gone_worlds": len(figs)}
+    for t, g in figs:
+        cost, worst = g.get("cost_vs_on_demand"), out["cost_vs_on_demand_if_gone"]
+        if out["gone_from_h"] is None or (cost is not None and (worst is None or cost > worst)):
+            out.update(gone_from_h=t, cost_vs_on_demand_if_gone=cost)
+        if g.get("deadline_met") is False or out["deadline_met_if_gone"] is None:
+            out["deadline_met_if_gone"] = g.get("deadline_met")
+    return out
 
 
 def plain(v: Any) -> Any:

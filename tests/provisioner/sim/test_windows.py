@@ -90,6 +90,23 @@ def test_with_gone_a_family_is_held_to_on_demand_alone_where_all_spot_is_gone_to
     assert "goal_od_met_if_gone" not in plain and "gone_from_h" not in plain["runs"]["r @+0 h"]
 
 
+def test_of_the_worlds_where_spot_is_gone_the_worst_is_reported():
+    from benchmarks.trace_rows import worst_gone
+    assert worst_gone([]) == {"gone_from_h": None, "cost_vs_on_demand_if_gone": None,
+                              "deadline_met_if_gone": None, "gone_worlds": 0}
+    figs = [(2.0, {"cost_vs_on_demand": 0.9, "deadline_met": True}),
+            (9.5, {"cost_vs_on_demand": 1.02, "deadline_met": True}),
+            (20.0, {"cost_vs_on_demand": 0.95, "deadline_met": False})]
+    got = worst_gone(figs)
+    assert got == {"gone_from_h": 9.5, "cost_vs_on_demand_if_gone": 1.02,
+                   "deadline_met_if_gone": False, "gone_worlds": 3}
+    assert worst_gone(figs[:1])["cost_vs_on_demand_if_gone"] == 0.9  # one world: its own
+    none = [(4.0, {"deadline_met": None}), (6.0, {"cost_vs_on_demand": 0.8,
+                                                  "deadline_met": None})]
+    assert worst_gone(none)["gone_from_h"] == 6.0  # a figure beats none
+    assert worst_gone(none)["deadline_met_if_gone"] is None  # no deadline
+
+
 def test_the_jobs_own_pace_after_its_first_outage_keeps_near_on_demand_alone_if_spot_is_gone(
         shared_data):
     # 16-late: spot out for the first 10.9 h, back, then (in the world run_row(gone=True)
