@@ -82,7 +82,8 @@ def pick(runs: list[dict], values: list[float]) -> float:
     return min(values, key=score)
 
 
-#: a run's figures where all spot is gone for good from its first outage (``--gone``)
+#: a run's figures where all spot is gone for good from its first outage (``--gone``; with K,
+#: the worst of its first K)
 GONE = ("gone_from_h", "cost_vs_on_demand_if_gone", "deadline_met_if_gone")
 
 
