@@ -16,7 +16,6 @@ sooner (exit 130, quietly). With two files each line is prefixed with where it c
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -103,6 +102,7 @@ def _emit(out: TextIO, name: str, text: str, prefix: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from provisioner.daemon.run.lock import held_by
+    from provisioner.drivers.local import proc_start
 
     whole("--lines", args.lines, 0, 10_000_000, "e.g. -n 50 (the last 50 lines)")
     target, files = _files(args)
@@ -121,20 +121,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"(no daemon runs {target.what}: nothing to follow)", file=sys.stderr)
         return 0
     last = time.monotonic()
-    holder = first if first > 0 else None  # the daemon's pid, read while it holds the lock
+    # the daemon (pid, kernel start time), read while it holds the lock (no pid without
+    # /proc/locks: then following ends with the lock, as before)
+    holder = (first, proc_start(first)) if first > 0 else None
     freed: float | None = None  # when its lock was first seen released
     while True:
         pid = held_by(target.lock)
         if pid is not None:
-            holder, freed = (pid if pid > 0 else holder), None
+            if pid > 0 and (holder is None or holder[0] != pid):
+                holder = (pid, proc_start(pid))
+            freed = None
         elif freed is None:
             freed = time.monotonic()
         # the daemon releases its lock, then prints its end ("stopped: ..."): following ends
-        # once its process is gone too (at most EXIT_WAIT_S after the lock), so those lines
-        # are printed (on a loaded machine a poll found the lock free before the print)
+        # once its process is gone too (at most EXIT_WAIT_S after the lock; a zombie is
+        # gone), so those lines are printed (on a loaded machine a poll found the lock free
+        # before the print)
         running = pid is not None or (
-            holder is not None and freed is not None
-            and time.monotonic() - freed < EXIT_WAIT_S and _alive(holder))
+            holder is not None and holder[1] is not None and freed is not None
+            and time.monotonic() - freed < EXIT_WAIT_S and proc_start(holder[0]) == holder[1])
         for name, path in files:
             offsets[path] = _more(path, offsets.get(path, 0), name, prefix)
         if shipped is not None and (not running or time.monotonic() - last >= SHIPPED_POLL_S):
@@ -143,23 +148,6 @@ def run(args: argparse.Namespace) -> int:
         if not running:
             return 0  # the daemon exited: its last lines are printed
         time.sleep(FOLLOW_POLL_S)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (``/proc``; else a signal 0)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:  # another user's: it is there
-            return True
-        return True
-    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])  # (state after comm)
 
 
 def _more(path: Path, offset: int, name: str, prefix: bool) -> int:
