@@ -44,7 +44,7 @@ def _config(knob: str, value: float) -> dict:
     return {section: {name: value}}
 
 
-def _one(args: tuple[Row, str, float, float, bool, bool]) -> dict:
+def _one(args: tuple[Row, str, float, float, bool, int]) -> dict:
     row, knob, value, scale, floors, gone = args
     out = run_row(row, _config(knob, value), work_scale=scale, floors=floors, gone=gone)
     out["value"] = value
