@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from provisioner.daemon.loop.scheduler import Daemon
-from provisioner.daemon.outcome import Verdict, end_record, recorded, verdict
+from provisioner.daemon.outcome import (Ledger, Verdict, advance, end_record, recorded,
+                                        verdict)
 from provisioner.daemon.ports import MetricsSink, PriceFeed, RingCoordinator
 from provisioner.daemon.run import registry
 from provisioner.daemon.run.lock import Created, RunLock, private_files
@@ -458,6 +459,12 @@ class RunSession:
         values: dict[str, Any] = {"run": run, "finished": True}
         if ring:
             values["ring"] = finite({k: v for k, v in ring.items() if k != "rejected"})
+            # the ledger too, as the telemetry keeps it beside the ring (Telemetry.keep_ledger):
+            # its newest step is what a rerun that resumes from a snapshot counts as lost
+            # (from the last telemetry look instead, a Ctrl-C at step 255 resumed from 40
+            # counted 198 steps lost, not 215)
+            values["ledger"] = advance(Ledger.from_meta(state.get_meta("ledger")),
+                                       ring).as_meta()
         state.set_metas(values)
 
     def _report(self, state: State, end_t: float, ring: Mapping[str, Any], v: Verdict,

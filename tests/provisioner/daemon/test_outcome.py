@@ -92,3 +92,25 @@ def test_the_ledger_round_trips_through_the_state_meta():
     led = restarted(advance(Ledger(), {"step": 7, "steps_lost": 1}))
     assert Ledger.from_meta(led.as_meta()) == led
     assert Ledger.from_meta(None) == Ledger()
+
+
+def test_the_runs_end_records_the_ledger_at_the_rings_last_step(tmp_path):
+    # The telemetry last looked at step 238; the run ended (Ctrl-C) at step 255. A rerun
+    # that resumes from the snapshot at 40 has lost 215 steps, not 198: the end keeps the
+    # ledger at the ring's last step, as it keeps the ring.
+    from provisioner.daemon.outcome import Verdict
+    from provisioner.daemon.run.session import RunSession
+    from provisioner.daemon.state import State
+
+    state = State(tmp_path / "state.sqlite")
+    try:
+        state.set_meta("ledger", advance(Ledger(), {"step": 238, "generation": 1}).as_meta())
+        ring = {"step": 255, "generation": 1, "steps_lost": 0}
+        RunSession._record_end(state, 1.0, Verdict("interrupted", "interrupted", 130, False),
+                               ring, fleet_kept=False, stopped=True)
+        led = Ledger.from_meta(state.get_meta("ledger"))
+        assert led.last_step == 255 and state.get_meta("ring")["step"] == 255
+        rerun = advance(restarted(led), {"step": 40, "generation": 1, "resumed_from": 40})
+        assert rerun.restart_lost == 215
+    finally:
+        state.close()
