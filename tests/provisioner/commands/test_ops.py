@@ -62,6 +62,38 @@ def holder(wd: Path, lines: int, release: Path, end_after: float | None = None
     return proc
 
 
+def follow_logs(wd: Path) -> subprocess.Popen:
+    """``provision logs WD -f`` as a process, once it is surely following: it prints the
+    log's tail (one write), then checks the lock and follows. A line the test adds to the
+    log after that tail is printed only by the follow loop, so a test that releases the
+    holder before the process checked the lock (its start is slow on a loaded machine)
+    cannot see "nothing to follow" instead (CI saw it so once)."""
+    follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert follow.stdout is not None
+    first = follow.stdout.readline()  # the tail's first line: the tail is printed whole
+    assert first, follow.communicate(timeout=60)
+    with open(wd / "daemon.log", "a") as fh:
+        fh.write("mark\n")
+    follow.first_lines = [first]  # type: ignore[attr-defined]
+    while (line := follow.stdout.readline()) != "mark\n":
+        assert line, follow.communicate(timeout=60)
+        follow.first_lines.append(line)  # type: ignore[attr-defined]
+    follow.first_lines.append(line)  # type: ignore[attr-defined]
+    return follow
+
+
+def printed(follow: subprocess.Popen) -> list[str]:
+    """Everything ``follow`` printed (what :func:`follow_logs` read first, then the rest)."""
+    assert follow.stdout is not None and follow.stderr is not None
+    # read through the same buffered pipe: communicate() reads the descriptor and would
+    # miss lines that readline() already buffered
+    out, err = follow.stdout.read(), follow.stderr.read()
+    assert follow.wait(timeout=120) == 0 and not err, err
+    return "".join(follow.first_lines + [out]).splitlines()  # type: ignore[attr-defined]
+
+
 def test_registry_lists_live_runs_and_prunes_dead_ones(tmp_path, capsys, state_home):
     me = registry.register(run_id="r-live", driver="local", workdir=tmp_path, state=tmp_path /
                            "state.sqlite", lock=tmp_path / ".lock", job="j.py")
@@ -91,16 +123,15 @@ def test_logs_follows_while_the_daemon_holds_the_lock(tmp_path):
     wd, release = tmp_path / "w", tmp_path / "release"
     proc = holder(wd, 10, release)
     try:
-        follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert wait_for(lambda: "line 0" in (wd / "daemon.log").read_text(), 120)
+        follow = follow_logs(wd)
         assert wait_for(lambda: "line 9" in (wd / "daemon.log").read_text(), 120)
         time.sleep(1.0)
         assert follow.poll() is None  # the daemon still holds the run: still following
         release.touch()
-        out, err = follow.communicate(timeout=120)
-        assert follow.returncode == 0, err
-        assert out.splitlines() == [f"line {k}" for k in range(10)] and not err
+        lines = printed(follow)
+        assert lines == (wd / "daemon.log").read_text().splitlines()
+        assert [ln for ln in lines if ln != "mark"] == [f"line {k}" for k in range(10)]
     finally:
         release.touch()
         proc.wait(timeout=60)
@@ -113,14 +144,10 @@ def test_logs_follow_prints_the_end_a_daemon_writes_after_releasing_its_lock(tmp
     wd, release = tmp_path / "w", tmp_path / "release"
     proc = holder(wd, 2, release, end_after=1.5)
     try:
-        follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert wait_for(lambda: "line 1" in (wd / "daemon.log").read_text(), 120)
+        follow = follow_logs(wd)
         release.touch()
-        out, err = follow.communicate(timeout=120)
-        assert follow.returncode == 0, err
-        assert out.splitlines() == ["line 0", "line 1", "stopped: interrupted"]
+        assert printed(follow) == ["line 0", "line 1", "mark", "stopped: interrupted"]
     finally:
         release.touch()
         proc.wait(timeout=60)
