@@ -38,7 +38,7 @@ def _whole_step(model: torch.nn.Sequential, x: torch.Tensor, y: torch.Tensor,
 
 def test_the_total_norm_is_over_every_stage_and_the_step_is_torch_s() -> None:
     # drawn from a generator of its own: from the global one they hung on the tests run
-    # before in the same process, and one order gave a norm under 10 x CLIP (CI, loaded)
+    # before in the same process, and one order gave a norm under 10 x CLIP (a loaded run)
     g = torch.Generator().manual_seed(11)
     x, y = torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)
     model = _model()
