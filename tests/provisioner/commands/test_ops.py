@@ -62,12 +62,12 @@ def holder(wd: Path, lines: int, release: Path, end_after: float | None = None
     return proc
 
 
-def follow_logs(wd: Path) -> subprocess.Popen:
-    """``provision logs WD -f`` as a process, once it is surely following: it prints the
-    log's tail (one write), then checks the lock and follows. A line the test adds to the
-    log after that tail is printed only by the follow loop, so a test that releases the
-    holder before the process checked the lock (its start is slow on a loaded machine)
-    cannot see "nothing to follow" instead (CI saw it so once)."""
+def follow_logs(wd: Path) -> tuple[subprocess.Popen, list[str]]:
+    """``provision logs WD -f`` as a process, once it is surely following, and the lines it
+    printed so far: it prints the log's tail (one write), then checks the lock and follows.
+    A line the test adds to the log after that tail is printed only by the follow loop, so
+    a test that releases the holder before the process checked the lock (its start is slow
+    on a loaded machine) cannot see "nothing to follow" instead (CI saw it so once)."""
     follow = subprocess.Popen([sys.executable, "-m", "provisioner", "logs", str(wd), "-f"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -76,22 +76,21 @@ def follow_logs(wd: Path) -> subprocess.Popen:
     assert first, follow.communicate(timeout=60)
     with open(wd / "daemon.log", "a") as fh:
         fh.write("mark\n")
-    follow.first_lines = [first]  # type: ignore[attr-defined]
-    while (line := follow.stdout.readline()) != "mark\n":
-        assert line, follow.communicate(timeout=60)
-        follow.first_lines.append(line)  # type: ignore[attr-defined]
-    follow.first_lines.append(line)  # type: ignore[attr-defined]
-    return follow
+    seen = [first]
+    while seen[-1] != "mark\n":
+        seen.append(follow.stdout.readline())
+        assert seen[-1], follow.communicate(timeout=60)
+    return follow, seen
 
 
-def printed(follow: subprocess.Popen) -> list[str]:
-    """Everything ``follow`` printed (what :func:`follow_logs` read first, then the rest)."""
+def printed(follow: subprocess.Popen, seen: list[str]) -> list[str]:
+    """Everything ``follow`` printed: ``seen`` (read by :func:`follow_logs`), then the rest."""
     assert follow.stdout is not None and follow.stderr is not None
     # read through the same buffered pipe: communicate() reads the descriptor and would
     # miss lines that readline() already buffered
     out, err = follow.stdout.read(), follow.stderr.read()
     assert follow.wait(timeout=120) == 0 and not err, err
-    return "".join(follow.first_lines + [out]).splitlines()  # type: ignore[attr-defined]
+    return "".join(seen + [out]).splitlines()
 
 
 def test_registry_lists_live_runs_and_prunes_dead_ones(tmp_path, capsys, state_home):
@@ -124,12 +123,12 @@ def test_logs_follows_while_the_daemon_holds_the_lock(tmp_path):
     proc = holder(wd, 10, release)
     try:
         assert wait_for(lambda: "line 0" in (wd / "daemon.log").read_text(), 120)
-        follow = follow_logs(wd)
+        follow, seen = follow_logs(wd)
         assert wait_for(lambda: "line 9" in (wd / "daemon.log").read_text(), 120)
         time.sleep(1.0)
         assert follow.poll() is None  # the daemon still holds the run: still following
         release.touch()
-        lines = printed(follow)
+        lines = printed(follow, seen)
         assert lines == (wd / "daemon.log").read_text().splitlines()
         assert [ln for ln in lines if ln != "mark"] == [f"line {k}" for k in range(10)]
     finally:
@@ -145,9 +144,9 @@ def test_logs_follow_prints_the_end_a_daemon_writes_after_releasing_its_lock(tmp
     proc = holder(wd, 2, release, end_after=1.5)
     try:
         assert wait_for(lambda: "line 1" in (wd / "daemon.log").read_text(), 120)
-        follow = follow_logs(wd)
+        follow, seen = follow_logs(wd)
         release.touch()
-        assert printed(follow) == ["line 0", "line 1", "mark", "stopped: interrupted"]
+        assert printed(follow, seen) == ["line 0", "line 1", "mark", "stopped: interrupted"]
     finally:
         release.touch()
         proc.wait(timeout=60)
