@@ -449,8 +449,10 @@ class Planner:
         hours = max((pr.start + deadline_s - now) / 3600, 1e-6)
         od_rate = od_capacity(cands, b.max_size, b.model_mb, b.global_batch, b.intra_zone_gbps)
         running = self.spot_outages.running_s(now)
-        if (pr.hard or self.spot_outages.lengths) and running > 3600 * s.safety_hours and (
-                running > max(self.spot_outages.lengths, default=0.0)):
+        long_out = bool(pr.hard or self.spot_outages.lengths) and (
+            running > 3600 * s.safety_hours) and (
+            running > max(self.spot_outages.lengths, default=0.0))
+        if long_out:
             # all spot out longer than the margin and than any outage seen: it may not come
             # back, and the rest on the fastest ring may cost more per sample than
             # on-demand alone (invariant 1); the slack counts on a ring that keeps it. The
@@ -484,6 +486,7 @@ class Planner:
         fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
         self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
                              max(fails) if fails else None)
+        kept_floor = 0.0  # the floor the on-demand held keeps beside the spot tried (below)
         if floor > 0.0 and any(c.offering.market == "spot" and c.room for c in cands):
             # Spot can be had (some offering has room: not failed lately, not capped at what
             # it holds, whether by the daemon's capacity cache or a known cap): it runs the same
@@ -492,6 +495,9 @@ class Planner:
             # the work left fit one instance: 7 of 7 single-offering deadline runs swapped
             # their last spot instance 2 h before the deadline with plenty of spot). The
             # floor is Uniform Progress' net for when spot cannot be had.
+            if long_out and spot_rate <= 0.0 and 0 < sum(
+                    n for o, n in fleet.held.items() if o.market == "on-demand") < b.max_size:
+                kept_floor = floor
             floor = 0.0
         elif 0.0 < floor < target and (until := spot_wait(
                 fleet, now, pr, slack_s=run_s - left / od_rate)) is not None:
@@ -577,6 +583,15 @@ class Planner:
                 one = min(od, key=lambda c: c.price_per_hour / c.useful).useful if od else 0.0
                 if one > 0:
                     target = floor = min(floor, one)
+        if floor > 0.0:
+            # the floor's samples are on-demand's now or later, at the same price: bought on
+            # the on-demand cheapest per sample (within the tolerance of the cheap), not the
+            # cheapest an hour for the floor of the moment, a shape it outgrows (the on-demand
+            # held of other types kept, not grown)
+            od_good = good_offerings([c for c in cands if c.offering.market == "on-demand"],
+                                     s.ahead_tolerance)
+            cands = [c if c.offering.market != "on-demand" or c.offering in od_good
+                     else c.capped_at_held() for c in cands]
         pins = dict(young)
         if floor > 0.0 or any(n > 0 and o.market == "on-demand" for o, n in fleet.held.items()):
             # on-demand beside the spot held, never instead of it: the floor's, and with
@@ -584,6 +599,27 @@ class Planner:
             # spot cannot reach: a pace 1% above what 8 spot instances deliver was met by 7
             # on-demand and 1 spot, the 6 spot held ended for on-demand at 4x their price)
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
+        if kept_floor > 0.0:
+            # ... but spot tried is not spot had. Behind, with no spot held and all spot out
+            # longer than the margin and than any outage seen (it may not come back), the
+            # on-demand held keeps Uniform Progress' floor beside the launches until spot
+            # runs: not dropped for them, grown on its types where the floor asks for more
+            # (a user's deadline); what it does above the floor may still give way. The
+            # floor dropped at each retry was bought again minutes later in another shape:
+            # four types, 159.4 h at +432 h with all spot gone from 67.0 h, 15 p3.2xlarge
+            # -> 9 -> 7 -> 9 at the 10-minute retries (and 1 -> 16 K80 grown at them),
+            # 7 minutes past the deadline; on time and 0.46x -> 0.38x on-demand alone now.
+            # The whole ring kept (kept and capped at what it held) ran its margin's pace on
+            # 8 on-demand of three types to the end where spot is gone from 45.7 h: 0.58x ->
+            # 0.71x on-demand alone (0.55x now). None is bought for the spot tried (a V100
+            # start that did was 1.09x -> 1.19x the bound), nor kept where the on-demand
+            # fills the ring's size: no spot could be tried beside it, and a swap at spot's
+            # return is the only way back to it (a pool gone 10 minutes in every 20, 4
+            # on-demand in a ring of at most 4 kept to the end: 6% dearer).
+            if not pr.hard:  # (the job's own pace: the on-demand held does not grow, below)
+                kept_floor = min(kept_floor, fleet_rate(
+                    [c for c in cands if c.offering.market == "on-demand"], b.model_mb,
+                    b.global_batch, b.links))
         held = {o: n for o, n in fleet.held.items() if n > 0}
         if released:
             # ... and for the same reason the on-demand already held goes: it would fill the
@@ -693,14 +729,15 @@ class Planner:
                 cands = [c if c.offering in good else c.capped_at_held()
                          for c in cands if c.offering in good or c.offering in pins]
                 pins = {o: n for o, n in pins.items() if o in good or o.market != "spot"}
-        prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=floor)
+        od_floor = max(floor, kept_floor)
+        prob = problem_of(cands, s, notes, objective="deadline", target=target, floor=od_floor)
         plan = None
         ahead = good is not None and not banking
         if pins:
-            plan = self._reachable(keep(prob, pins, b.max_regions), target, floor,
+            plan = self._reachable(keep(prob, pins, b.max_regions), target, od_floor,
                                    hard=pr.hard, ahead=ahead)
         if plan is None:  # nothing kept, or keeping them makes every fleet infeasible
-            plan = self._reachable(prob, target, floor, hard=pr.hard, ahead=ahead)
+            plan = self._reachable(prob, target, od_floor, hard=pr.hard, ahead=ahead)
         if plan is None:
             kept = {o: n for o, n in fleet.held.items() if n > 0 and (
                 o in pins or (good is not None and o in good))}

@@ -436,3 +436,67 @@ def test_the_on_demand_held_behind_the_jobs_own_pace_does_not_grow_while_spot_ma
                    caps={C: 1})
     d = Planner(settings(max_size=16)).decide(m, FleetView(held={OD: 4}), pr, 7_200.0)
     assert d.target.get(OD, 0) == 4
+
+
+
+
+def test_behind_after_a_long_outage_the_on_demand_keeps_the_floor_beside_the_spot_tried():
+    # A user's deadline 2 h away: the slack against the 8-instance on-demand ring is inside
+    # the 2 h margin, so the job is behind, holding on-demand and no spot. A's launch
+    # failed long enough ago to be tried again: spot is tried, not had. After all spot has
+    # been out 3 h (longer than the margin and than any outage seen: it may not come back)
+    # the on-demand held keeps Uniform Progress' floor beside the launch: not dropped for
+    # it (a launch that fails leaves the job short, and buying them again costs a boot),
+    # grown where the floor asks for more; what it does above the floor may give way.
+    # (Four types, 159.4 h at +432 h with all spot gone from 67.0 h: 15 p3.2xlarge -> 9 ->
+    # 7 -> 9 at the 10-minute retries, 7 minutes late.)
+    prices = {A: 1.0, OD: 3.0}
+    t = 28_800.0
+
+    def tried(left, out_s, held_od, **kw):
+        pr = Progress(start=0.0, work=2e7, done=2e7 - left, deadline_s=36_000.0, hard=True)
+        p = Planner(settings(**kw))
+        p.decide(market(prices), FleetView(held={OD: held_od}, failed={A: t - out_s}),
+                 replace(pr, done=pr.done - 1e5), t - out_s + 1)
+        assert p.spot_outages.running_s(t) == pytest.approx(out_s)
+        fleet = FleetView(held={OD: held_od}, failed={A: t - 1_800.0})
+        d = p.decide(market(prices), fleet, pr, t)
+        assert d.behind and d.target.get(A, 0) >= 1
+        return d.target.get(OD, 0)
+
+    hours = 3 * 3600.0
+    assert tried(1e6, hours, 2) == 1  # the floor needs one of the two
+    assert tried(2e6, hours, 1) == 3 and tried(2.5e6, hours, 1) == 4  # ... or more
+    # through an outage no longer than the margin, spot that returns is swapped in at once
+    assert tried(1e6, 3600.0, 2) == tried(2.5e6, 3600.0, 1) == 0
+    # ... and so when the on-demand fills the ring: no spot could be tried beside it
+    assert tried(1e6, hours, 3, max_size=3) == 0
+    # no on-demand held: none is bought for the spot tried
+    assert tried(1e6, hours, 0) == 0
+    # once spot runs, it is had: the on-demand may give way to it (a floor met by spot)
+    pr = Progress(start=0.0, work=2e7, done=2e7 - 1e6, deadline_s=36_000.0, hard=True)
+    d = Planner(settings()).decide(market(prices), FleetView(held={OD: 2, A: 2}), pr, t)
+    assert d.target.get(A, 0) >= 2 and d.target.get(OD, 0) <= 2
+
+
+def test_the_floor_is_bought_on_the_on_demand_cheapest_per_sample():
+    # Behind a user's deadline with no spot to be had (A refused a launch a minute ago).
+    # Two on-demand types: p3.2xlarge ($3/h, 100/s) and p2.xlarge ($0.90/h, 20/s), 1.5x
+    # dearer per sample. The floor's samples cost the same on-demand now or later: a floor
+    # a p2.xlarge meets alone is still met with a p3.2xlarge, the type that grows with the
+    # floor, never the cheapest an hour for the floor of the moment (four types, 159.4 h at
+    # +432 h with all spot gone from 67.0 h: 1 K80 grown to 16, then mixes of p3 as the
+    # floor outgrew them). A p2.xlarge held is kept, not grown.
+    K = Offering("aws", "us-east-1", "*", "p2.xlarge", "on-demand")
+    prices = {A: 1.0, OD: 3.0, K: 0.9}
+    m = MarketView(prices=prices, speeds={"p3.2xlarge": 100.0, "p2.xlarge": 20.0},
+                   hazards={o: 0.0 for o in prices})
+    t = 28_800.0
+    for left in (2e4, 1.5e5, 2.5e6):
+        pr = Progress(start=0.0, work=2e7, done=2e7 - left, deadline_s=36_000.0, hard=True)
+        out = FleetView(held={}, failed={A: t - 60}, blocked=frozenset({A}))
+        d = Planner(settings()).decide(m, out, pr, t)
+        assert d.behind and d.target.get(OD, 0) >= 1 and K not in d.target, left
+        kept = Planner(settings()).decide(m, replace(out, held={K: 2}), pr, t)
+        assert kept.target.get(K, 0) <= 2, left
+        assert kept.target.get(OD, 0) >= (1 if left > 1e6 else 0), left
