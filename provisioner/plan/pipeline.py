@@ -583,15 +583,6 @@ class Planner:
                 one = min(od, key=lambda c: c.price_per_hour / c.useful).useful if od else 0.0
                 if one > 0:
                     target = floor = min(floor, one)
-        if floor > 0.0:
-            # the floor's samples are on-demand's now or later, at the same price: bought on
-            # the on-demand cheapest per sample (within the tolerance of the cheap), not the
-            # cheapest an hour for the floor of the moment, a shape it outgrows (the on-demand
-            # held of other types kept, not grown)
-            od_good = good_offerings([c for c in cands if c.offering.market == "on-demand"],
-                                     s.ahead_tolerance)
-            cands = [c if c.offering.market != "on-demand" or c.offering in od_good
-                     else c.capped_at_held() for c in cands]
         pins = dict(young)
         if floor > 0.0 or any(n > 0 and o.market == "on-demand" for o, n in fleet.held.items()):
             # on-demand beside the spot held, never instead of it: the floor's, and with
@@ -608,14 +599,15 @@ class Planner:
             # floor dropped at each retry was bought again minutes later in another shape:
             # four types, 159.4 h at +432 h with all spot gone from 67.0 h, 15 p3.2xlarge
             # -> 9 -> 7 -> 9 at the 10-minute retries (and 1 -> 16 K80 grown at them),
-            # 7 minutes past the deadline; on time and 0.46x -> 0.38x on-demand alone now.
+            # 7 minutes past the deadline; on time and 0.46x -> 0.43x on-demand alone now.
             # The whole ring kept (kept and capped at what it held) ran its margin's pace on
             # 8 on-demand of three types to the end where spot is gone from 45.7 h: 0.58x ->
-            # 0.71x on-demand alone (0.55x now). None is bought for the spot tried (a V100
-            # start that did was 1.09x -> 1.19x the bound), nor kept where the on-demand
-            # fills the ring's size: no spot could be tried beside it, and a swap at spot's
-            # return is the only way back to it (a pool gone 10 minutes in every 20, 4
-            # on-demand in a ring of at most 4 kept to the end: 6% dearer).
+            # 0.71x on-demand alone (0.54x now). None is bought for the spot tried (the
+            # floor kept with no on-demand held put a V100 start at 1.19x the bound, 1.09x
+            # without), nor kept where the on-demand fills the ring's size: no spot could
+            # be tried beside it, and a swap at spot's return is the only way back to it (a
+            # pool gone 10 minutes in every 20, 4 on-demand in a ring of at most 4 kept to
+            # the end: 6% dearer).
             if not pr.hard:  # (the job's own pace: the on-demand held does not grow, below)
                 kept_floor = min(kept_floor, fleet_rate(
                     [c for c in cands if c.offering.market == "on-demand"], b.model_mb,

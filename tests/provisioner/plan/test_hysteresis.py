@@ -478,25 +478,3 @@ def test_behind_after_a_long_outage_the_on_demand_keeps_the_floor_beside_the_spo
     d = Planner(settings()).decide(market(prices), FleetView(held={OD: 2, A: 2}), pr, t)
     assert d.target.get(A, 0) >= 2 and d.target.get(OD, 0) <= 2
 
-
-def test_the_floor_is_bought_on_the_on_demand_cheapest_per_sample():
-    # Behind a user's deadline with no spot to be had (A refused a launch a minute ago).
-    # Two on-demand types: p3.2xlarge ($3/h, 100/s) and p2.xlarge ($0.90/h, 20/s), 1.5x
-    # dearer per sample. The floor's samples cost the same on-demand now or later: a floor
-    # a p2.xlarge meets alone is still met with a p3.2xlarge, the type that grows with the
-    # floor, never the cheapest an hour for the floor of the moment (four types, 159.4 h at
-    # +432 h with all spot gone from 67.0 h: 1 K80 grown to 16, then mixes of p3 as the
-    # floor outgrew them). A p2.xlarge held is kept, not grown.
-    K = Offering("aws", "us-east-1", "*", "p2.xlarge", "on-demand")
-    prices = {A: 1.0, OD: 3.0, K: 0.9}
-    m = MarketView(prices=prices, speeds={"p3.2xlarge": 100.0, "p2.xlarge": 20.0},
-                   hazards={o: 0.0 for o in prices})
-    t = 28_800.0
-    for left in (2e4, 1.5e5, 2.5e6):
-        pr = Progress(start=0.0, work=2e7, done=2e7 - left, deadline_s=36_000.0, hard=True)
-        out = FleetView(held={}, failed={A: t - 60}, blocked=frozenset({A}))
-        d = Planner(settings()).decide(m, out, pr, t)
-        assert d.behind and d.target.get(OD, 0) >= 1 and K not in d.target, left
-        kept = Planner(settings()).decide(m, replace(out, held={K: 2}), pr, t)
-        assert kept.target.get(K, 0) <= 2, left
-        assert kept.target.get(OD, 0) >= (1 if left > 1e6 else 0), left
