@@ -486,7 +486,7 @@ class Planner:
         fails = [fleet.failed[o] for o in cheap if o in fleet.failed]
         self.outages.observe(now, any(fleet.held.get(o, 0) > 0 for o in cheap),
                              max(fails) if fails else None)
-        kept_floor = 0.0  # the floor the on-demand held keeps beside the spot tried (below)
+        kept_floor = 0.0  # the floor the on-demand held keeps beside the spot tried
         if floor > 0.0 and any(c.offering.market == "spot" and c.room for c in cands):
             # Spot can be had (some offering has room: not failed lately, not capped at what
             # it holds, whether by the daemon's capacity cache or a known cap): it runs the same
@@ -497,7 +497,28 @@ class Planner:
             # floor is Uniform Progress' net for when spot cannot be had.
             if long_out and spot_rate <= 0.0 and 0 < sum(
                     n for o, n in fleet.held.items() if o.market == "on-demand") < b.max_size:
-                kept_floor = floor
+                # Spot tried is not spot had, though. Behind, with no spot held and all spot
+                # out longer than the margin and than any outage seen (it may not come
+                # back), the on-demand held keeps Uniform Progress' floor beside the
+                # launches until spot runs: not dropped for them, grown on its types where
+                # the floor asks for more (a user's deadline; the job's own pace: the
+                # on-demand held does not grow, below); what it does above the floor may
+                # still give way. The floor dropped at each retry was bought again minutes
+                # later in another shape: four types, 159.4 h at +432 h with all spot gone
+                # from 67.0 h, 15 p3.2xlarge -> 9 -> 7 -> 9 at the 10-minute retries (and
+                # 1 -> 16 K80 grown at them), 7 minutes past the deadline; on time and
+                # 0.46x -> 0.43x on-demand alone now. The whole ring kept (kept and capped
+                # at what it held) ran its margin's pace on 8 on-demand of three types to
+                # the end where spot is gone from 45.7 h: 0.58x -> 0.71x on-demand alone
+                # (0.54x now). None is bought for the spot tried (the floor kept with no
+                # on-demand held put a V100 start at 1.19x the bound, 1.09x without), nor
+                # kept where the on-demand fills the ring's size: no spot could be tried
+                # beside it, and a swap at spot's return is the only way back to it (a
+                # pool gone 10 minutes in every 20, 4 on-demand in a ring of at most 4 kept
+                # to the end: 6% dearer).
+                kept_floor = floor if pr.hard else min(floor, fleet_rate(
+                    [c for c in cands if c.offering.market == "on-demand"], b.model_mb,
+                    b.global_batch, b.links))
             floor = 0.0
         elif 0.0 < floor < target and (until := spot_wait(
                 fleet, now, pr, slack_s=run_s - left / od_rate)) is not None:
@@ -590,28 +611,6 @@ class Planner:
             # spot cannot reach: a pace 1% above what 8 spot instances deliver was met by 7
             # on-demand and 1 spot, the 6 spot held ended for on-demand at 4x their price)
             pins.update({o: n for o, n in fleet.held.items() if o.market == "spot" and n > 0})
-        if kept_floor > 0.0:
-            # ... but spot tried is not spot had. Behind, with no spot held and all spot out
-            # longer than the margin and than any outage seen (it may not come back), the
-            # on-demand held keeps Uniform Progress' floor beside the launches until spot
-            # runs: not dropped for them, grown on its types where the floor asks for more
-            # (a user's deadline); what it does above the floor may still give way. The
-            # floor dropped at each retry was bought again minutes later in another shape:
-            # four types, 159.4 h at +432 h with all spot gone from 67.0 h, 15 p3.2xlarge
-            # -> 9 -> 7 -> 9 at the 10-minute retries (and 1 -> 16 K80 grown at them),
-            # 7 minutes past the deadline; on time and 0.46x -> 0.43x on-demand alone now.
-            # The whole ring kept (kept and capped at what it held) ran its margin's pace on
-            # 8 on-demand of three types to the end where spot is gone from 45.7 h: 0.58x ->
-            # 0.71x on-demand alone (0.54x now). None is bought for the spot tried (the
-            # floor kept with no on-demand held put a V100 start at 1.19x the bound, 1.09x
-            # without), nor kept where the on-demand fills the ring's size: no spot could
-            # be tried beside it, and a swap at spot's return is the only way back to it (a
-            # pool gone 10 minutes in every 20, 4 on-demand in a ring of at most 4 kept to
-            # the end: 6% dearer).
-            if not pr.hard:  # (the job's own pace: the on-demand held does not grow, below)
-                kept_floor = min(kept_floor, fleet_rate(
-                    [c for c in cands if c.offering.market == "on-demand"], b.model_mb,
-                    b.global_batch, b.links))
         held = {o: n for o, n in fleet.held.items() if n > 0}
         if released:
             # ... and for the same reason the on-demand already held goes: it would fill the

@@ -438,8 +438,6 @@ def test_the_on_demand_held_behind_the_jobs_own_pace_does_not_grow_while_spot_ma
     assert d.target.get(OD, 0) == 4
 
 
-
-
 def test_behind_after_a_long_outage_the_on_demand_keeps_the_floor_beside_the_spot_tried():
     # A user's deadline 2 h away: the slack against the 8-instance on-demand ring is inside
     # the 2 h margin, so the job is behind, holding on-demand and no spot. A's launch
@@ -477,4 +475,3 @@ def test_behind_after_a_long_outage_the_on_demand_keeps_the_floor_beside_the_spo
     pr = Progress(start=0.0, work=2e7, done=2e7 - 1e6, deadline_s=36_000.0, hard=True)
     d = Planner(settings()).decide(market(prices), FleetView(held={OD: 2, A: 2}), pr, t)
     assert d.target.get(A, 0) >= 2 and d.target.get(OD, 0) <= 2
-
