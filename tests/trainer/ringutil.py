@@ -11,6 +11,7 @@ in the test process so the test reads its events and stats directly.
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing
 import os
@@ -152,6 +153,24 @@ class Ring:
                      if not ln.startswith(("frame #", "Exception raised"))]
             parts.append(f"--- {f.name}\n" + "\n".join(lines[-15:]))
         return "\n".join(parts)
+
+    def story(self) -> str:
+        """What a timing assertion needs when it fails: the coordinator's generations (why
+        each was published) and losses, and every member's lines about faults, broken
+        generations, formings and timeouts, in time order."""
+        marks = ("fault injector", "broken", "formed generation", "form g", "not completed",
+                 "watchdog", "monitor", "dropped", "Timed out", "timed out")
+        def stamp(t: float) -> str:  # as the workers' logging writes it, so the lines sort
+            return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+
+        lines = [f"{stamp(e['time'])} coordinator| {e['kind']} g{e.get('generation')} "
+                 f"{e.get('name', '')}: {e.get('detail', '')}"
+                 for e in self.events() if e["kind"] in ("generation", "lost", "leave")]
+        for f in sorted(self.tmp.glob("*.log")):
+            lines += [f"{ln[:23]} {f.stem}| {ln[24:300]}"
+                      for ln in f.read_text(errors="replace").splitlines()
+                      if any(k in ln for k in marks)]
+        return "\n".join(sorted(lines))
 
     def samples(self) -> list[dict[str, Any]]:
         recs = []
