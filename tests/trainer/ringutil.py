@@ -160,15 +160,20 @@ class Ring:
         generations, formings and timeouts, in time order."""
         marks = ("fault injector", "broken", "formed generation", "form g", "not completed",
                  "watchdog", "monitor", "dropped", "Timed out", "timed out")
+        dated = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+
         def stamp(t: float) -> str:  # as the workers' logging writes it, so the lines sort
             return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+
+        def member(name: str, ln: str) -> str:  # a line the double writes has no date
+            return (f"{ln[:23]} {name}| {ln[24:300]}" if dated.match(ln)
+                    else f"{'?':23} {name}| {ln[:300]}")
 
         lines = [f"{stamp(e['time'])} coordinator| {e['kind']} g{e.get('generation')} "
                  f"{e.get('name', '')}: {e.get('detail', '')}"
                  for e in self.events() if e["kind"] in ("generation", "lost", "leave")]
         for f in sorted(self.tmp.glob("*.log")):
-            lines += [f"{ln[:23]} {f.stem}| {ln[24:300]}"
-                      for ln in f.read_text(errors="replace").splitlines()
+            lines += [member(f.stem, ln) for ln in f.read_text(errors="replace").splitlines()
                       if any(k in ln for k in marks)]
         return "\n".join(sorted(lines))
 
